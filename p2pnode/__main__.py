@@ -1,0 +1,3 @@
+from p2pnode.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Exceptions raised by the store.  Each says what was wrong and with which object."""
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every store error."""
+
+
+class StoreClosed(StoreError):
+    def __init__(self) -> None:
+        super().__init__("the store is closed")
+
+
+class StoreLocked(StoreError):
+    def __init__(self, path: str) -> None:
+        super().__init__(f"store {path} is locked by another process")
+        self.path = path
+
+
+class UnknownContext(StoreError):
+    def __init__(self, context_id: int) -> None:
+        super().__init__(f"unknown context {context_id}")
+        self.context_id = context_id
+
+
+class UnknownTurn(StoreError):
+    def __init__(self, turn_id: int) -> None:
+        super().__init__(f"unknown turn {turn_id}")
+        self.turn_id = turn_id
+
+
+class UnknownBlob(StoreError):
+    def __init__(self, blob_hash: bytes) -> None:
+        super().__init__(f"unknown blob {blob_hash.hex()}")
+        self.blob_hash = blob_hash
+
+
+class ParentConflict(StoreError):
+    """An append named an expected parent that is not the context's head."""
+
+    def __init__(self, context_id: int, expected: int, actual: int) -> None:
+        super().__init__(
+            f"context {context_id}: expected parent turn {expected}, but the head is turn {actual}"
+        )
+        self.context_id = context_id
+        self.expected = expected
+        self.actual = actual
+
+
+class PayloadTooLarge(StoreError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class CorruptRecord(StoreError):
+    """A record failed its CRC or hash check; the bytes are never returned as good data."""
+
+    def __init__(self, file: str, offset: int, reason: str) -> None:
+        super().__init__(f"{file} at offset {offset}: {reason}")
+        self.file = file
+        self.offset = offset
+        self.reason = reason

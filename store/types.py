@@ -1,0 +1,63 @@
+"""Typed records that the store's API hands out.  Layouts on disk live in records.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NO_TURN = 0
+"""TurnID 0 means "no turn": the parent of a root, the head of an empty context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    turn_id: int
+    parent_turn_id: int
+    depth: int
+    type_tag: int
+    codec: int
+    payload_hash: bytes
+    flags: int
+    created_at_unix_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContextHead:
+    context_id: int
+    head_turn_id: int
+    """NO_TURN for an empty context."""
+    head_depth: int
+    created_at_unix_ms: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnInput:
+    """One turn of an append: the payload bytes and the caller's type and codec tags."""
+
+    payload: bytes
+    type_tag: int = 0
+    codec: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    turns: list[Turn] = field(default_factory=list)
+    next_cursor: int = NO_TURN
+    """Pass as before_turn_id to get the next older page; NO_TURN when the root was reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    """A blob as it sits in the pack: what a peer can send on without recompressing."""
+
+    hash: bytes
+    codec: int
+    raw_len: int
+    stored: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    target_turn_id: int
+    new_payload_hash: bytes
+    flags: int
+    seq: int

@@ -1,0 +1,34 @@
+"""Fixtures shared by every test module."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pi-corpus"
+if not CORPUS.is_dir():  # CI clones main with shared/ beside it; a developer may keep it elsewhere
+    CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "pi-corpus"
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    if not (CORPUS / "manifest.json").is_file():
+        pytest.skip(f"the Pi corpus is not at {CORPUS} (shared/ must sit beside the checkout)")
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def corpus_manifest(corpus_dir: Path) -> dict:
+    return json.loads((corpus_dir / "manifest.json").read_text())
+
+
+@pytest.fixture
+def node_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated node state dir and Pi agent dir for one test."""
+    home = tmp_path / "node"
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    monkeypatch.setenv("P2PNODE_HOME", str(home))
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(agent))
+    return home
