@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
@@ -25,7 +27,7 @@ def print_json(obj: Any) -> None:
 
 
 def node_paths(args: argparse.Namespace) -> NodePaths:
-    return (NodePaths(args.home) if args.home else NodePaths.default()).ensure()
+    return (NodePaths(Path(args.home)) if args.home else NodePaths.default()).ensure()
 
 
 # --- store ------------------------------------------------------------------------------
@@ -50,6 +52,443 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_fsck)
 
 
+# --- node (p2pnode serve / status; routing to a running node) ------------------------------
+
+
+def via_node(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Have the running node do `op` (it owns the store while it runs); None: no node, act here."""
+    from p2pnode.control import FETCH_TIMEOUT, call_node
+
+    return call_node(node_paths(args), op, payload, timeout=FETCH_TIMEOUT if op == "fetch" else 30.0)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from p2pnode.node import DEFAULT_PORT, NodeConfig, serve
+
+    port = DEFAULT_PORT if args.port is None else args.port
+    config = NodeConfig(host=args.host, port=port, mdns=not args.no_mdns)
+    asyncio.run(serve(node_paths(args), config))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = via_node(args, "status", {})
+    if status is None:
+        status = offline_status(node_paths(args))
+    if args.json:
+        print_json(status)
+        return 0
+    print(f"node       {status['node_id'] or '(no identity yet)'}")
+    if status["running"]:
+        print(f"running    port {status['port']} on {', '.join(status['addresses'])}"
+              f"{'' if status['mdns'] else ' (mDNS off)'}")
+    else:
+        print("running    no (start it with `p2pnode serve`)")
+    print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
+    for b in status["shared"]:
+        print(f"  {b['branch'][:16]}  {b['size']:>10}  {b['title'] or ''}")
+    trusted = [p for p in status["peers"] if p["trusted"]]
+    print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
+          f"{len(status['peers']) - len(trusted)} untrusted seen")
+    for p in status["peers"]:
+        state = {True: "online", False: "offline", None: "unconfirmed"}[p["online"]]
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
+              f"  {p['name'] or ''}")
+    print(f"transfers  {len(status['transfers']) or 'none'}")
+    for t in status["transfers"]:
+        print(f"  {t['branch'][:16]}  {t['bytes_done']}/{t['bytes_total'] or '?'} bytes"
+              f"  from {', '.join(t['peers'])}")
+    return 0
+
+
+def offline_status(paths: NodePaths) -> dict[str, Any]:
+    """What `status` can say with no node running: identity, shared branches, trusted peers."""
+    from p2pnode.identity import has_identity, load_identity
+    from p2pnode.library import Library
+    from p2pnode.trust import TrustStore
+
+    node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
+    with Library.open(paths) as lib:
+        catalog = lib.catalog()
+        shared = [{"branch": b.branch, "title": b.title, "size": b.size} for b in lib.branches()]
+    peers: list[dict[str, Any]] = [{"node_id": t.node_id, "name": t.name, "trusted": True, "online": None,
+                                    "addresses": [], "port": None} for t in TrustStore(paths.trust).peers()]
+    return {"node_id": node_id, "running": False, "addresses": [], "port": None, "home": str(paths.home),
+            "mdns": False, "catalog_generation": catalog.generation, "shared": shared, "peers": peers,
+            "transfers": []}
+
+
+def add_node_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the node in the foreground: store service, peer server, mDNS")
+    p.add_argument("--port", type=int,
+                   help="HTTPS peer port (default 47470, or a free one if that is taken; 0 = any free port)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--no-mdns", action="store_true", help="neither announce nor browse on the LAN")
+    p.set_defaults(func=cmd_serve, default_log_level="INFO")
+    p = sub.add_parser("status", help="node id, addresses, port, peers online/offline, shares, transfers")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+
+# --- sessions (share / ls / show / cat / unshare) -------------------------------------------
+
+
+def open_library(args: argparse.Namespace) -> Any:
+    """The session library on this node's store; a store held by another process is a Conflict."""
+    from p2pnode.control import NodeLibrary, node_running
+    from p2pnode.errors import Conflict
+    from p2pnode.library import Library
+    from store.errors import StoreLocked
+
+    if node_running(node_paths(args)):  # the running node holds the store: read through it
+        return NodeLibrary(node_paths(args))
+    try:
+        return Library.open(node_paths(args))
+    except StoreLocked as exc:
+        raise Conflict(f"{exc} (is `p2pnode serve` running for another home?)") from None
+
+
+def _short(h: str | None) -> str:
+    return h[:16] if h else "-"
+
+
+def _one_line(text: str | None, width: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    import os
+
+    payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
+               "cwd": os.getcwd()}
+    result = via_node(args, "share", payload)
+    if result is None:
+        with open_library(args) as lib:
+            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage).as_dict()
+    for warning in result.get("warnings", []):
+        print(f"p2pnode: warning: {warning}", file=sys.stderr)
+    ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
+    if args.json:
+        print_json(dict(result, ticket=ticket) if ticket else result)
+    else:
+        print(result["branch"])
+        if ticket:
+            print(ticket)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with open_library(args) as lib:
+        infos = lib.branches(include_unshared=args.all)
+    if args.json:
+        print_json([i.as_dict() for i in infos])
+        return 0
+    print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
+    for i in infos:
+        when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
+        mark = "" if i.offered else " (unshared)"
+        print(f"{_short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {_short(i.parent):16}  "
+              f"{_one_line(i.header.get('cwd'), 24):24}  {_one_line(i.title, 50)}{mark}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_library(args) as lib:
+        info = lib.branch(args.branch)
+        sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
+        lineage = lib.lineage(info.branch)
+        children = lib.children(info.branch)
+    if args.json:
+        print_json({"branch": info.as_dict(), "sidecar": sidecar,
+                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children]})
+        return 0
+    h = info.header
+    print(f"branch      {info.branch}")
+    print(f"sidecar     {sidecar}")
+    print(f"session     {info.src}  ({info.size} bytes, {info.lines} lines)")
+    print(f"title       {_one_line(info.title, 90)}")
+    print(f"header      id {h.get('id')}  timestamp {h.get('timestamp')}")
+    print(f"            cwd {h.get('cwd')}")
+    if h.get("parent_session"):
+        print(f"            parentSession {h.get('parent_session')}")
+    print(f"path        {info.path or '-'}")
+    print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
+    print("lineage")
+    ancestors = list(reversed(lineage))
+    if ancestors[0].parent is not None:
+        print(f"  {_short(ancestors[0].parent)}  (parent not held here)")
+    for depth, a in enumerate(ancestors):
+        here = "   <- this branch" if a.branch == info.branch else ""
+        print(f"  {'   ' * depth}{'└─ ' if depth else ''}{_short(a.branch)}  {_one_line(a.title, 50)}{here}")
+    for c in children:
+        print(f"  {'   ' * len(ancestors)}└─ {_short(c.branch)}  {_one_line(c.title, 50)}")
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    with open_library(args) as lib:
+        info = lib.branch(args.branch)
+        data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
+    if args.json:
+        text = data.decode("utf-8", "replace")
+        print_json({"branch": info.branch, "src": info.src, "size": len(data),
+                    "lines": text.splitlines(keepends=True)})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_unshare(args: argparse.Namespace) -> int:
+    branch = args.branch
+    if via_node(args, "unshare", {"branch": branch}) is None:
+        with open_library(args) as lib:
+            branch = lib.unshare(branch).branch
+    if args.json:
+        print_json({"branch": branch, "offered": False})
+    else:
+        print(f"unshared {branch}")
+    return 0
+
+
+def add_session_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("share", help="share a Pi session (and its fork lineage); prints the branch hash")
+    p.add_argument("session", nargs="?",
+                   help="session file, header id or id prefix (default: newest session of cwd)")
+    p.add_argument("--latest", action="store_true", help="the newest session of the current directory")
+    p.add_argument("--no-lineage", action="store_true", help="share without its parentSession (parent null)")
+    p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
+    p.set_defaults(func=cmd_share)
+    p = sub.add_parser("ls", help="list shared branches")
+    p.add_argument("--all", action="store_true", help="also branches that were unshared")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ls)
+    for name, func, text in (
+        ("show", cmd_show, "a branch's sidecar, header and lineage tree"),
+        ("cat", cmd_cat, "print a branch's session file, verbatim and verified"),
+        ("unshare", cmd_unshare, "stop offering a branch to peers (its bytes stay)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("branch", help="branch hash, or a unique prefix of one (at least 4 hex digits)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+
+
+# --- peers (identity, trust, fetch, standalone peer server) ---------------------------------
+
+
+def _identity(args: argparse.Namespace) -> Any:
+    from p2pnode.identity import load_or_create_identity
+
+    return load_or_create_identity(node_paths(args).identity)
+
+
+def _trust(args: argparse.Namespace) -> Any:
+    from p2pnode.trust import TrustStore
+
+    return TrustStore(node_paths(args).trust)
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    ident = _identity(args)
+    if args.json:
+        print_json({"node_id": ident.node_id, "cert": str(ident.cert_path), "ca": str(ident.ca_path)})
+    else:
+        print(ident.node_id)
+    return 0
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    peer = _trust(args).trust(args.node_id, name=args.name)
+    print(f"trusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
+    return 0
+
+
+def cmd_untrust(args: argparse.Namespace) -> int:
+    peer = _trust(args).untrust(args.node_id)
+    print(f"untrusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None)
+             for p in _trust(args).peers()]
+    status = via_node(args, "status", {})  # node's addition: a running node adds whom it sees on the LAN
+    if status:
+        seen = {p["node_id"]: p for p in status["peers"]}
+        for p in peers:
+            if (s := seen.pop(p["id"], None)) is not None:
+                p.update(addresses=s["addresses"], port=s["port"], online=s["online"])
+        peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
+                   "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
+    if args.json:
+        print_json(peers)
+    for p in peers if not args.json else []:
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
+            {True: "online", False: "offline", None: ""}[p["online"]]
+        print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
+    return 0
+
+
+class ProgressBar:
+    """A one-line bar on stderr for transfers over MIN_BYTES; silent when not on a terminal."""
+
+    MIN_BYTES = 4 << 20
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < self.MIN_BYTES:
+            return
+        filled = int(30 * done / total) if total else 30
+        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {100 * done // max(total, 1):3d}%"
+                         f" {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+        self.shown = True
+
+    def finish(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
+    """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
+    from p2pnode import wire
+    from p2pnode.fetch import PeerAddress
+    from p2pnode.identity import format_node_id
+
+    peers = [PeerAddress.parse(text) for text in args.peer or []]
+    if wire.is_ticket(args.target):
+        ticket = wire.decode_ticket(args.target)
+        node_id = format_node_id(ticket.node)
+        peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
+        return ticket.branch.hex(), peers
+    return wire.check_hex_hash(args.target.strip().lower(), "branch hash"), peers
+
+
+def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
+    import asyncio
+
+    from p2pnode.discovery import lan_peers
+    from p2pnode.fetch import fetch_branch
+    from p2pnode.library import Library
+
+    paths = node_paths(args)
+    ident, trust = _identity(args), _trust(args)
+    if not peers:
+        from p2pnode.identity import parse_node_id
+
+        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
+    bar = ProgressBar()
+    try:
+        with Library.open(paths) as lib:
+            result = asyncio.run(fetch_branch(lib, branch, peers, ident, trust, agent_dir=lib.agent_dir,
+                                              progress=bar))
+    finally:
+        bar.finish()
+    return result.as_dict()
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    branch, peers = _fetch_target(args)
+    result = via_node(args, "fetch", {"branch": branch, "peers": [str(p) for p in peers]})
+    if result is None:
+        result = _fetch_here(args, branch, peers)
+    if args.json:
+        print_json(result)
+    else:
+        fetched = len(result["fetched"])
+        print(f"branch   {result['branch']}")
+        print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
+              f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
+        for where, why in result["dropped_peers"].items():
+            print(f"dropped  {where}: {why}")
+        if result["path"] and not result["conflict"]:
+            print(f"path     {result['path']}")
+            print(f"continue with:  pi --fork {shlex.quote(result['path'])}")
+    if result["conflict"]:
+        print(f"p2pnode: {result['conflict']}", file=sys.stderr)
+        return 7  # errors.Conflict.exit_code
+    return 0
+
+
+def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
+    """A ticket for `branch_hex` if this node has an identity and a running node with known
+    addresses (`share` prints it); None otherwise."""
+    from p2pnode import wire
+    from p2pnode.control import call_node
+    from p2pnode.identity import has_identity, load_identity
+
+    if not has_identity(paths.identity):
+        return None
+    status = call_node(paths, "status", {}, timeout=5.0) or {}
+    port = status.get("port")
+    addresses = [(a, port) for a in status.get("addresses", []) if a not in ("0.0.0.0", "::")] if port else []
+    if not addresses:
+        return None
+    ident = load_identity(paths.identity)
+    return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+
+
+def cmd_serve_peers(args: argparse.Namespace) -> int:
+    """The peer server alone (no store service, no mDNS): for tests and scripted setups."""
+    import asyncio
+    import signal
+
+    from p2pnode.library import Library
+    from p2pnode.provider import PeerServer
+
+    paths = node_paths(args)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        with Library.open(paths) as lib:
+            server = PeerServer(lib, _identity(args), _trust(args))
+            await server.start(args.host, args.port)
+            print(f"listening on {args.host}:{server.port}", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await server.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def add_peer_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("id", help="print this node's id (made on first use)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_id)
+    p = sub.add_parser("trust", help="allow a peer (by node id) to fetch from and serve this node")
+    p.add_argument("node_id")
+    p.add_argument("--name", help="a name to show for the peer")
+    p.set_defaults(func=cmd_trust)
+    p = sub.add_parser("untrust", help="remove a peer from the allowlist; its connections are closed")
+    p.add_argument("node_id")
+    p.set_defaults(func=cmd_untrust)
+    p = sub.add_parser("peers", help="list trusted peers, and untrusted ones a running node sees")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_peers)
+    p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
+    p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+                   help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fetch)
+    p = sub.add_parser("serve-peers", help="run only the HTTPS peer server (no mDNS, no store service)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    p.set_defaults(func=cmd_serve_peers)
+
+
 # --- parser -----------------------------------------------------------------------------
 
 
@@ -57,15 +496,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="p2pnode", description=__doc__)
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
     parser.add_argument("--home", help="node state directory (default: $P2PNODE_HOME or the user state dir)")
-    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_store_commands(sub)
+    add_node_commands(sub)
+    add_session_commands(sub)
+    add_peer_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = args.log_level or getattr(args, "default_log_level", "WARNING")
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
     except P2PNodeError as exc:

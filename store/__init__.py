@@ -3,3 +3,27 @@
 
 This package knows nothing of Pi sessions, peers or the command line.
 """
+from __future__ import annotations
+
+from .engine import GCStats, Store, StoreConfig
+from .errors import (
+    BlobMismatch,
+    CorruptRecord,
+    ParentConflict,
+    PayloadTooLarge,
+    StoreClosed,
+    StoreError,
+    StoreLocked,
+    TurnNotInContext,
+    UnknownBlob,
+    UnknownContext,
+    UnknownTurn,
+)
+from .types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, TurnBlobRef, TurnInput
+
+__all__ = [
+    "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "GCStats", "Page", "ParentConflict", "Patch",
+    "PayloadTooLarge", "Store", "StoreClosed", "StoreConfig", "StoreError", "StoreLocked",
+    "StoredBlob", "Turn", "TurnBlobRef", "TurnInput", "TurnNotInContext", "UnknownBlob", "UnknownContext",
+    "UnknownTurn",
+]

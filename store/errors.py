@@ -62,3 +62,21 @@ class CorruptRecord(StoreError):
         self.file = file
         self.offset = offset
         self.reason = reason
+
+
+class TurnNotInContext(StoreError):
+    """A cursor or turn named for a context is not on that context's chain."""
+
+    def __init__(self, context_id: int, turn_id: int) -> None:
+        super().__init__(f"turn {turn_id} is not on the chain of context {context_id}")
+        self.context_id = context_id
+        self.turn_id = turn_id
+
+
+class BlobMismatch(StoreError):
+    """A blob handed over in stored form is not what its hash says."""
+
+    def __init__(self, blob_hash: bytes, reason: str) -> None:
+        super().__init__(f"blob {blob_hash.hex()} rejected: {reason}")
+        self.blob_hash = blob_hash
+        self.reason = reason

@@ -39,6 +39,16 @@ class TurnInput:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnBlobRef:
+    """One turn of an append whose payload is already stored (put_blob / put_stored_blob):
+    saves hashing and compressing bytes the caller holds only in stored form."""
+
+    payload_hash: bytes
+    type_tag: int = 0
+    codec: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     turns: list[Turn] = field(default_factory=list)
     next_cursor: int = NO_TURN
@@ -61,3 +71,22 @@ class Patch:
     new_payload_hash: bytes
     flags: int
     seq: int
+
+
+class RecoveryNotes(list[str]):
+    """What opening a store found and repaired, in order.  `damage` holds the entries that
+    mean stored data was damaged, not just a crash's torn tail: the store records those in
+    `damage.log`, and fsck reports them until `fsck --repair` acknowledges them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.damage: list[str] = []
+
+    def add(self, message: str, damage: bool = False) -> None:
+        self.append(message)
+        if damage:
+            self.damage.append(message)
+
+    def merge(self, other: RecoveryNotes) -> None:
+        for message in other:
+            self.add(message, message in other.damage)

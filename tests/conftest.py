@@ -32,3 +32,23 @@ def node_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("P2PNODE_HOME", str(home))
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(agent))
     return home
+
+
+# --- LAN lab (tests/lab.py): one namespace lab per test session -------------------------
+
+LAB_HOSTS = 5  # h1..h3: trusted nodes, h4: an untrusted node, h5: a host without p2pnode
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """Bridge + LAB_HOSTS host namespaces; skips with the reason where namespaces are absent."""
+    from lab import Lab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    built = Lab.create(LAB_HOSTS)
+    try:
+        yield built
+    finally:
+        built.down()

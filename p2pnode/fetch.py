@@ -1,0 +1,498 @@
+"""Fetching a branch and its lineage from peers, verifying every byte before it is kept.
+
+Entry points (for the CLI and the LAN node):
+
+    result = await fetch_branch(lib, branch_hex, [PeerAddress(node_id, host, port), ...],
+                                identity, trust, agent_dir=..., progress=...)
+    catalog = await get_catalog(PeerAddress(...), identity, trust)
+
+The order of work, and why:
+1. Walk the lineage by sidecars only: each sidecar must hash to the branch asked for and
+   validate; follow `parent` until a branch this node already holds, with a depth limit and
+   cycle detection.  Nothing is stored yet, so a lying chain costs nothing.
+2. For each missing branch, oldest first: the session's line manifest, then only the lines
+   this node lacks, in framed batches; every line is decompressed with an output limit equal
+   to its declared length and checked against its hash.  The whole session is re-hashed to
+   the sidecar's `src` (this is what proves the manifest honest) and only then handed to
+   `lib.add_fetched`.  A peer without line manifests gets the whole-blob fallback: a
+   streamed GET with `Range` resume, hashed on the fly.
+3. The requested session is written where Pi finds it (placement.py), if `agent_dir` is given.
+
+Peers are tried in turn.  A peer that sends bytes failing verification is dropped for the
+rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
+blob prefixes survive a broken link, so the next attempt, on the same or another peer,
+continues where the last one stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import blake3
+
+from p2pnode import wire
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
+from p2pnode.identity import Identity, format_node_id, parse_node_id
+from p2pnode.pisession import parse_header, session_relpath
+from p2pnode.placement import Placement, PlacementConflict, place_session
+from p2pnode.sidecar import Sidecar, parse_sidecar
+from p2pnode.tls import client_context
+from p2pnode.trust import TrustStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Progress = Callable[[int, int], None]
+"""progress(bytes_done, bytes_total) while session bytes arrive."""
+
+MAX_NETWORK_ERRORS = 3
+"""Broken links tolerated per peer per fetch before it is given up."""
+RETRY_PAUSE = 0.2
+BATCHES_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class PeerAddress:
+    node_id: str | None
+    """The node expected at this address; None accepts any trusted node (`--from HOST:PORT`)."""
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> PeerAddress:
+        """`HOST:PORT`, `[V6]:PORT` or `NODEID@HOST:PORT`."""
+        node_id, _, hostport = text.rpartition("@")
+        m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]@]+):(\d+)", hostport)
+        if not m or not 0 < int(m.group(2) or m.group(4)) <= 65535:
+            raise InvalidInput(f"peer address {text!r} is not HOST:PORT or NODEID@HOST:PORT")
+        host = m.group(1) or m.group(3)
+        port = int(m.group(2) or m.group(4))
+        return cls(format_node_id(parse_node_id(node_id)) if node_id else None, host, port)
+
+    def __str__(self) -> str:
+        """The form `parse` reads back: `[NODEID@]HOST:PORT`."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.node_id + '@' if self.node_id else ''}{host}:{self.port}"
+
+
+@dataclass
+class FetchResult:
+    branch: str
+    src: str
+    parent: str | None
+    fetched: list[str] = field(default_factory=list)
+    """Branches fetched now, the requested one first; empty if it was already held."""
+    bytes_received: int = 0
+    """HTTP body bytes received from peers (sidecars, manifests, batches, blobs)."""
+    lines_total: int = 0
+    lines_fetched: int = 0
+    dropped_peers: dict[str, str] = field(default_factory=dict)
+    path: str | None = None
+    written: bool = False
+    conflict: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LineageError(VerificationFailed):
+    """A parent chain that loops or is deeper than the limit."""
+
+
+class NotOffered(Exception):
+    """The peer answered 404: it does not offer this object (or does not exist, same answer)."""
+
+
+class _Peer:
+    """One peer for the duration of a fetch: its HTTPS session and its standing."""
+
+    def __init__(self, addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits) -> None:
+        self.addr = addr
+        self.limits = limits
+        expected = parse_node_id(addr.node_id) if addr.node_id else None
+        host = f"[{addr.host}]" if ":" in addr.host else addr.host
+        self.base = f"https://{host}:{addr.port}"
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected), limit=4),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout,
+                                          sock_read=limits.slow_reader_timeout),
+            auto_decompress=False,
+        )
+        self.dropped: str | None = None
+        self.network_errors = 0
+        self.bytes_received = 0
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    def _check(self, resp: aiohttp.ClientResponse, what: str) -> None:
+        if resp.status == 404:
+            raise NotOffered(what)
+        if resp.status == 403:
+            raise Refused(f"peer {self.addr} refused the request for {what} (403)")
+        if resp.status not in (200, 206):
+            raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                              message=f"unexpected status for {what}")
+
+    async def get_small(self, path: str, limit: int, what: str) -> bytes:
+        """A whole response body of at most `limit` bytes (larger is a lie, refused)."""
+        async with self.session.get(self.base + path) as resp:
+            self._check(resp, what)
+            if (resp.content_length or 0) > limit:
+                raise wire.WireError(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
+            body = bytearray()
+            async for chunk in resp.content.iter_any():
+                body += chunk
+                self.bytes_received += len(chunk)
+                if len(body) > limit:
+                    raise wire.WireError(f"{what}: peer sent more than the limit of {limit} bytes")
+            return bytes(body)
+
+    async def sidecar(self, branch: str) -> tuple[bytes, Sidecar]:
+        raw = await self.get_small(wire.PATH_OBJECT.format(hash=branch), self.limits.max_sidecar,
+                                   f"sidecar {branch}")
+        return raw, parse_sidecar(raw, branch)
+
+    async def line_manifest(self, src: str) -> list[wire.LineRef]:
+        limit = wire.LINE_MANIFEST_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
+        body = await self.get_small(wire.PATH_LINES.format(src=src), limit, f"line manifest of {src}")
+        return wire.decode_line_manifest(body, bytes.fromhex(src), self.limits)
+
+    async def catalog(self) -> wire.CatalogMessage:
+        body = await self.get_small(wire.PATH_CATALOG, self.limits.max_catalog_bytes, "catalog")
+        return wire.decode_catalog(body, self.limits)
+
+
+class _Pool:
+    """The peers of one fetch, tried in turn for each step."""
+
+    def __init__(self, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
+                 limits: wire.Limits) -> None:
+        for p in peers:
+            if p.node_id and not trust.is_trusted(parse_node_id(p.node_id)):
+                raise Refused(f"node {p.node_id} is not trusted here; run `p2pnode trust {p.node_id}` first")
+        self.peers = [_Peer(p, identity, trust, limits) for p in dict.fromkeys(peers)]
+        self.me = identity.node_id
+
+    async def close(self) -> None:
+        for p in self.peers:
+            await p.close()
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(p.bytes_received for p in self.peers)
+
+    def dropped(self) -> dict[str, str]:
+        return {str(p.addr): p.dropped for p in self.peers if p.dropped}
+
+    def drop(self, peer: _Peer, reason: str) -> None:
+        peer.dropped = reason
+        log.warning("dropping peer %s for this fetch: %s", peer.addr, reason)
+
+    async def run(self, what: str, op: Callable[[_Peer], Awaitable[T]]) -> T:
+        """`op` on the first peer that does it; raises an error that says what each peer did."""
+        not_offered: set[_Peer] = set()
+        while True:
+            active = [p for p in self.peers if not p.dropped and p not in not_offered]
+            if not active:
+                break
+            for peer in active:
+                try:
+                    return await op(peer)
+                except NotOffered:
+                    not_offered.add(peer)
+                except Refused as exc:
+                    self.drop(peer, str(exc))
+                except (VerificationFailed, InvalidInput) as exc:  # lying bytes
+                    self.drop(peer, f"sent data that failed verification: {exc}")
+                except aiohttp.ClientConnectorCertificateError as exc:
+                    self.drop(peer, f"TLS: {exc.certificate_error}")
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    peer.network_errors += 1
+                    reason = _describe_network_error(exc, self.me)
+                    log.info("peer %s: %s (attempt %d)", peer.addr, reason, peer.network_errors)
+                    if peer.network_errors >= MAX_NETWORK_ERRORS:
+                        self.drop(peer, reason)
+                    await asyncio.sleep(RETRY_PAUSE)
+        raise self._failure(what, not_offered)
+
+    def _failure(self, what: str, not_offered: set[_Peer]) -> P2PNodeError:
+        reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
+        if not self.peers:
+            return PeerUnavailable(f"{what}: no peer to fetch from (give --from HOST:PORT or a ticket)")
+        if len(not_offered) == len(self.peers):
+            return NotFound(f"{what}: not offered by any peer ({reasons})")
+        if any(p.dropped and "verification" in p.dropped for p in self.peers):
+            return VerificationFailed(f"{what}: no peer sent verifiable data ({reasons})")
+        if all(p.dropped and ("TLS" in p.dropped or "refused" in p.dropped) for p in self.peers
+               if p not in not_offered):
+            return Refused(f"{what}: refused ({reasons})")
+        return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
+
+
+def _describe_network_error(exc: BaseException, me: str) -> str:
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+        return (f"connection closed by the peer (cut link, or it does not trust this node {me}): "
+                f"{type(exc).__name__}")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """JSONL lines with their newline; the last may lack one (the store's one turn per line)."""
+    lines, start = [], 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end + 1
+        lines.append(data[start:end])
+        start = end
+    return lines
+
+
+def check_header(first_line: bytes, src: str) -> None:
+    """Refuse a session that is not a Pi session, or whose header fields would place it
+    outside Pi's sessions dir (InvalidHeader / HostileHeader), before anything is stored."""
+    end = first_line.find(b"\n")
+    header = parse_header(first_line if end < 0 else first_line[:end], f"fetched session {src}")
+    session_relpath(header)
+
+
+class _Fetch:
+    def __init__(self, lib: Any, pool: _Pool, limits: wire.Limits, progress: Progress | None) -> None:
+        self.lib = lib
+        self.pool = pool
+        self.limits = limits
+        self.progress = progress
+        self.lines: dict[bytes, bytes] = {}
+        """Verified lines received in this fetch, kept across broken links and peers."""
+        self.lines_fetched = 0
+        self.lines_total = 0
+        self._done = self._total = 0
+
+    async def _lib(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def walk(self, branch: str) -> list[tuple[str, bytes, Sidecar]]:
+        """The branches to fetch, requested first, up to the first one held locally."""
+        chain: list[tuple[str, bytes, Sidecar]] = []
+        seen: set[str] = set()
+        current: str | None = branch
+        while current is not None and not await self._lib(self.lib.has_branch, current):
+            if current in seen:
+                raise LineageError(f"lineage of {branch}: parent cycle at branch {current}")
+            if len(chain) >= self.limits.max_chain_depth:
+                raise LineageError(f"lineage of {branch} is deeper than {self.limits.max_chain_depth} "
+                                   "generations; refused")
+            seen.add(current)
+            get_sidecar = functools.partial(_Peer.sidecar, branch=current)
+            raw, sc = await self.pool.run(f"sidecar {current}", get_sidecar)
+            chain.append((current, raw, sc))
+            current = sc.parent
+        return chain
+
+    async def session(self, src: str) -> list[bytes]:
+        """The verified lines of session `src` (by line manifest, else as one blob)."""
+        while True:
+            try:
+                manifest_peer, manifest = await self.pool.run(
+                    f"line manifest of {src}", lambda p: _with_peer(p, p.line_manifest(src)))
+            except NotFound:
+                return split_lines(await self._whole(src))
+            missing = await self._missing(manifest)
+            if missing:
+                get_lines = functools.partial(self._batches, missing=missing)
+                await self.pool.run(f"lines of session {src}", get_lines)
+            lines = await self._assemble(manifest, src)
+            if lines is not None:
+                self.lines_total += len(manifest)
+                return lines
+            self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it "
+                                          "(failed verification)")
+
+    async def _missing(self, manifest: list[wire.LineRef]) -> list[wire.LineRef]:
+        unique = list({r.hash: r for r in manifest}.values())
+        held = await self._lib(lambda: [self.lib.has_line(r.hash) for r in unique])
+        return [r for r, h in zip(unique, held, strict=True) if not h]
+
+    async def _batches(self, peer: _Peer, missing: list[wire.LineRef]) -> None:
+        """Ask `peer` for the missing lines not received yet, in batches of bounded size,
+        BATCHES_IN_FLIGHT at a time so that the peer prepares one while we verify another."""
+        self._total = sum(r.length for r in missing)
+        todo = [r for r in missing if r.hash not in self.lines]
+        self._done = self._total - sum(r.length for r in todo)
+        groups: list[list[wire.LineRef]] = [[]]
+        size = 0
+        for ref in todo:
+            if len(groups[-1]) >= self.limits.max_batch_hashes or size >= self.limits.batch_target_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(ref)
+            size += ref.length
+        slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
+
+        async def one(group: list[wire.LineRef]) -> None:
+            async with slots:
+                await self._batch(peer, group)
+
+        tasks = [asyncio.create_task(one(g)) for g in groups if g]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # on the first failure, stop the others (what they verified is kept)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _batch(self, peer: _Peer, group: list[wire.LineRef]) -> None:
+        decoder = wire.BatchDecoder([r.hash for r in group], self.limits)
+        body = wire.encode_batch_request(r.hash for r in group)
+        async with peer.session.post(peer.base + wire.PATH_BATCH, data=body,
+                                     headers={"Content-Type": "application/octet-stream"}) as resp:
+            peer._check(resp, f"batch of {len(group)} lines")
+            async for chunk in resp.content.iter_any():
+                peer.bytes_received += len(chunk)
+                blobs = decoder.feed(chunk)
+                if not blobs:
+                    continue
+                # decompress + hash off the event loop (both release the GIL), one hop per chunk
+                raws = await asyncio.to_thread(_decode_all, blobs)
+                for blob, raw in zip(blobs, raws, strict=True):
+                    self.lines[blob.hash] = raw
+                    self._done += blob.raw_len
+                self.lines_fetched += len(blobs)
+                if self.progress:
+                    self.progress(self._done, self._total)
+            decoder.finish()
+        if decoder.received != len(group):
+            raise wire.WireError(f"peer sent {decoder.received} of the {len(group)} line blobs asked for")
+
+    async def _assemble(self, manifest: list[wire.LineRef], src: str) -> list[bytes] | None:
+        """All lines in order, or None if they do not hash to `src` (the manifest lied)."""
+        def build() -> list[bytes]:
+            return [self.lines.get(r.hash) or self.lib.line(r.hash) for r in manifest]
+
+        lines = await self._lib(build)
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        for line in lines:
+            hasher.update(line)
+        return lines if hasher.hexdigest() == src else None
+
+    async def _whole(self, src: str) -> bytes:
+        """Fallback: the session as one blob, resumed with Range after a broken link."""
+        buf = bytearray()
+        hasher = blake3.blake3()
+
+        async def attempt(peer: _Peer) -> bytes:
+            nonlocal hasher
+            headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
+            url = peer.base + wire.PATH_OBJECT.format(hash=src)
+            async with peer.session.get(url, headers=headers) as resp:
+                peer._check(resp, f"session {src}")
+                if resp.status == 200 and buf:  # the peer ignored Range: start over
+                    buf.clear()
+                    hasher = blake3.blake3()
+                total = _total_size(resp, len(buf))
+                if total > self.limits.max_session:
+                    raise wire.WireError(f"session {src}: {total} bytes is over {self.limits.max_session}")
+                async for chunk in resp.content.iter_any():
+                    peer.bytes_received += len(chunk)
+                    if len(buf) + len(chunk) > total:
+                        raise wire.WireError(f"session {src}: more than the {total} bytes announced")
+                    buf.extend(chunk)
+                    hasher.update(chunk)
+                    if self.progress:
+                        self.progress(len(buf), total)
+                if len(buf) != total:
+                    raise aiohttp.ClientPayloadError(f"session {src}: cut at {len(buf)} of {total} bytes")
+            got = hasher.hexdigest()
+            if got != src:
+                buf.clear()
+                hasher = blake3.blake3()
+                raise wire.BlobMismatch(bytes.fromhex(src), bytes.fromhex(got), "session")
+            return bytes(buf)
+
+        return await self.pool.run(f"session {src}", attempt)
+
+
+def _decode_all(blobs: list[wire.BatchBlob]) -> list[bytes]:
+    return [wire.decode_blob(b) for b in blobs]
+
+
+async def _with_peer(peer: _Peer, coro: Awaitable[T]) -> tuple[_Peer, T]:
+    return peer, await coro
+
+
+def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
+    if resp.status == 206:
+        m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", resp.headers.get("Content-Range", ""))
+        if not m or int(m.group(1)) != offset:
+            raise wire.WireError(f"Content-Range {resp.headers.get('Content-Range')!r} for offset {offset}")
+        return int(m.group(3))
+    if resp.content_length is None:
+        raise wire.WireError("whole-blob response without Content-Length")
+    return resp.content_length
+
+
+async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], identity: Identity,
+                       trust: TrustStore, *, agent_dir: Path | None = None, progress: Progress | None = None,
+                       limits: wire.Limits = wire.DEFAULT_LIMITS) -> FetchResult:
+    """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring."""
+    wire.check_hex_hash(branch_hex, "branch hash")
+    pool = _Pool(peers, identity, trust, limits)
+    placing: asyncio.Future[Placement | PlacementConflict] | None = None
+    try:
+        job = _Fetch(lib, pool, limits, progress)
+        chain = await job.walk(branch_hex)
+        for branch, raw_sidecar, sc in reversed(chain):
+            t0 = time.perf_counter()
+            lines = await job.session(sc.src)
+            check_header(lines[0] if lines else b"", sc.src)
+            t1 = time.perf_counter()
+            if branch == branch_hex and agent_dir is not None:  # verified: write the file meanwhile
+                placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, lines, sc.src, lib))
+            await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines)
+            log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
+                     branch, len(lines), t1 - t0, time.perf_counter() - t1)
+        info = await asyncio.to_thread(lib.branch, branch_hex)
+        result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
+                             fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
+                             lines_total=job.lines_total, lines_fetched=job.lines_fetched,
+                             dropped_peers=pool.dropped())
+    finally:
+        await pool.close()
+        if placing is not None and not placing.done():
+            await asyncio.wait([placing])
+    if agent_dir is not None:
+        if placing is None:  # already held: place the stored copy
+            data = await asyncio.to_thread(lib.session_bytes, info.src)
+            placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, [data], info.src, lib))
+        placed = await placing
+        if isinstance(placed, PlacementConflict):
+            result.path, result.conflict = str(placed.path), str(placed)
+        else:
+            result.path, result.written = str(placed.path), placed.written
+            await asyncio.to_thread(lib.record_path, branch_hex, placed.path)
+    return result
+
+
+def _place(agent_dir: Path, lines: list[bytes], src: str, lib: Any) -> Placement | PlacementConflict:
+    try:
+        return place_session(agent_dir, b"".join(lines), src, lib.has_session)
+    except PlacementConflict as exc:
+        return exc
+
+
+async def get_catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,
+                      limits: wire.Limits = wire.DEFAULT_LIMITS) -> wire.CatalogMessage:
+    """The branches `peer` offers us (it must trust us, and we it)."""
+    pool = _Pool([peer], identity, trust, limits)
+    try:
+        return await pool.run(f"catalog of {peer}", lambda p: p.catalog())
+    finally:
+        await pool.close()

@@ -1,0 +1,240 @@
+"""BLAKE3 of session files without reading them whole, and without reading them twice.
+
+Pi only appends to a session file (except for a few documented rewrites), so:
+- a running process keeps, per file, the hasher state at the last size it saw
+  (`blake3.copy()`); when the file grows only the new bytes are hashed;
+- a persisted stat cache ((dev, inode, size, mtime_ns) -> hash) skips unchanged files
+  across restarts;
+- a grown file is checked to still start with the bytes we hashed before: against the live
+  state by re-hashing two 4 KiB probes (the start, and the end of the old size), and
+  without live state by comparing the digest of the old-size prefix on the way through.
+  A mismatch means the file was rewritten, and the whole file is hashed anew.
+
+`FileHasher.scan` can also hand the bytes it reads to a sink (the store importer), so a
+first share reads each byte once.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import blake3
+
+from p2pnode.atomicfile import atomic_write, locked
+from p2pnode.errors import Conflict
+
+CHUNK = 4 * 1024 * 1024
+PROBE = 4096
+MAX_LIVE = 1024
+"""Live hasher states kept in memory (each is a few KB)."""
+
+
+def new_hasher() -> blake3.blake3:
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
+def hash_file(path: Path) -> str:
+    """BLAKE3 of a whole file, memory-mapped (an independent reference for tests and benchmarks)."""
+    hasher = new_hasher()
+    if os.path.getsize(path):
+        hasher.update_mmap(path)
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """What we know about a file at one size: its hash and where its lines are."""
+
+    size: int
+    blake3: str
+    lines: int
+    """Lines at this size; a last line without a newline counts."""
+    last_line_start: int
+    """Offset of the last line's first byte; == size when the data ends with a newline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    prefix: Prefix
+    how: str
+    """"cached" (stat cache hit, nothing read), "appended" (only new bytes hashed) or "full"."""
+    rewritten: bool
+    """A previous version was expected as a prefix and the file no longer starts with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _StatKey:
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> _StatKey:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class _Live:
+    key: _StatKey
+    hasher: blake3.blake3
+    prefix: Prefix
+    head_probe: bytes
+    tail_probe: bytes
+
+
+class Sink(Protocol):
+    def begin(self, appended: bool) -> int:
+        """Called once the prefix is checked; returns the file offset to feed bytes from."""
+
+    def feed(self, data: memoryview) -> None: ...
+
+
+def _probes(f: io.BufferedReader, size: int) -> tuple[bytes, bytes]:
+    f.seek(0)
+    head = f.read(min(PROBE, size))
+    f.seek(max(0, size - PROBE))
+    tail = f.read(size - max(0, size - PROBE))
+    return blake3.blake3(head).digest(), blake3.blake3(tail).digest()
+
+
+class _Counter:
+    """Counts lines over the bytes as they are hashed, each byte once."""
+
+    def __init__(self, start: Prefix | None) -> None:
+        self.newlines = 0 if start is None else start.lines - (start.last_line_start < start.size)
+        self.last_line_start = 0 if start is None else start.last_line_start
+
+    def add(self, data: memoryview, offset: int) -> None:
+        chunk = bytes(data)
+        n = chunk.count(b"\n")
+        if n:
+            self.newlines += n
+            self.last_line_start = offset + chunk.rfind(b"\n") + 1
+
+    def prefix(self, size: int, digest: str) -> Prefix:
+        return Prefix(size, digest, self.newlines + (self.last_line_start < size), self.last_line_start)
+
+
+class FileHasher:
+    """Hashes files with a persisted stat cache (at `cache_path`) and in-memory hasher states."""
+
+    def __init__(self, cache_path: Path | None) -> None:
+        self.cache_path = cache_path
+        self._cache: dict[str, tuple[_StatKey, Prefix]] = {}
+        self._dirty: set[str] = set()
+        self._live: dict[str, _Live] = {}
+        if cache_path is not None:
+            self._cache = self._load(cache_path)
+
+    @staticmethod
+    def _load(path: Path) -> dict[str, tuple[_StatKey, Prefix]]:
+        try:
+            files = json.loads(path.read_bytes())["files"]
+            return {p: (_StatKey(**e["stat"]), Prefix(**e["prefix"])) for p, e in files.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError):
+            return {}  # a damaged cache only costs a re-hash; save() replaces it
+
+    def cached(self, path: Path) -> Prefix | None:
+        """The hash of an unchanged file from the stat cache, without reading it."""
+        key = str(Path(path).absolute())
+        entry = self._cache.get(key)
+        if entry is None or entry[0] != _StatKey.of(os.stat(path)):
+            return None
+        return entry[1]
+
+    def known(self, path: Path) -> Prefix | None:
+        """The last version of this path we hashed, changed since or not."""
+        entry = self._cache.get(str(Path(path).absolute()))
+        return entry[1] if entry else None
+
+    def scan(self, path: Path, *, prefix: Prefix | None = None, sink: Sink | None = None) -> Scan:
+        """Hash `path` as it is now, reusing `prefix` (an earlier version) if the file starts with it."""
+        key = str(Path(path).absolute())
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            stat_key = _StatKey.of(st)
+            size = st.st_size
+            entry = self._cache.get(key)
+            if sink is None and entry is not None and entry[0] == stat_key:
+                return Scan(entry[1], "cached", False)
+            if prefix is not None and prefix.size > size:
+                prefix = None
+            hasher, counter, hashed, appended = self._resume(f, key, st, prefix)
+            rewritten = prefix is not None and not appended
+            start = sink.begin(appended) if sink is not None else hashed
+            if not appended and sink is not None and start:
+                raise ValueError("a sink must start at offset 0 when the file is not an append")
+            pos = min(start, hashed)
+            f.seek(pos)
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            while pos < size:
+                n = f.readinto(view[: min(CHUNK, size - pos)])
+                if not n:
+                    raise Conflict(f"{path} shrank to {pos} bytes while being read (it was {size})")
+                chunk = view[:n]
+                if pos + n > hashed:
+                    new = chunk[max(0, hashed - pos):]
+                    hasher.update(new)
+                    counter.add(new, max(pos, hashed))
+                    hashed = pos + n
+                if sink is not None and pos + n > start:
+                    sink.feed(chunk[max(0, start - pos):])
+                pos += n
+            result = counter.prefix(size, hasher.hexdigest())
+            head_probe, tail_probe = _probes(f, size)
+        self._remember(key, stat_key, hasher, result, head_probe, tail_probe)
+        return Scan(result, "appended" if appended else "full", rewritten)
+
+    def _resume(
+        self, f: io.BufferedReader, key: str, st: os.stat_result, prefix: Prefix | None
+    ) -> tuple[blake3.blake3, _Counter, int, bool]:
+        """(hasher, line counter, bytes hashed, prefix confirmed) to continue from."""
+        if prefix is None or prefix.size == 0:
+            return new_hasher(), _Counter(None), 0, prefix is not None
+        live = self._live.get(key)
+        same_file = live is not None and (live.key.dev, live.key.ino) == (st.st_dev, st.st_ino)
+        if (live is not None and same_file and live.prefix == prefix
+                and _probes(f, prefix.size) == (live.head_probe, live.tail_probe)):
+            return live.hasher.copy(), _Counter(prefix), prefix.size, True
+        hasher = new_hasher()
+        f.seek(0)
+        buf = memoryview(bytearray(CHUNK))
+        pos = 0
+        while pos < prefix.size:
+            n = f.readinto(buf[: min(CHUNK, prefix.size - pos)])
+            if not n:
+                break
+            hasher.update(buf[:n])
+            pos += n
+        if hasher.hexdigest() == prefix.blake3:
+            return hasher, _Counter(prefix), pos, True
+        return new_hasher(), _Counter(None), 0, False  # rewritten: hash (and count) it all anew
+
+    def _remember(self, key: str, stat_key: _StatKey, hasher: blake3.blake3, prefix: Prefix,
+                  head_probe: bytes, tail_probe: bytes) -> None:
+        self._live.pop(key, None)
+        if len(self._live) >= MAX_LIVE:
+            self._live.pop(next(iter(self._live)))
+        self._live[key] = _Live(stat_key, hasher, prefix, head_probe, tail_probe)
+        self._cache[key] = (stat_key, prefix)
+        self._dirty.add(key)
+
+    def save(self) -> None:
+        """Merge our new entries into the cache file (other processes may have added theirs)."""
+        if self.cache_path is None or not self._dirty:
+            return
+        with locked(self.cache_path.with_name(self.cache_path.name + ".lock")):
+            merged = self._load(self.cache_path)
+            merged.update({k: self._cache[k] for k in self._dirty})
+            files = {p: {"stat": asdict(s), "prefix": asdict(pre)} for p, (s, pre) in merged.items()
+                     if os.path.exists(p)}
+            atomic_write(self.cache_path, json.dumps({"version": 1, "files": files}).encode(), durable=False)
+        self._dirty.clear()

@@ -1,0 +1,137 @@
+"""Writing a fetched session where Pi finds it, without ever exposing a partial file.
+
+The path is `<agent dir>/sessions/--<cwd encoded as Pi does>--/<ts>_<id>.jsonl`, rebuilt
+from the session's own header by `pisession.session_relpath`, which refuses hostile fields
+(`..`, separators, NUL, absurd lengths).  Never the agent dir's root: Pi moves `*.jsonl`
+files found there.  The bytes go to a hidden temp file in the target directory, are
+fsynced, then published with `link()` (which, unlike `rename()`, never replaces a file that
+appeared meanwhile), and the directory is fsynced: Pi sees no file or the whole file.
+
+If a file is already at the path: the same bytes mean nothing to do.  An older version of
+the same session that this node holds (its hash is `known`) and that is a prefix of the new
+bytes is replaced by the grown version (rename over it, after checking that it did not change
+meanwhile): nothing in it is lost.  Any other file is kept untouched and reported as
+`PlacementConflict`.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from p2pnode.errors import Conflict
+from p2pnode.pisession import HostileHeader, parse_header, session_relpath
+
+SESSION_FILE_MODE = 0o644
+
+
+class PlacementConflict(Conflict):
+    def __init__(self, path: Path, ours: str, theirs: str) -> None:
+        super().__init__(
+            f"{path} already exists with different content (blake3 {theirs}); it was kept, "
+            f"the fetched session {ours} stays in the node's store (`p2pnode cat` prints it)"
+        )
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Placement:
+    path: Path
+    written: bool
+    """False when the same bytes were already there."""
+    replaced: str | None = None
+    """The hash of the older version that was replaced by its grown version."""
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(directory: Path, name: str, data: bytes) -> Path:
+    """The bytes, durably, in a hidden temp file beside the target (Pi only lists *.jsonl)."""
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SESSION_FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _file_blake3(path: Path) -> str:
+    h = blake3.blake3()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def session_path(agent_dir: Path, data: bytes) -> Path:
+    """Where Pi would keep this session; HostileHeader if the header would lead elsewhere."""
+    end = data.find(b"\n")
+    header = parse_header(data if end < 0 else data[:end], "fetched session")
+    target = agent_dir / session_relpath(header)
+    sessions = (agent_dir / "sessions").resolve()
+    parent = target.parent.resolve()  # catches a symlinked project dir leading out
+    if parent.parent != sessions or parent.name != target.parent.name:
+        raise HostileHeader(f"session {header.id!r}: {target.parent} resolves outside {sessions}")
+    return target
+
+
+def place_session(agent_dir: Path, data: bytes, src_hex: str,
+                  known: Callable[[str], bool] = lambda _h: False) -> Placement:
+    """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them."""
+    (agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
+    target = session_path(agent_dir, data)
+    target.parent.mkdir(exist_ok=True)
+    target = session_path(agent_dir, data)  # re-check now that the directory exists
+    if target.exists():
+        return _existing(target, data, src_hex, known)
+    tmp = _write_temp(target.parent, target.name, data)
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        return _existing(target, data, src_hex, known)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(target.parent)
+    return Placement(target, written=True)
+
+
+def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bool]) -> Placement:
+    before = os.stat(target)
+    theirs = _file_blake3(target)
+    if theirs == src_hex:
+        return Placement(target, written=False)
+    if not (known(theirs) and before.st_size < len(data) and _is_prefix(target, data)):
+        raise PlacementConflict(target, src_hex, theirs)
+    tmp = _write_temp(target.parent, target.name, data)
+    after = os.stat(target)
+    if _stamp(after) != _stamp(before):
+        tmp.unlink()
+        raise PlacementConflict(target, src_hex, "(changed while being replaced)")
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    return Placement(target, written=True, replaced=theirs)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _is_prefix(path: Path, data: bytes) -> bool:
+    with open(path, "rb") as f:
+        return data.startswith(f.read(len(data) + 1))

@@ -1,0 +1,244 @@
+"""The peer server: serves this node's offered branches to trusted peers over mutual TLS.
+
+Entry point for the LAN node and the tests:
+
+    server = PeerServer(lib, identity, trust, limits)   # lib: p2pnode.library.Library
+    await server.start(host, port)                       # port 0 picks one; see server.port
+    ...
+    await server.close()
+
+What is served is decided by `lib.offered_object(hash)`: only sidecars, sessions and line
+blobs reachable from offered (shared, not unshared) branches.  Anything else, even a hash
+the store holds, and any malformed hash, gets exactly the answer a hash that does not exist
+gets (404, same body).  Per peer: at most `limits.max_concurrent_requests` requests at once
+(more get 429), request bodies up to `limits.max_batch_request` bytes, and a peer that stops
+reading for `limits.slow_reader_timeout` seconds is disconnected.  Untrusting a peer aborts
+its open connections at once; the trust file is re-read about every second so that
+`p2pnode untrust` from another process takes effect too.
+
+Library calls run on one worker thread: they may block on the store, and the event loop
+must keep serving other peers meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from p2pnode import wire
+from p2pnode.identity import Identity, format_node_id
+from p2pnode.sidecar import is_hash_hex
+from p2pnode.tls import peer_fingerprint, server_context
+from p2pnode.trust import TrustStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHUNK = 1 << 20
+BATCH_GROUP = 64
+"""Blobs taken from the store per worker-thread call while streaming a batch."""
+TRUST_POLL_SECONDS = 1.0
+NOT_FOUND_BODY = b"not found\n"
+
+
+def _not_found() -> web.Response:
+    return web.Response(status=404, body=NOT_FOUND_BODY, content_type="text/plain")
+
+
+class PeerServer:
+    def __init__(self, lib: Any, identity: Identity, trust: TrustStore,
+                 limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+        self.lib = lib
+        self.identity = identity
+        self.trust = trust
+        self.limits = limits
+        self.port = 0
+        self.bytes_sent = 0
+        self._runner: web.AppRunner | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peer-lib")
+        self._active: dict[bytes, int] = defaultdict(int)
+        self._transports: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
+        self._poller: asyncio.Task[None] | None = None
+        self._session_cache: tuple[str, bytes] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, host: str = "0.0.0.0", port: int = 0) -> None:
+        app = web.Application(middlewares=[self._guard], client_max_size=self.limits.max_batch_request)
+        app.router.add_get(wire.PATH_CATALOG, self._catalog)
+        app.router.add_get(wire.PATH_OBJECT, self._object)
+        app.router.add_get(wire.PATH_LINES, self._lines)
+        app.router.add_post(wire.PATH_BATCH, self._batch)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=server_context(self.identity, self.trust))
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        self.trust.add_listener(self._on_untrusted)
+        self._poller = asyncio.create_task(self._poll_trust())
+        log.info("peer server for %s listening on %s:%d", self.identity.node_id, host, self.port)
+
+    async def close(self) -> None:
+        self.trust.remove_listener(self._on_untrusted)
+        if self._poller:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._runner:
+            await self._runner.cleanup()
+        self._executor.shutdown(wait=True)
+
+    async def _poll_trust(self) -> None:
+        while True:
+            await asyncio.sleep(TRUST_POLL_SECONDS)
+            try:
+                self.trust.reload_if_changed()
+            except Exception as exc:  # a corrupt trust file must not kill the server
+                log.warning("cannot re-read the trust file: %s", exc)
+
+    def _on_untrusted(self, removed: set[bytes]) -> None:
+        for fp in removed:
+            for transport in self._transports.pop(fp, set()):
+                log.info("closing a connection of untrusted peer %s", format_node_id(fp))
+                transport.abort()  # type: ignore[attr-defined]
+
+    # -- per-peer guard -----------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
+        transport = request.transport
+        fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+        if fp is None or not self.trust.is_trusted(fp):  # the handshake pin already refused these
+            raise web.HTTPForbidden(text="not trusted\n")
+        if self._active[fp] >= self.limits.max_concurrent_requests:
+            raise web.HTTPTooManyRequests(text="too many concurrent requests\n")
+        assert transport is not None
+        live = self._transports[fp]
+        live.difference_update([t for t in live if t.is_closing()])
+        live.add(transport)
+        self._active[fp] += 1
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:  # no such route: the same answer as a hash that does not exist
+            return _not_found()
+        finally:
+            self._active[fp] -= 1
+            if transport.is_closing():
+                self._transports[fp].discard(transport)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _offered(self, hash_hex: str) -> str | None:
+        if not is_hash_hex(hash_hex):
+            return None
+        return await self._call(self.lib.offered_object, hash_hex)
+
+    async def _send(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
+        """Write with the slow-reader timeout: a peer that stops reading is cut off."""
+        await asyncio.wait_for(response.write(data), self.limits.slow_reader_timeout)
+        self.bytes_sent += len(data)
+
+    # -- handlers -----------------------------------------------------------------------
+
+    async def _catalog(self, request: web.Request) -> web.Response:
+        catalog = await self._call(self.lib.catalog)
+        msg = wire.CatalogMessage(
+            generation=catalog.generation,
+            node_id=self.identity.node_id,
+            branches=[_catalog_entry(b) for b in catalog.branches],
+        )
+        body = wire.encode_catalog(msg)
+        self.bytes_sent += len(body)
+        return web.Response(body=body, content_type="application/json")
+
+    async def _object(self, request: web.Request) -> web.StreamResponse:
+        h = request.match_info["hash"]
+        kind = await self._offered(h)
+        if kind == "sidecar":
+            data = await self._call(self.lib.sidecar_bytes, h)
+        elif kind == "session":
+            data = await self._call(self._session_bytes, h)
+        elif kind == "line":
+            data = await self._call(self.lib.line, bytes.fromhex(h))
+        else:
+            return _not_found()
+        try:
+            span = wire.parse_range(request.headers.get("Range"), len(data))
+        except wire.RangeNotSatisfiable:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        start, end = span or (0, len(data))
+        response = web.StreamResponse(status=206 if span else 200, headers={
+            "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
+            "ETag": f'"{h}"', "X-Object-Kind": kind,
+        })
+        if span:
+            response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        response.content_length = end - start
+        await response.prepare(request)
+        view = memoryview(data)
+        for pos in range(start, end, CHUNK):
+            await self._send(response, view[pos : min(end, pos + CHUNK)])
+        await response.write_eof()
+        return response
+
+    def _session_bytes(self, src: str) -> bytes:
+        """One session kept in memory, so that Range requests resuming a big transfer are cheap."""
+        if self._session_cache is None or self._session_cache[0] != src:
+            self._session_cache = (src, self.lib.session_bytes(src))
+        return self._session_cache[1]
+
+    async def _lines(self, request: web.Request) -> web.Response:
+        src = request.match_info["src"]
+        if await self._offered(src) != "session":
+            return _not_found()
+        refs = await self._call(self.lib.line_manifest, src)
+        body = wire.encode_line_manifest(bytes.fromhex(src), [wire.LineRef(r.hash, r.length) for r in refs])
+        self.bytes_sent += len(body)
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    async def _batch(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            hashes = wire.decode_batch_request(body, self.limits)
+        except wire.WireError as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
+        await response.prepare(request)
+        sent = 0
+        for group in _groups(hashes):
+            frames, count = await self._call(self._frames, group)
+            sent += count
+            await self._send(response, frames)
+        await self._send(response, wire.encode_batch_end(sent))
+        await response.write_eof()
+        return response
+
+    def _frames(self, hashes: list[bytes]) -> tuple[bytes, int]:
+        """Frames for the offered line blobs among `hashes`; the others are left out,
+        exactly as if they did not exist.  Stored bytes are sent as they are: the store's
+        codec numbers (store/records.py) are the wire's (0 raw, 1 zstd)."""
+        parts: list[bytes] = []
+        for h in hashes:
+            if self.lib.offered_object(h.hex()) != "line":
+                continue
+            blob = self.lib.store.get_stored_blob(h)
+            parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
+        return b"".join(parts), len(parts) // 2
+
+
+def _groups(hashes: list[bytes]) -> Iterator[list[bytes]]:
+    for i in range(0, len(hashes), BATCH_GROUP):
+        yield hashes[i : i + BATCH_GROUP]
+
+
+def _catalog_entry(b: Any) -> wire.CatalogEntry:
+    header = b.header.as_dict() if hasattr(b.header, "as_dict") else dict(b.header)
+    return wire.CatalogEntry(branch=b.branch, src=b.src, parent=b.parent, size=b.size, lines=b.lines,
+                             header=header, title=b.title)

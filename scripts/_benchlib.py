@@ -1,0 +1,95 @@
+"""Shared helpers for the benchmarks in scripts/: timing, percentiles, goals, JSON output.
+
+Every benchmark prints exactly one JSON object on stdout (progress goes to stderr) with a
+`goals` list; each goal is `{"name", "value", "target", "unit", "met"}`.  Import it from a
+script in scripts/ with `from _benchlib import ...` (the script's directory is on sys.path).
+This module is a stable interface: add to it, do not change what is here.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+now = time.perf_counter
+"""The clock every benchmark measures with (seconds, monotonic, high resolution)."""
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """The p-th percentile (0..100) by linear interpolation between closest ranks."""
+    if not xs:
+        raise ValueError("percentile of an empty sequence")
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(xs: Sequence[float]) -> float:
+    return percentile(xs, 50)
+
+
+def ms(seconds: float) -> float:
+    """Seconds to milliseconds, rounded to a microsecond for readable JSON."""
+    return round(seconds * 1000.0, 3)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Run fn once; return (elapsed seconds, its result)."""
+    t0 = now()
+    result = fn()
+    return now() - t0, result
+
+
+def latencies(fn: Callable[[], Any], reps: int) -> list[float]:
+    """Elapsed seconds of `reps` calls of fn."""
+    out = []
+    for _ in range(reps):
+        t0 = now()
+        fn()
+        out.append(now() - t0)
+    return out
+
+
+def summary_ms(xs: Sequence[float]) -> dict[str, float]:
+    """p50/p99/max in milliseconds of a list of seconds, with the sample count."""
+    return {"p50_ms": ms(median(xs)), "p99_ms": ms(percentile(xs, 99)), "max_ms": ms(max(xs)), "n": len(xs)}
+
+
+def goal(name: str, value: float, target: float, unit: str, higher_is_better: bool = False) -> dict[str, Any]:
+    """One entry of the `goals` list: met when value is at or beyond target in the good direction."""
+    met = value >= target if higher_is_better else value <= target
+    return {"name": name, "value": round(value, 4), "target": target, "unit": unit, "met": bool(met)}
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int:
+    """Allocated bytes (st_blocks × 512) of every file under path: what the disk really holds."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            total += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+def log(*parts: object) -> None:
+    """Human-readable progress, on stderr so that stdout stays one JSON object."""
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the result as the benchmark's single JSON object; it must carry a `goals` list."""
+    if not isinstance(result.get("goals"), list):
+        raise ValueError("a benchmark result needs a 'goals' list")
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def goals_met(goals: Iterable[dict[str, Any]]) -> str:
+    """'met/total' for a progress line."""
+    gs = list(goals)
+    return f"{sum(g['met'] for g in gs)}/{len(gs)}"

@@ -1,0 +1,385 @@
+"""`blobs.pack` (append-only BlobRecords) and `blobs.idx`, its rebuildable index.
+
+The index file is one sorted run of BlobIndexEntry with a 256-way fan-out table, read through
+mmap with a binary search, so opening costs nothing per blob.  Blobs appended since the index
+was last written live in an in-memory dict (the "tail"); the index header records how many
+pack bytes it covers, and opening scans only the pack beyond that.  When the index is missing,
+damaged or does not describe this pack, it is rebuilt from the pack.
+"""
+from __future__ import annotations
+
+import heapq
+import mmap
+import os
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .commit import atomic_write, fsync_dir
+from .errors import CorruptRecord
+from .records import (
+    BLOB_HEADER,
+    BLOB_MAGIC_BYTES,
+    IDX_ENTRY,
+    IDX_FANOUT,
+    IDX_HEADER,
+    IDX_HEADER_CRC,
+    IDX_MAGIC,
+    IDX_PREFIX_LEN,
+    IDX_VERSION,
+    ZERO_HASH,
+    BlobHeader,
+    BlobLocation,
+    blob_record_ok,
+    decode_blob_header,
+    encode_blob,
+)
+from .types import RecoveryNotes
+
+PACK = "blobs.pack"
+INDEX = "blobs.idx"
+
+
+@dataclass
+class PackScan:
+    """What a walk over pack bytes found."""
+
+    records: list[tuple[int, BlobHeader]] = field(default_factory=list)
+    corrupt: list[tuple[int, str]] = field(default_factory=list)
+    end: int = 0
+    """Where valid data stops; beyond it the file holds only zeros or a torn tail."""
+    torn: bool = False
+
+
+def _valid_at(buf: mmap.mmap | bytes, pos: int) -> BlobHeader | None:
+    hdr = decode_blob_header(memoryview(buf), pos)
+    if hdr is None or pos + hdr.record_len > len(buf):
+        return None
+    return hdr if blob_record_ok(memoryview(buf)[pos : pos + hdr.record_len]) else None
+
+
+def _next_valid(buf: mmap.mmap | bytes, pos: int) -> int | None:
+    while True:
+        pos = buf.find(BLOB_MAGIC_BYTES, pos)
+        if pos < 0:
+            return None
+        if _valid_at(buf, pos) is not None:
+            return pos
+        pos += 1
+
+
+def scan_pack(buf: mmap.mmap | bytes, start: int = 0) -> PackScan:
+    """Walk records from start.  A bad record followed by a good one is reported as corrupt
+    and skipped; a bad record with nothing good after it is a torn tail."""
+    scan = PackScan()
+    pos, n = start, len(buf)
+    while pos < n:
+        hdr = _valid_at(buf, pos)
+        if hdr is not None:
+            scan.records.append((pos, hdr))
+            pos += hdr.record_len
+            continue
+        nxt = _next_valid(buf, pos + 1)
+        if nxt is None:
+            break
+        scan.corrupt.append((pos, f"{nxt - pos} bytes of damaged blob records"))
+        pos = nxt
+    scan.end = pos
+    scan.torn = buf[pos:n].count(b"\0") != n - pos
+    return scan
+
+
+def _entry(h: bytes, loc: BlobLocation) -> bytes:
+    return IDX_ENTRY.pack(h, loc.offset, loc.raw_len, loc.stored_len, loc.codec, 0)
+
+
+def encode_index(entries: list[bytes], covered_len: int, last: tuple[int, bytes] | None) -> bytes:
+    """entries: sorted packed BlobIndexEntry bytes; last: (offset, hash) of the last covered record."""
+    fan = [0] * 256
+    for e in entries:
+        fan[e[0]] += 1
+    total = 0
+    for i in range(256):
+        total += fan[i]
+        fan[i] = total
+    body = b"".join(entries)
+    last_off, last_hash = last if last else (0, ZERO_HASH)
+    head = IDX_HEADER.pack(
+        IDX_MAGIC, IDX_VERSION, 0, len(entries), covered_len, last_off, last_hash, zlib.crc32(body)
+    ) + IDX_FANOUT.pack(*fan)
+    return head + IDX_HEADER_CRC.pack(zlib.crc32(head)) + body
+
+
+@dataclass(frozen=True)
+class _Index:
+    """One mapped blobs.idx.  Replaced whole, never changed, so a lookup that took it keeps a
+    consistent view while a newer index is swapped in."""
+
+    mm: mmap.mmap | None = None
+    fan: tuple[int, ...] = (0,) * 256
+    count: int = 0
+
+
+class BlobPack:
+    """The pack file and its index.  Thread-safe: appends serialise on one lock; reads are
+    lock-free preads of immutable records."""
+
+    def __init__(self, root: Path, durable: bool, problems: RecoveryNotes, readonly: bool = False) -> None:
+        self.root = root
+        self.durable = durable
+        self.readonly = readonly
+        self._fix = "repair rebuilds it" if readonly else f"rebuilt from {PACK}"
+        self.problems = problems
+        self._lock = threading.Lock()
+        self._fd = os.open(root / PACK, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT, 0o644)
+        self._tail: dict[bytes, BlobLocation] = {}
+        self._index = _Index()
+        self._file_size = os.fstat(self._fd).st_size
+        self._last: tuple[int, bytes] | None = None
+        self._recover()
+
+    # --- open and recovery ---------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        covered = self._load_index()
+        scan = self._scan(covered or 0)
+        for off, hdr in scan.records:
+            self._tail[hdr.hash] = BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
+            self._last = (off, hdr.hash)
+        for off, reason in scan.corrupt:
+            self.problems.add(f"{PACK} at offset {off}: {reason} (blobs there are unreadable)", damage=True)
+        if scan.torn:
+            fix = "repair truncates it" if self.readonly else "truncated"
+            self.problems.append(f"{PACK}: torn tail after offset {scan.end} ({fix})")
+        self.end = scan.end
+        if self.readonly:
+            return
+        if scan.end != self._file_size:
+            os.ftruncate(self._fd, scan.end)  # drop a torn tail and any unused zero region
+            self._file_size = scan.end
+        if covered is None or len(self._tail) > 4096:
+            self.write_index()
+
+    def _scan(self, start: int) -> PackScan:
+        if self._file_size <= start:
+            return PackScan(end=start)
+        with mmap.mmap(self._fd, self._file_size, prot=mmap.PROT_READ) as mm:
+            return scan_pack(mm, start)
+
+    def _load_index(self) -> int | None:
+        """Map blobs.idx if it is intact and describes this pack, and make it the index;
+        return the pack bytes it covers."""
+        path = self.root / INDEX
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if self._file_size:
+                self.problems.append(f"{INDEX} missing: {self._fix}")
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size < IDX_PREFIX_LEN:
+                self.problems.append(f"{INDEX} too short: {self._fix}")
+                return None
+            mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        reason = self._check_index(mm, size)
+        if reason:
+            mm.close()
+            self.problems.append(f"{INDEX} {reason}: {self._fix}")
+            return None
+        _, _, _, count, covered, last_off, last_hash, _ = IDX_HEADER.unpack_from(mm, 0)
+        self._index = _Index(mm, IDX_FANOUT.unpack_from(mm, IDX_HEADER.size), count)
+        self._last = (last_off, last_hash) if count else None
+        return int(covered)
+
+    def _check_index(self, mm: mmap.mmap, size: int) -> str | None:
+        magic, version, _, count, covered, last_off, last_hash, ecrc = IDX_HEADER.unpack_from(mm, 0)
+        hlen = IDX_HEADER.size + IDX_FANOUT.size
+        (hcrc,) = IDX_HEADER_CRC.unpack_from(mm, hlen)
+        if magic != IDX_MAGIC or version != IDX_VERSION or zlib.crc32(memoryview(mm)[:hlen]) != hcrc:
+            return "header damaged"
+        if size != IDX_PREFIX_LEN + count * IDX_ENTRY.size:
+            return "has the wrong length"
+        if zlib.crc32(memoryview(mm)[IDX_PREFIX_LEN:]) != ecrc:
+            return "entries damaged"
+        if covered > self._file_size:
+            return "is stale (covers more than the pack holds)"
+        if count:
+            hdr = decode_blob_header(os.pread(self._fd, BLOB_HEADER.size, last_off))
+            if hdr is None or hdr.hash != last_hash or last_off + hdr.record_len != covered:
+                return "is stale (does not describe this pack)"
+        elif covered:
+            return "is stale"
+        return None
+
+    # --- lookups -------------------------------------------------------------------------------
+
+    def locate(self, h: bytes) -> BlobLocation | None:
+        loc = self._tail.get(h)
+        if loc is not None:
+            return loc
+        idx = self._index
+        mm = idx.mm
+        if mm is None or len(h) != 32:
+            return None
+        b = h[0]
+        lo = idx.fan[b - 1] if b else 0
+        hi = idx.fan[b]
+        esize = IDX_ENTRY.size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            off = IDX_PREFIX_LEN + mid * esize
+            key = mm[off : off + 32]
+            if key < h:
+                lo = mid + 1
+            elif key > h:
+                hi = mid
+            else:
+                _, pack_off, raw_len, stored_len, codec, _ = IDX_ENTRY.unpack_from(mm, off)
+                return BlobLocation(pack_off, raw_len, stored_len, codec)
+        return None
+
+    def read(self, h: bytes, loc: BlobLocation) -> bytes:
+        """The stored bytes of blob h, CRC-checked."""
+        n = loc.stored_len + BLOB_HEADER.size + 4
+        rec = os.pread(self._fd, n, loc.offset)
+        hdr = decode_blob_header(rec)
+        if hdr is None or hdr.hash != h or len(rec) != n or hdr.stored_len != loc.stored_len:
+            raise CorruptRecord(PACK, loc.offset, f"the record for blob {h.hex()} is damaged or missing")
+        if not blob_record_ok(rec):
+            raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} failed its CRC")
+        return rec[BLOB_HEADER.size : -4]
+
+    def hashes(self) -> Iterator[bytes]:
+        """Every indexed hash (index file, then tail)."""
+        idx = self._index
+        if idx.mm is not None:
+            mm = idx.mm
+            for i in range(idx.count):
+                off = IDX_PREFIX_LEN + i * IDX_ENTRY.size
+                yield mm[off : off + 32]
+        yield from list(self._tail)
+
+    def __len__(self) -> int:
+        return self._index.count + len(self._tail)
+
+    @property
+    def indexed(self) -> int:
+        return self._index.count
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def read_record(self, loc: BlobLocation) -> bytes:
+        """The whole record at loc, as it sits in the pack (not checked)."""
+        return os.pread(self._fd, loc.stored_len + BLOB_HEADER.size + 4, loc.offset)
+
+    def append(self, rec: bytes) -> BlobLocation:
+        """Append one encoded BlobRecord (no sync).  The caller makes sure it is not stored yet."""
+        hdr = decode_blob_header(rec)
+        assert hdr is not None
+        h, codec, raw_len = hdr.hash, hdr.codec, hdr.raw_len
+        with self._lock:
+            off = self.end
+            os.pwrite(self._fd, rec, off)  # not pre-zeroed: the pack is synced rarely (see engine)
+            self.end = off + len(rec)
+            self._file_size = max(self._file_size, self.end)
+            loc = BlobLocation(off, raw_len, hdr.stored_len, codec)
+            self._tail[h] = loc
+            self._last = (off, h)
+        return loc
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def write_index(self) -> None:
+        """Fold the tail into a new blobs.idx (temp file + rename)."""
+        with self._lock:
+            old = self._index_entries()
+            new = sorted(_entry(h, loc) for h, loc in self._tail.items())
+            merged = list(heapq.merge(old, new)) if old else new
+            atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), self.durable)
+            self._reload_index()
+            self._tail.clear()  # only now: a lookup finds a blob in the old tail or the new index
+
+    def _reload_index(self) -> None:
+        if self._load_index() is None:  # we just wrote it: only a failing disk gets here
+            raise CorruptRecord(INDEX, 0, "the index just written does not read back")
+
+    def _index_entries(self) -> list[bytes]:
+        mm = self._index.mm
+        if mm is None:
+            return []
+        esize = IDX_ENTRY.size
+        body = mm[IDX_PREFIX_LEN:]
+        return [body[i : i + esize] for i in range(0, len(body), esize)]
+
+    # --- compaction (GC) -----------------------------------------------------------------------
+
+    def compact(self, live: set[bytes], on_phase: Callable[[str], None]) -> tuple[int, int, int]:
+        """Copy the live blobs into a new pack and swap it in.  Returns (kept, dropped, bytes
+        freed).  A crash at any point leaves either the old pack or the new one, both complete;
+        the index is rebuilt at open if it does not match the pack."""
+        with self._lock:
+            entries = [(loc.offset, h, loc) for h in self.hashes() if (loc := self.locate(h))]
+            entries.sort()
+            new_path, new_idx = self.root / (PACK + ".gc"), self.root / (INDEX + ".gc")
+            fd = os.open(new_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            kept: list[bytes] = []
+            pos, dropped, last = 0, 0, None
+            try:
+                for _, h, loc in entries:
+                    if h not in live:
+                        dropped += 1
+                        continue
+                    try:
+                        stored = self.read(h, loc)
+                    except CorruptRecord as exc:
+                        self.problems.add(f"gc: dropped unreadable live blob {h.hex()}: {exc}", damage=True)
+                        continue
+                    rec = encode_blob(h, loc.codec, loc.raw_len, stored)
+                    os.pwrite(fd, rec, pos)
+                    kept.append(_entry(h, BlobLocation(pos, loc.raw_len, loc.stored_len, loc.codec)))
+                    last = (pos, h)
+                    pos += len(rec)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            kept.sort()
+            atomic_write(new_idx, encode_index(kept, pos, last), durable=True)
+            on_phase("new-pack-written")
+            os.replace(new_path, self.root / PACK)
+            fsync_dir(self.root)
+            on_phase("pack-swapped")
+            os.replace(new_idx, self.root / INDEX)
+            fsync_dir(self.root)
+            on_phase("index-swapped")
+            freed = self.end - pos
+            os.close(self._fd)
+            self._fd = os.open(self.root / PACK, os.O_RDWR)
+            self._file_size = self.end = pos
+            self._reload_index()
+            self._tail.clear()
+            return len(kept), dropped, freed
+
+    def close(self) -> None:
+        if not self.readonly:
+            if self.end != self._file_size:
+                os.ftruncate(self._fd, self.end)
+            if self._tail:
+                self.write_index()
+            if self.durable:
+                os.fdatasync(self._fd)
+        mm, self._index = self._index.mm, _Index()
+        if mm is not None:
+            mm.close()
+        os.close(self._fd)
+
+
+def remove_leftovers(root: Path) -> None:
+    """A gc killed before its swap leaves *.gc files; they are never part of the store."""
+    for name in (PACK + ".gc", INDEX + ".gc", INDEX + ".gc.tmp", INDEX + ".tmp"):
+        (root / name).unlink(missing_ok=True)

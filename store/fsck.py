@@ -1,0 +1,215 @@
+"""Check a store, and with repair=True fix what opening can fix.
+
+The checks read the files without changing them: every pack record's CRC (and with full=True
+its hash), index ↔ pack agreement, every turn record's CRC, parent and depth, jump pointers,
+heads (snapshot + WAL, as the next open would see them) → existing turns at the right depth,
+blobs of every turn reachable from a head or patch.  Repair opens the store, which truncates
+torn tails, replays the head WAL and rebuilds `blobs.idx` (deleted first, so always rebuilt),
+then checks again.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+import zstandard
+
+from . import heads as headfiles
+from .blobpack import INDEX, PACK, BlobPack, scan_pack
+from .engine import DAMAGE, LOCK, Store
+from .errors import CorruptRecord, StoreLocked, UnknownTurn
+from .patches import PatchLog
+from .records import BLOB_HEADER, CODEC_ZSTD, PATCH_REPLACE, TURN_SIZE, BlobHeader
+from .turnlog import LOG, TurnLog
+from .types import NO_TURN, RecoveryNotes
+
+
+@dataclass
+class FsckReport:
+    path: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        lines = [f"store {self.path}: {'ok' if self.ok else f'{len(self.errors)} error(s)'}"]
+        lines.append("  " + ", ".join(f"{k} {v}" for k, v in self.stats.items()))
+        lines += [f"  repaired: {m}" for m in self.repaired]
+        lines += [f"  error: {m}" for m in self.errors]
+        lines += [f"  warning: {m}" for m in self.warnings]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "errors": self.errors, "warnings": self.warnings,
+                "repaired": self.repaired, "stats": self.stats}
+
+
+def fsck(path: str | os.PathLike[str], full: bool = False, repair: bool = False,
+         lock_timeout: float = 10.0) -> FsckReport:
+    root = Path(path)
+    report = FsckReport(str(root))
+    if not (root / LOG).exists() and not (root / PACK).exists():
+        report.errors.append(f"{root} is not a store (no {LOG}, no {PACK})")
+        return report
+    if repair:
+        (root / INDEX).unlink(missing_ok=True)
+        store = Store.open(root)
+        report.repaired += [n for n in store.recovery_notes if not n.startswith(f"{INDEX} missing")]
+        report.repaired.append(f"{INDEX} rebuilt from {PACK}")
+        store.close()
+        damage = root / DAMAGE
+        if damage.exists():
+            report.repaired += [f"acknowledged: {line}" for line in damage.read_text().splitlines()]
+            damage.unlink()
+    lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + lock_timeout
+        while True:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreLocked(str(root)) from None
+                time.sleep(0.05)
+        _check(root, full, report)
+    finally:
+        os.close(lock_fd)
+    return report
+
+
+def _check(root: Path, full: bool, report: FsckReport) -> None:
+    notes = RecoveryNotes()
+    pack = BlobPack(root, durable=False, problems=notes, readonly=True)
+    log = TurnLog(root, readonly=True)
+    patches = PatchLog(root, durable=False, problems=notes, readonly=True)
+    try:
+        report.errors += notes
+        if (root / DAMAGE).exists():
+            report.errors += [f"found when opened: {line} (fsck --repair acknowledges)"
+                              for line in (root / DAMAGE).read_text().splitlines()]
+        _check_pack(root, pack, full, report)
+        depths = _check_turns(root, log, report)
+        _check_heads(root, log, pack, patches, depths, report)
+    finally:
+        pack.close()
+        log.close()
+        patches.close()
+
+
+def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> None:
+    size = os.path.getsize(root / PACK)
+    if not size:
+        report.stats["blobs"] = 0
+        return
+    dctx = zstandard.ZstdDecompressor()
+    with open(root / PACK, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+        scan = scan_pack(mm)
+        by_offset = dict(scan.records)
+        for off, hdr in scan.records:
+            if pack.locate(hdr.hash) is None:
+                report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} is not in {INDEX}")
+            if full:
+                _rehash(mm, off, hdr, dctx, report)
+        for h in pack.hashes():
+            loc = pack.locate(h)
+            rec = by_offset.get(loc.offset) if loc else None
+            if loc is None or rec is None or (rec.hash, rec.stored_len, rec.raw_len, rec.codec) != (
+                    h, loc.stored_len, loc.raw_len, loc.codec):
+                report.errors.append(f"{INDEX}: blob {h.hex()} has no matching record in {PACK}")
+    report.stats["blobs"] = len(scan.records)
+    report.stats["pack_bytes"] = scan.end
+
+
+def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, dctx: zstandard.ZstdDecompressor,
+            report: FsckReport) -> None:
+    stored = mm[off + BLOB_HEADER.size : off + BLOB_HEADER.size + hdr.stored_len]
+    try:
+        data = dctx.decompress(stored, max_output_size=hdr.raw_len) if hdr.codec == CODEC_ZSTD else stored
+    except zstandard.ZstdError as exc:
+        report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} does not decode: {exc}")
+        return
+    if len(data) != hdr.raw_len or blake3.blake3(data).digest() != hdr.hash:
+        report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} fails its hash")
+
+
+def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> list[int]:
+    """Every record's CRC, id, parent and depth; returns depth by TurnID (-1: unreadable)."""
+    size = os.path.getsize(root / LOG)
+    if size % TURN_SIZE:
+        report.errors.append(f"{LOG}: torn record at offset {size - size % TURN_SIZE} (repair truncates it)")
+    depths = [-1] * (log.count + 1)
+    bad_skips = 0
+    for tid in range(1, log.count + 1):
+        try:
+            t = log.read(tid)
+        except CorruptRecord as exc:
+            report.errors.append(str(exc))
+            continue
+        if t.parent_turn_id >= tid:
+            report.errors.append(f"turn {tid}: parent {t.parent_turn_id} is not older")
+        elif t.parent_turn_id == NO_TURN:
+            if t.depth != 0:
+                report.errors.append(f"turn {tid}: a root at depth {t.depth}")
+        elif depths[t.parent_turn_id] >= 0 and t.depth != depths[t.parent_turn_id] + 1:
+            pd = depths[t.parent_turn_id]
+            report.errors.append(f"turn {tid}: depth {t.depth} but its parent has depth {pd}")
+        depths[tid] = t.depth
+        if t.parent_turn_id and not log.jump(tid):
+            bad_skips += 1
+    if bad_skips:
+        report.warnings.append(f"turns.skip: {bad_skips} missing or damaged jump pointers (depth reads walk)")
+    report.stats["turns"] = log.count
+    return depths
+
+
+def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, depths: list[int],
+                 report: FsckReport) -> None:
+    notes = RecoveryNotes()
+    loaded = headfiles.load(root, notes, lambda snap: log.count < snap.checkpoint_turn_id)
+
+    def readable(tid: int) -> bool:
+        return 0 < tid < len(depths) and depths[tid] >= 0
+
+    r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None)
+    report.warnings += [f"next open: {n}" for n in notes + r.notes]
+    report.stats["contexts"] = len(r.logged)
+    reachable: set[int] = set()
+    for ctx, (head, depth, _, _) in sorted(r.logged.items()):
+        if head == NO_TURN:
+            continue
+        if not readable(head) and head not in {t.turn_id for t in r.writes}:
+            report.errors.append(f"context {ctx}: head turn {head} does not exist")
+            continue
+        if readable(head) and depths[head] != depth:
+            report.errors.append(f"context {ctx}: head depth {depth}, turn {head} has depth {depths[head]}")
+        tid = head
+        while tid != NO_TURN and tid not in reachable and readable(tid):
+            reachable.add(tid)
+            tid = log.read(tid).parent_turn_id
+    missing = 0
+    for tid in reachable:
+        if pack.locate(log.read(tid).payload_hash) is None:
+            missing += 1
+            if missing <= 20:
+                report.errors.append(f"turn {tid} (reachable from a head): its blob is missing")
+    for p in patches.all():
+        try:
+            log.read(p.target_turn_id)
+        except (CorruptRecord, UnknownTurn):
+            report.errors.append(f"patch {p.seq}: target turn {p.target_turn_id} does not exist")
+        if p.flags == PATCH_REPLACE and pack.locate(p.new_payload_hash) is None:
+            report.errors.append(f"patch {p.seq}: blob {p.new_payload_hash.hex()} is missing")
+    report.stats["reachable_turns"] = len(reachable)
+    report.stats["patches"] = len(patches.all())

@@ -1,0 +1,679 @@
+"""Payload layouts of every store-service message, sans-IO (docs/PROTOCOL.md, "Store service").
+
+Each request is a dataclass whose fields mirror its wire layout; it encodes itself, decodes
+itself strictly (exact length, no unknown option bits) and decodes its own reply.  The
+server answers with the same msg_type and FLAG_REPLY set, or with an ERROR frame.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar, Generic, TypeVar
+
+from store.frames import ErrorCode, MalformedFrame, UnknownMessage
+from store.types import ContextHead, Patch, Turn, TurnInput
+
+PROTOCOL_VERSION = 1
+MIN_VERSION = 1
+MAX_VERSION = 1
+
+
+class MsgType(IntEnum):
+    HELLO = 1
+    CTX_CREATE = 2
+    CTX_FORK = 3
+    GET_HEAD = 4
+    APPEND_TURN = 5
+    APPEND_BATCH = 6
+    GET_LAST = 7
+    GET_BEFORE = 8
+    GET_RANGE_BY_DEPTH = 9
+    GET_BLOB = 10
+    PUT_BLOB = 11
+    GET_CHAIN = 12
+    PATCH = 13
+    TOMBSTONE = 14
+    GET_PAYLOAD = 15
+    CTX_DELETE = 16
+    GET_TURN = 17
+    ERROR = 0xFFFF
+
+
+# Option bits, each valid only in the messages named.
+READ_PAYLOADS = 0x1  # GET_LAST, GET_BEFORE, GET_RANGE_BY_DEPTH, GET_CHAIN: payloads follow the turns
+READ_PATCHED = 0x2  # ... with the latest patches applied (needs READ_PAYLOADS)
+EXPECT_PARENT = 0x1  # APPEND_TURN, APPEND_BATCH: fail with PARENT_CONFLICT unless head == expected_parent
+VERIFY_HASH = 0x1  # GET_BLOB: re-hash the blob before answering
+AS_OF = 0x1  # GET_PAYLOAD: apply only patches with seq <= as_of_seq
+LIST_HAS_PAYLOADS = 0x1  # TurnList.flags
+
+ABSENT = 0xFFFF_FFFF
+"""A payload length meaning "no payload" (a tombstoned turn in a patched read)."""
+MAX_ERROR_MESSAGE = 1024
+
+# Every struct layout of the protocol, little-endian, in one place.
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+HASH = struct.Struct("<32s")
+HELLO = struct.Struct("<HH")  # min_version, max_version
+HELLO_REPLY = struct.Struct("<HHIIIIII")  # version, reserved, max_frame, max_payload, max_in_flight,
+#                                           max_turns, idle_timeout_ms, read_timeout_ms
+APPEND_TURN = struct.Struct("<QQQIII")  # context_id, expected_parent, type_tag, codec, opts, payload_len
+APPEND_BATCH = struct.Struct("<QQII")  # context_id, expected_parent, opts, count
+BATCH_ITEM = struct.Struct("<QII")  # type_tag, codec, payload_len
+GET_LAST = struct.Struct("<QII")  # context_id, limit, opts
+GET_BEFORE = struct.Struct("<QQII")  # context_id, before_turn_id, limit, opts
+GET_RANGE = struct.Struct("<QIII")  # context_id, start_depth, limit, opts
+GET_CHAIN = struct.Struct("<QI")  # turn_id, opts
+GET_BLOB = struct.Struct("<32sI")  # hash, opts
+PATCH = struct.Struct("<QI")  # target_turn_id, payload_len
+GET_PAYLOAD = struct.Struct("<QQI")  # turn_id, as_of_seq, opts
+TURN = struct.Struct("<QQIIQ32sIQ")  # turn_id, parent, depth, codec, type_tag, payload_hash, flags, created
+CONTEXT_HEAD = struct.Struct("<QQIIQ")  # context_id, head_turn_id, head_depth, flags, created_at
+PATCH_RECORD = struct.Struct("<Q32sIQ")  # target_turn_id, new_payload_hash, flags, seq
+TURN_LIST = struct.Struct("<QIII")  # next_cursor, head_depth, count, flags
+ERROR = struct.Struct("<HHQQI")  # code, reserved, arg0, arg1, message_len
+
+
+class MalformedMessage(MalformedFrame):
+    """A frame's payload does not match its message's layout."""
+
+
+class _Reader:
+    """Strict cursor over one payload: every read is bounds-checked, trailing bytes are an error."""
+
+    __slots__ = ("buf", "pos", "what")
+
+    def __init__(self, buf: bytes, what: str) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.what = what
+
+    def unpack(self, layout: struct.Struct) -> tuple:
+        end = self.pos + layout.size
+        if end > len(self.buf):
+            raise MalformedMessage(f"{self.what}: truncated at byte {self.pos} of {len(self.buf)}")
+        values = layout.unpack_from(self.buf, self.pos)
+        self.pos = end
+        return values
+
+    def raw(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise MalformedMessage(
+                f"{self.what}: {n} bytes announced at byte {self.pos}, only {len(self.buf) - self.pos} follow"
+            )
+        data = self.buf[self.pos : end]
+        self.pos = end
+        return data
+
+    def sized(self, allow_absent: bool = False) -> bytes | None:
+        """A `len u32` then `len` bytes; len == ABSENT means none, where allowed."""
+        (n,) = self.unpack(U32)
+        if n == ABSENT:
+            if allow_absent:
+                return None
+            raise MalformedMessage(f"{self.what}: absent payload where one is required")
+        return self.raw(n)
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise MalformedMessage(f"{self.what}: {len(self.buf) - self.pos} trailing bytes")
+
+
+def _fixed(layout: struct.Struct, payload: bytes, what: str) -> tuple:
+    if len(payload) != layout.size:
+        raise MalformedMessage(f"{what}: payload is {len(payload)} bytes, expected {layout.size}")
+    return layout.unpack(payload)
+
+
+def _check_opts(opts: int, allowed: int, what: str) -> None:
+    if opts & ~allowed:
+        raise MalformedMessage(f"{what}: unknown option bits 0x{opts & ~allowed:x}")
+
+
+def _check_unused(value: int, opts: int, bit: int, field: str, what: str) -> None:
+    """A field that only means something with an option bit must be 0 without it."""
+    if value and not opts & bit:
+        raise MalformedMessage(f"{what}: {field} is {value} but its option bit is not set")
+
+
+def _sized(data: bytes) -> bytes:
+    return U32.pack(len(data)) + data
+
+
+# --- records shared by several replies ---------------------------------------------------
+
+
+def encode_turn(t: Turn) -> bytes:
+    return TURN.pack(
+        t.turn_id, t.parent_turn_id, t.depth, t.codec, t.type_tag,
+        t.payload_hash, t.flags, t.created_at_unix_ms,
+    )  # fmt: skip
+
+
+def _turn(v: tuple) -> Turn:
+    turn_id, parent, depth, codec, type_tag, payload_hash, flags, created = v
+    return Turn(turn_id, parent, depth, type_tag, codec, payload_hash, flags, created)
+
+
+def decode_turn(payload: bytes) -> Turn:
+    return _turn(_fixed(TURN, payload, "Turn"))
+
+
+def encode_context_head(h: ContextHead) -> bytes:
+    return CONTEXT_HEAD.pack(h.context_id, h.head_turn_id, h.head_depth, h.flags, h.created_at_unix_ms)
+
+
+def decode_context_head(payload: bytes) -> ContextHead:
+    context_id, head, depth, flags, created = _fixed(CONTEXT_HEAD, payload, "ContextHead")
+    return ContextHead(context_id, head, depth, created, flags)
+
+
+def encode_patch(p: Patch) -> bytes:
+    return PATCH_RECORD.pack(p.target_turn_id, p.new_payload_hash, p.flags, p.seq)
+
+
+def decode_patch(payload: bytes) -> Patch:
+    return Patch(*_fixed(PATCH_RECORD, payload, "Patch"))
+
+
+def encode_maybe_payload(data: bytes | None) -> bytes:
+    return U32.pack(ABSENT) if data is None else _sized(data)
+
+
+def decode_maybe_payload(payload: bytes) -> bytes | None:
+    r = _Reader(payload, "payload reply")
+    data = r.sized(allow_absent=True)
+    r.done()
+    return data
+
+
+def decode_blob(payload: bytes) -> bytes:
+    r = _Reader(payload, "GET_BLOB reply")
+    data = r.sized()
+    r.done()
+    assert data is not None
+    return data
+
+
+def decode_hash(payload: bytes) -> bytes:
+    return _fixed(HASH, payload, "PUT_BLOB reply")[0]
+
+
+def decode_empty(payload: bytes) -> None:
+    if payload:
+        raise MalformedMessage(f"empty reply expected, got {len(payload)} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnList:
+    """Turns in chronological order; `payloads` (one per turn, None = tombstoned) when asked for."""
+
+    turns: list[Turn]
+    payloads: list[bytes | None] | None = None
+    next_cursor: int = 0
+    """GET_LAST/GET_BEFORE: pass as before_turn_id for the next older page; 0 at the root."""
+    head_depth: int = 0
+    """The context's head depth (GET_CHAIN: the depth of the asked turn)."""
+
+    def encode(self) -> bytes:
+        flags = 0 if self.payloads is None else LIST_HAS_PAYLOADS
+        parts = [TURN_LIST.pack(self.next_cursor, self.head_depth, len(self.turns), flags)]
+        parts += [encode_turn(t) for t in self.turns]
+        if self.payloads is not None:
+            parts += [encode_maybe_payload(p) for p in self.payloads]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> TurnList:
+        r = _Reader(payload, "TurnList")
+        next_cursor, head_depth, count, flags = r.unpack(TURN_LIST)
+        _check_opts(flags, LIST_HAS_PAYLOADS, "TurnList")
+        block = r.raw(count * TURN.size)
+        turns = [_turn(v) for v in TURN.iter_unpack(block)]
+        payloads = [r.sized(allow_absent=True) for _ in range(count)] if flags else None
+        r.done()
+        return cls(turns, payloads, next_cursor, head_depth)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    version: int
+    max_frame: int
+    max_payload: int
+    max_in_flight: int
+    max_turns: int
+    idle_timeout_ms: int
+    read_timeout_ms: int
+
+    def encode(self) -> bytes:
+        return HELLO_REPLY.pack(
+            self.version, 0, self.max_frame, self.max_payload, self.max_in_flight,
+            self.max_turns, self.idle_timeout_ms, self.read_timeout_ms,
+        )  # fmt: skip
+
+    @classmethod
+    def decode(cls, payload: bytes) -> HelloReply:
+        version, reserved, *limits = _fixed(HELLO_REPLY, payload, "HELLO reply")
+        if reserved:
+            raise MalformedMessage("HELLO reply: reserved field is not 0")
+        return cls(version, *limits)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    code: int
+    message: str
+    arg0: int = 0
+    arg1: int = 0
+
+    def encode(self) -> bytes:
+        text = self.message.encode("utf-8")[:MAX_ERROR_MESSAGE]
+        return ERROR.pack(self.code, 0, self.arg0, self.arg1, len(text)) + text
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ErrorReply:
+        r = _Reader(payload, "ERROR")
+        code, _reserved, arg0, arg1, n = r.unpack(ERROR)
+        text = r.raw(n)
+        r.done()
+        return cls(code, text.decode("utf-8", errors="replace"), arg0, arg1)
+
+    def code_name(self) -> str:
+        try:
+            return ErrorCode(self.code).name
+        except ValueError:
+            return f"code {self.code}"
+
+
+# --- requests -----------------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+class Request(Generic[R]):
+    """A request; R is what its reply decodes to."""
+
+    __slots__ = ()
+    MSG_TYPE: ClassVar[MsgType]
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Request[Any]:
+        raise NotImplementedError
+
+    def encode(self) -> bytes:
+        raise NotImplementedError
+
+    def decode_reply(self, payload: bytes) -> R:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Request[HelloReply]):
+    MSG_TYPE = MsgType.HELLO
+    min_version: int = MIN_VERSION
+    max_version: int = MAX_VERSION
+
+    def encode(self) -> bytes:
+        return HELLO.pack(self.min_version, self.max_version)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Hello:
+        return cls(*_fixed(HELLO, payload, "HELLO"))
+
+    def decode_reply(self, payload: bytes) -> HelloReply:
+        return HelloReply.decode(payload)
+
+    def negotiate(self) -> int | None:
+        """The highest version both sides speak, or None."""
+        best = min(self.max_version, MAX_VERSION)
+        return best if best >= max(self.min_version, MIN_VERSION) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CtxCreate(Request[ContextHead]):
+    MSG_TYPE = MsgType.CTX_CREATE
+    base_turn_id: int = 0
+
+    def encode(self) -> bytes:
+        return U64.pack(self.base_turn_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> CtxCreate:
+        return cls(*_fixed(U64, payload, "CTX_CREATE"))
+
+    def decode_reply(self, payload: bytes) -> ContextHead:
+        return decode_context_head(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class CtxFork(Request[ContextHead]):
+    MSG_TYPE = MsgType.CTX_FORK
+    turn_id: int
+
+    def encode(self) -> bytes:
+        return U64.pack(self.turn_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> CtxFork:
+        return cls(*_fixed(U64, payload, "CTX_FORK"))
+
+    def decode_reply(self, payload: bytes) -> ContextHead:
+        return decode_context_head(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetHead(Request[ContextHead]):
+    MSG_TYPE = MsgType.GET_HEAD
+    context_id: int
+
+    def encode(self) -> bytes:
+        return U64.pack(self.context_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetHead:
+        return cls(*_fixed(U64, payload, "GET_HEAD"))
+
+    def decode_reply(self, payload: bytes) -> ContextHead:
+        return decode_context_head(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class CtxDelete(Request[None]):
+    MSG_TYPE = MsgType.CTX_DELETE
+    context_id: int
+
+    def encode(self) -> bytes:
+        return U64.pack(self.context_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> CtxDelete:
+        return cls(*_fixed(U64, payload, "CTX_DELETE"))
+
+    def decode_reply(self, payload: bytes) -> None:
+        return decode_empty(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetTurn(Request[Turn]):
+    MSG_TYPE = MsgType.GET_TURN
+    turn_id: int
+
+    def encode(self) -> bytes:
+        return U64.pack(self.turn_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetTurn:
+        return cls(*_fixed(U64, payload, "GET_TURN"))
+
+    def decode_reply(self, payload: bytes) -> Turn:
+        return decode_turn(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendTurn(Request[Turn]):
+    MSG_TYPE = MsgType.APPEND_TURN
+    context_id: int
+    payload: bytes
+    type_tag: int = 0
+    codec: int = 0
+    expected_parent: int = 0
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return (
+            APPEND_TURN.pack(
+                self.context_id, self.expected_parent, self.type_tag, self.codec, self.opts, len(self.payload)
+            )
+            + self.payload
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> AppendTurn:
+        r = _Reader(payload, "APPEND_TURN")
+        ctx, expected, type_tag, codec, opts, n = r.unpack(APPEND_TURN)
+        _check_opts(opts, EXPECT_PARENT, "APPEND_TURN")
+        _check_unused(expected, opts, EXPECT_PARENT, "expected_parent", "APPEND_TURN")
+        data = r.raw(n)
+        r.done()
+        return cls(ctx, data, type_tag, codec, expected, opts)
+
+    def decode_reply(self, payload: bytes) -> Turn:
+        return decode_turn(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendBatch(Request[TurnList]):
+    MSG_TYPE = MsgType.APPEND_BATCH
+    context_id: int
+    turns: list[TurnInput]
+    expected_parent: int = 0
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        parts = [APPEND_BATCH.pack(self.context_id, self.expected_parent, self.opts, len(self.turns))]
+        for t in self.turns:
+            parts += [BATCH_ITEM.pack(t.type_tag, t.codec, len(t.payload)), t.payload]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> AppendBatch:
+        r = _Reader(payload, "APPEND_BATCH")
+        ctx, expected, opts, count = r.unpack(APPEND_BATCH)
+        _check_opts(opts, EXPECT_PARENT, "APPEND_BATCH")
+        _check_unused(expected, opts, EXPECT_PARENT, "expected_parent", "APPEND_BATCH")
+        if count == 0:
+            raise MalformedMessage("APPEND_BATCH: count is 0")
+        turns = []
+        for _ in range(count):
+            type_tag, codec, n = r.unpack(BATCH_ITEM)
+            turns.append(TurnInput(r.raw(n), type_tag, codec))
+        r.done()
+        return cls(ctx, turns, expected, opts)
+
+    def decode_reply(self, payload: bytes) -> TurnList:
+        return TurnList.decode(payload)
+
+
+def _check_read_opts(opts: int, what: str) -> None:
+    _check_opts(opts, READ_PAYLOADS | READ_PATCHED, what)
+    if opts & READ_PATCHED and not opts & READ_PAYLOADS:
+        raise MalformedMessage(f"{what}: READ_PATCHED without READ_PAYLOADS")
+
+
+@dataclass(frozen=True, slots=True)
+class GetLast(Request[TurnList]):
+    MSG_TYPE = MsgType.GET_LAST
+    context_id: int
+    limit: int
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return GET_LAST.pack(self.context_id, self.limit, self.opts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetLast:
+        req = cls(*_fixed(GET_LAST, payload, "GET_LAST"))
+        _check_read_opts(req.opts, "GET_LAST")
+        return req
+
+    def decode_reply(self, payload: bytes) -> TurnList:
+        return TurnList.decode(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetBefore(Request[TurnList]):
+    MSG_TYPE = MsgType.GET_BEFORE
+    context_id: int
+    before_turn_id: int
+    limit: int
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return GET_BEFORE.pack(self.context_id, self.before_turn_id, self.limit, self.opts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetBefore:
+        req = cls(*_fixed(GET_BEFORE, payload, "GET_BEFORE"))
+        _check_read_opts(req.opts, "GET_BEFORE")
+        return req
+
+    def decode_reply(self, payload: bytes) -> TurnList:
+        return TurnList.decode(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetRangeByDepth(Request[TurnList]):
+    MSG_TYPE = MsgType.GET_RANGE_BY_DEPTH
+    context_id: int
+    start_depth: int
+    limit: int
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return GET_RANGE.pack(self.context_id, self.start_depth, self.limit, self.opts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetRangeByDepth:
+        req = cls(*_fixed(GET_RANGE, payload, "GET_RANGE_BY_DEPTH"))
+        _check_read_opts(req.opts, "GET_RANGE_BY_DEPTH")
+        return req
+
+    def decode_reply(self, payload: bytes) -> TurnList:
+        return TurnList.decode(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetChain(Request[TurnList]):
+    MSG_TYPE = MsgType.GET_CHAIN
+    turn_id: int
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return GET_CHAIN.pack(self.turn_id, self.opts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetChain:
+        req = cls(*_fixed(GET_CHAIN, payload, "GET_CHAIN"))
+        _check_read_opts(req.opts, "GET_CHAIN")
+        return req
+
+    def decode_reply(self, payload: bytes) -> TurnList:
+        return TurnList.decode(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetBlob(Request[bytes]):
+    MSG_TYPE = MsgType.GET_BLOB
+    blob_hash: bytes
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return GET_BLOB.pack(self.blob_hash, self.opts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetBlob:
+        req = cls(*_fixed(GET_BLOB, payload, "GET_BLOB"))
+        _check_opts(req.opts, VERIFY_HASH, "GET_BLOB")
+        return req
+
+    def decode_reply(self, payload: bytes) -> bytes:
+        return decode_blob(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class PutBlob(Request[bytes]):
+    MSG_TYPE = MsgType.PUT_BLOB
+    data: bytes
+
+    def encode(self) -> bytes:
+        return _sized(self.data)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> PutBlob:
+        r = _Reader(payload, "PUT_BLOB")
+        data = r.sized()
+        r.done()
+        assert data is not None
+        return cls(data)
+
+    def decode_reply(self, payload: bytes) -> bytes:
+        return decode_hash(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class PatchTurn(Request[Patch]):
+    MSG_TYPE = MsgType.PATCH
+    target_turn_id: int
+    payload: bytes
+
+    def encode(self) -> bytes:
+        return PATCH.pack(self.target_turn_id, len(self.payload)) + self.payload
+
+    @classmethod
+    def decode(cls, payload: bytes) -> PatchTurn:
+        r = _Reader(payload, "PATCH")
+        target, n = r.unpack(PATCH)
+        data = r.raw(n)
+        r.done()
+        return cls(target, data)
+
+    def decode_reply(self, payload: bytes) -> Patch:
+        return decode_patch(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone(Request[Patch]):
+    MSG_TYPE = MsgType.TOMBSTONE
+    target_turn_id: int
+
+    def encode(self) -> bytes:
+        return U64.pack(self.target_turn_id)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Tombstone:
+        return cls(*_fixed(U64, payload, "TOMBSTONE"))
+
+    def decode_reply(self, payload: bytes) -> Patch:
+        return decode_patch(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class GetPayload(Request[bytes | None]):
+    MSG_TYPE = MsgType.GET_PAYLOAD
+    turn_id: int
+    as_of_seq: int = 0
+    opts: int = 0
+
+    def encode(self) -> bytes:
+        return GET_PAYLOAD.pack(self.turn_id, self.as_of_seq, self.opts)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> GetPayload:
+        req = cls(*_fixed(GET_PAYLOAD, payload, "GET_PAYLOAD"))
+        _check_opts(req.opts, AS_OF, "GET_PAYLOAD")
+        _check_unused(req.as_of_seq, req.opts, AS_OF, "as_of_seq", "GET_PAYLOAD")
+        return req
+
+    def decode_reply(self, payload: bytes) -> bytes | None:
+        return decode_maybe_payload(payload)
+
+
+REQUESTS: dict[int, type[Request]] = {
+    cls.MSG_TYPE: cls
+    for cls in (
+        Hello, CtxCreate, CtxFork, GetHead, AppendTurn, AppendBatch, GetLast, GetBefore, GetRangeByDepth,
+        GetBlob, PutBlob, GetChain, PatchTurn, Tombstone, GetPayload, CtxDelete, GetTurn,
+    )
+}  # fmt: skip
+
+
+def decode_request(msg_type: int, payload: bytes) -> Request:
+    """The request in a frame's payload; UnknownMessage or MalformedMessage when it is not one."""
+    cls = REQUESTS.get(msg_type)
+    if cls is None:
+        raise UnknownMessage(f"unknown msg_type {msg_type}")
+    return cls.decode(payload)
