@@ -30,8 +30,8 @@ import ipaddress
 import logging
 import re
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ifaddr
@@ -112,7 +112,7 @@ class Announcement:
         return props
 
 
-def parse_txt(props: dict[str, str | None], instance: str) -> Announcement:
+def parse_txt(props: Mapping[str, str | None], instance: str) -> Announcement:
     """Validate a received TXT record; the id must match the instance label it came under."""
     def need(key: str) -> str:
         value = props.get(key)
@@ -154,9 +154,7 @@ class Peer:
     port: int
     generation: int
     branches: tuple[str, ...]
-    seen_at: float = field(default_factory=time.monotonic)
     online: bool | None = None
-    checked_at: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {"node_id": self.node_id, "instance": self.instance, "addresses": list(self.addresses),
@@ -254,17 +252,20 @@ class Discovery:
         last = time.monotonic()
         while True:
             await asyncio.sleep(INTERFACE_POLL_SECONDS)
-            addresses = await asyncio.to_thread(local_ipv4_addresses)
-            moved = addresses != self._addresses
-            if moved:
-                log.info("interfaces changed: %s -> %s", ",".join(self._addresses), ",".join(addresses))
-                self._addresses = addresses
-                assert self._azc is not None
-                await self._azc.zeroconf.async_update_interfaces()
-            if self._announced and (moved or time.monotonic() - last >= REANNOUNCE_SECONDS):
-                a = self._announced
-                await self.announce(a.port, a.generation, a.branches)
-                last = time.monotonic()
+            try:
+                addresses = await asyncio.to_thread(local_ipv4_addresses)
+                moved = addresses != self._addresses
+                if moved:
+                    log.info("interfaces changed: %s -> %s", ",".join(self._addresses), ",".join(addresses))
+                    self._addresses = addresses
+                    assert self._azc is not None
+                    await self._azc.zeroconf.async_update_interfaces()  # rebinds zeroconf's sockets
+                if self._announced and (moved or time.monotonic() - last >= REANNOUNCE_SECONDS):
+                    a = self._announced
+                    await self.announce(a.port, a.generation, a.branches)
+                    last = time.monotonic()
+            except OSError as exc:  # e.g. no network at all for a moment: try again next round
+                log.warning("re-announce failed: %s", exc)
 
     # -- browsing ------------------------------------------------------------------------
 
@@ -291,9 +292,8 @@ class Discovery:
             return
         old = self.peers.get(peer.node_id)
         if old is not None:  # keep what the node learned over HTTPS
-            peer.online, peer.checked_at = old.online, old.checked_at
-            if (old.addresses, old.port) != (peer.addresses, peer.port):
-                peer.online = None
+            same_place = (old.addresses, old.port) == (peer.addresses, peer.port)
+            peer.online = old.online if same_place else None
         self.peers[peer.node_id] = peer
         if old is None or (old.addresses, old.port, old.generation) != (peer.addresses, peer.port,
                                                                         peer.generation):

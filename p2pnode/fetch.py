@@ -127,6 +127,9 @@ class _Peer:
             auto_decompress=False,
         )
         self.dropped: str | None = None
+        """Why this peer was given up for this fetch (None: still in use)."""
+        self.failure: type[P2PNodeError] = PeerUnavailable
+        """What giving it up means: VerificationFailed (it lied), Refused (TLS/trust), PeerUnavailable."""
         self.network_errors = 0
         self.bytes_received = 0
 
@@ -193,8 +196,8 @@ class _Pool:
     def dropped(self) -> dict[str, str]:
         return {str(p.addr): p.dropped for p in self.peers if p.dropped}
 
-    def drop(self, peer: _Peer, reason: str) -> None:
-        peer.dropped = reason
+    def drop(self, peer: _Peer, reason: str, failure: type[P2PNodeError]) -> None:
+        peer.dropped, peer.failure = reason, failure
         log.warning("dropping peer %s for this fetch: %s", peer.addr, reason)
 
     async def run(self, what: str, op: Callable[[_Peer], Awaitable[T]]) -> T:
@@ -210,17 +213,17 @@ class _Pool:
                 except NotOffered:
                     not_offered.add(peer)
                 except Refused as exc:
-                    self.drop(peer, str(exc))
+                    self.drop(peer, str(exc), Refused)
                 except (VerificationFailed, InvalidInput) as exc:  # lying bytes
-                    self.drop(peer, f"sent data that failed verification: {exc}")
+                    self.drop(peer, f"sent data that failed verification: {exc}", VerificationFailed)
                 except aiohttp.ClientConnectorCertificateError as exc:
-                    self.drop(peer, f"TLS: {exc.certificate_error}")
+                    self.drop(peer, f"TLS: {exc.certificate_error}", Refused)
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                     peer.network_errors += 1
                     reason = _describe_network_error(exc, self.me)
                     log.info("peer %s: %s (attempt %d)", peer.addr, reason, peer.network_errors)
                     if peer.network_errors >= MAX_NETWORK_ERRORS:
-                        self.drop(peer, reason)
+                        self.drop(peer, reason, PeerUnavailable)
                     await asyncio.sleep(RETRY_PAUSE)
         raise self._failure(what, not_offered)
 
@@ -230,16 +233,17 @@ class _Pool:
             return PeerUnavailable(f"{what}: no peer to fetch from (give --from HOST:PORT or a ticket)")
         if len(not_offered) == len(self.peers):
             return NotFound(f"{what}: not offered by any peer ({reasons})")
-        if any(p.dropped and "verification" in p.dropped for p in self.peers):
+        failures = {p.failure for p in self.peers if p.dropped}
+        if VerificationFailed in failures:
             return VerificationFailed(f"{what}: no peer sent verifiable data ({reasons})")
-        if all(p.dropped and ("TLS" in p.dropped or "refused" in p.dropped) for p in self.peers
-               if p not in not_offered):
+        if failures == {Refused}:
             return Refused(f"{what}: refused ({reasons})")
         return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
 
 
 def _describe_network_error(exc: BaseException, me: str) -> str:
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+    closed = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+    if closed and not isinstance(exc, aiohttp.ClientConnectorError):  # connected, then closed
         return (f"connection closed by the peer (cut link, or it does not trust this node {me}): "
                 f"{type(exc).__name__}")
     return f"{type(exc).__name__}: {exc}"
@@ -314,7 +318,7 @@ class _Fetch:
                 self.lines_total += len(manifest)
                 return lines
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it "
-                                          "(failed verification)")
+                                          "(failed verification)", VerificationFailed)
 
     async def _missing(self, manifest: list[wire.LineRef]) -> list[wire.LineRef]:
         unique = list({r.hash: r for r in manifest}.values())

@@ -196,7 +196,7 @@ class Node:
         except Exception as exc:  # any failure means "not reachable now"; the reason is logged
             ok, why = False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         was = peer.online
-        peer.online, peer.checked_at = ok, time.monotonic()
+        peer.online = ok
         if ok and was is not True:
             log.info("peer online id=%s addr=%s:%d", peer.node_id, peer.addresses[0], peer.port)
         elif not ok and was is not False:

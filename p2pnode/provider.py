@@ -59,7 +59,6 @@ class PeerServer:
         self.trust = trust
         self.limits = limits
         self.port = 0
-        self.bytes_sent = 0
         self._runner: web.AppRunner | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peer-lib")
         self._active: dict[bytes, int] = defaultdict(int)
@@ -80,6 +79,7 @@ class PeerServer:
         site = web.TCPSite(self._runner, host, port, ssl_context=server_context(self.identity, self.trust))
         await site.start()
         self.port = self._runner.addresses[0][1]
+        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self.trust.add_listener(self._on_untrusted)
         self._poller = asyncio.create_task(self._poll_trust())
         log.info("peer server for %s listening on %s:%d", self.identity.node_id, host, self.port)
@@ -103,6 +103,10 @@ class PeerServer:
                 log.warning("cannot re-read the trust file: %s", exc)
 
     def _on_untrusted(self, removed: set[bytes]) -> None:
+        """Trust-store listener; may run on any thread, so the aborts go to the event loop."""
+        self._loop.call_soon_threadsafe(self._abort, removed)
+
+    def _abort(self, removed: set[bytes]) -> None:
         for fp in removed:
             for transport in self._transports.pop(fp, set()):
                 log.info("closing a connection of untrusted peer %s", format_node_id(fp))
@@ -143,7 +147,6 @@ class PeerServer:
     async def _send(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
         """Write with the slow-reader timeout: a peer that stops reading is cut off."""
         await asyncio.wait_for(response.write(data), self.limits.slow_reader_timeout)
-        self.bytes_sent += len(data)
 
     # -- handlers -----------------------------------------------------------------------
 
@@ -155,7 +158,6 @@ class PeerServer:
             branches=[_catalog_entry(b) for b in catalog.branches],
         )
         body = wire.encode_catalog(msg)
-        self.bytes_sent += len(body)
         return web.Response(body=body, content_type="application/json")
 
     async def _object(self, request: web.Request) -> web.StreamResponse:
@@ -200,7 +202,6 @@ class PeerServer:
             return _not_found()
         refs = await self._call(self.lib.line_manifest, src)
         body = wire.encode_line_manifest(bytes.fromhex(src), [wire.LineRef(r.hash, r.length) for r in refs])
-        self.bytes_sent += len(body)
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:

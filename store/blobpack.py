@@ -371,8 +371,7 @@ class BlobPack:
                 os.ftruncate(self._fd, self.end)
             if self._tail:
                 self.write_index()
-            if self.durable:
-                os.fdatasync(self._fd)
+            os.fdatasync(self._fd)
         mm, self._index = self._index.mm, _Index()
         if mm is not None:
             mm.close()

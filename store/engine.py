@@ -284,18 +284,21 @@ class Store:
         except (CorruptRecord, UnknownTurn):
             return False
 
-    def _checkpoint(self) -> None:
-        """Snapshot every head and start a new WAL generation.  Caller holds the write lock."""
+    def _checkpoint(self, sync: bool | None = None) -> None:
+        """Snapshot every head and start a new WAL generation.  Caller holds the write lock.
+        Syncs unless the store is not durable (then only at close: sync=True)."""
+        sync = self.config.durable if sync is None else sync
         with self._sync_lock:
-            self._turns.sync()
-            self._pack.sync()
+            if sync:
+                self._turns.sync()
+                self._pack.sync()
+                self._wal.sync()
             self._pack_synced = self._pack.end
-            self._wal.sync()
             old = self._wal
             new = headfiles.HeadWal(self.root, old.gen + 1, self.config.durable)
             heads = [(c, *v) for c, v in sorted(self._logged.items())]
             snap = Snapshot(new.gen, self._next_ctx, self._turns.count, heads)
-            headfiles.write_snapshot(self.root, snap, durable=True)
+            headfiles.write_snapshot(self.root, snap, durable=sync)
             old.close()
             self._wal = new
             if len(self._pack) - self._pack.indexed > INDEX_TAIL_MAX:
@@ -737,8 +740,8 @@ class Store:
             return
         with self._gate.exclusive(), self._write_lock:
             self._closed = True
-            if self._wal.pos:
-                self._checkpoint()
+            if self._wal.pos or not self.config.durable:  # a bulk import's checkpoints were not synced
+                self._checkpoint(sync=True)
             self._turns.sync()
             self._wal.close()
             self._pack.close()

@@ -30,8 +30,8 @@ from .types import RecoveryNotes, Turn
 
 SNAPSHOT = "heads.tbl"
 PREVIOUS = "heads.tbl.prev"
-WAL_BYTES = 2 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
-EMBED_MAX = 256 << 10  # new blobs up to this size travel in the WAL record
+WAL_BYTES = 1 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
+EMBED_MAX = 64 << 10  # blob records up to this size travel in the WAL record
 _WAL_RE = re.compile(r"^heads\.wal\.(\d{8})$")
 
 
@@ -136,6 +136,8 @@ class HeadWal:
         os.fdatasync(self._fd)
 
     def close(self) -> None:
+        if self.pos == 0:  # an empty generation gives its zeros back; opening zero-fills it again
+            os.ftruncate(self._fd, 0)
         os.close(self._fd)
 
 

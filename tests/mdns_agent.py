@@ -18,16 +18,19 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from p2pnode.discovery import Discovery  # noqa: E402
 
 LIFE = 120.0
+T = TypeVar("T")
 
 
-async def until(pred, timeout: float, d: Discovery):  # type: ignore[no-untyped-def]
+async def until(pred: Callable[[], T | None], timeout: float, d: Discovery) -> T | None:
     deadline = time.monotonic() + timeout
     while (result := pred()) is None and (left := deadline - time.monotonic()) > 0:
         await d.wait_change(min(left, 0.2))

@@ -452,7 +452,8 @@ async def test_server_refuses_untrusted_client_and_untrust_cuts_live(world, tmp_
                 async with s.get(url) as r:
                     assert r.status == 200
                 assert client.fingerprint in server._transports  # one live connection
-                world["trust"].untrust(client.node_id)  # aborts it at once
+                world["trust"].untrust(client.node_id)  # aborts it on the loop's next turn
+                await asyncio.sleep(0.05)
                 assert client.fingerprint not in server._transports
                 with pytest.raises(aiohttp.ClientError):
                     async with s.get(url) as r:

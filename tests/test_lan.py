@@ -94,8 +94,11 @@ def test_nodes_see_and_confirm_each_other(net: dict[str, LanNode]):
     for a in (h1, h2, h3):
         for b in (h1, h2, h3):
             if a is not b:
-                peer = wait_for(f"{a.host} to confirm {b.host} over HTTPS",
-                                lambda a=a, b=b: (p := a.peer(b)) and p["online"] and p, 30)
+                def confirmed(a: LanNode = a, b: LanNode = b) -> dict[str, Any] | None:
+                    p = a.peer(b)
+                    return p if p and p["online"] else None
+
+                peer = wait_for(f"{a.host} to confirm {b.host} over HTTPS", confirmed, 30)
                 assert peer["trusted"] and peer["addresses"] == [a.lab.addr(b.host)]
     status = h1.status()
     assert status["node_id"] == h1.node_id and status["port"] == 47470
@@ -147,12 +150,42 @@ def test_holder_cut_mid_transfer_fetch_completes_from_the_other(net: dict[str, L
     assert lab.tx_bytes(other) - before[other] > 1 << 20, "the other holder sent nothing"
 
 
+def test_fetching_node_killed_mid_transfer_leaves_nothing_half_written(net: dict[str, LanNode],
+                                                                       corpus_dir: Path, tmp_path: Path):
+    h1, h2, _, _ = net.values()
+    lab = h1.lab
+    src = place(corpus_dir, BIG_BASE, tmp_path / "big")  # another large session, new to everyone
+    grow(src, BIG_MB // 2)
+    src = place(tmp_path / "big", BIG_BASE, h1.agent)
+    branch = h1.share(src)
+    lab.rate("h1", LINK_MBIT)
+    fetch = lab.spawn("h2", sys.executable, "-m", "p2pnode", "fetch", branch, "--json", env=h2.env)
+    try:
+        before = lab.tx_bytes("h1")
+        wait_for("h2's transfer to start", lambda: lab.tx_bytes("h1") - before > 2 << 20, 60, every=0.05)
+        h2.stop(signal.SIGKILL)  # the node doing the fetch dies mid-transfer
+        _, err = fetch.communicate(timeout=30)
+    finally:
+        if fetch.poll() is None:
+            fetch.kill()
+        lab.rate("h1", 0)
+    assert fetch.returncode != 0 and "did not answer" in err, err
+    target = h2.agent / BIG_BASE
+    assert not target.exists() and not [f for f in target.parent.glob("*") if branch[:8] in f.name]
+    h2.start()  # the store and state come back after the kill
+    r = h2.fetch(branch, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert fetched_file(h2, json.loads(r.stdout)) == src.read_bytes()
+
+
 def test_vanished_peer_is_noticed_and_a_restart_on_a_new_port_is_found(net: dict[str, LanNode]):
     h1, h2, h3, _ = net.values()
     wait_for("h1 to confirm h2", lambda: (p := h1.peer(h2)) and p["online"], 30)
     h2.stop(signal.SIGKILL)  # no goodbye: only HTTPS liveness can tell
     gone = wait_for("h1 to notice h2 vanished", lambda: (p := h1.peer(h2)) and p["online"] is False and p, 20)
     assert gone["trusted"]
+    assert (h2.paths.home / "control.sock").exists()  # left behind by the kill ...
+    assert h2.status()["running"] is False  # ... and recognised as nobody listening
     h2.start(port=47471)
     back = wait_for("h1 to find h2 on its new port",
                     lambda: (p := h1.peer(h2)) and p["port"] == 47471 and p["online"] and p, 30)
@@ -201,6 +234,23 @@ def test_host_without_p2pnode_is_untouched(net: dict[str, LanNode], corpus_dir: 
 
 
 LIVENESS_ROUND = 6.0
+
+
+def test_one_shot_fetch_and_status_without_a_node(net: dict[str, LanNode], corpus_dir: Path,
+                                                  tmp_path: Path):
+    h1 = net["h1"]
+    loner = LanNode(h1.lab, "h5", tmp_path)  # never started: every command acts on its own
+    loner.trust(h1)
+    h1.trust(loner)
+    status = loner.status()
+    assert status["running"] is False and status["node_id"] == loner.node_id
+    assert [(p["node_id"], p["trusted"], p["online"]) for p in status["peers"]] == [(h1.node_id, True, None)]
+    src = place(corpus_dir, SMALL, h1.agent)
+    branch = h1.share(src)
+    r = loner.fetch(branch)  # browses mDNS itself for the holder
+    assert r.returncode == 0, r.stderr
+    assert fetched_file(loner, json.loads(r.stdout)) == src.read_bytes()
+    assert loner.cli("cat", branch).stdout == src.read_text()
 
 
 def test_serve_on_a_fresh_machine_needs_no_configuration(lab: Lab, tmp_path: Path):

@@ -221,19 +221,19 @@ def examine(path: Path, p: Pristine) -> Outcome:
                     f"blob {h.hex()} returned wrong bytes (blake3 {blake3.blake3(got_blob).hexdigest()})"
         for ctx, (head, _depth) in p.heads.items():
             try:
-                h = st.get_head(ctx)
+                cur = st.get_head(ctx)
             except (UnknownContext, CorruptRecord):
                 out.lost_contexts.add(ctx)
                 continue
             chain = p.chain_ids(head)
-            assert h.head_turn_id in chain or h.head_turn_id == NO_TURN, \
-                f"context {ctx}: head {h.head_turn_id} is not on its chain {chain}"
-            if h.head_turn_id != head:
+            assert cur.head_turn_id in chain or cur.head_turn_id == NO_TURN, \
+                f"context {ctx}: head {cur.head_turn_id} is not on its chain {chain}"
+            if cur.head_turn_id != head:
                 out.rolled_back.add(ctx)
-            if h.head_turn_id != NO_TURN:
-                assert h.head_depth == p.turns[h.head_turn_id].depth, \
-                    f"context {ctx}: head depth {h.head_depth}"
-            chain = p.chain_ids(h.head_turn_id)[::-1]
+            if cur.head_turn_id != NO_TURN:
+                assert cur.head_depth == p.turns[cur.head_turn_id].depth, \
+                    f"context {ctx}: head depth {cur.head_depth}"
+            chain = p.chain_ids(cur.head_turn_id)[::-1]
             for d in range(0, len(chain), 3):  # the jump pointers must lead to the right turns
                 try:
                     got_ids = [t.turn_id for t in st.range_by_depth(ctx, d, 4)]

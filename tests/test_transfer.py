@@ -187,11 +187,15 @@ def _free_port() -> int:
 
 class CuttingProxy:
     """A TCP relay on loopback that cuts its first connection after `cut_after` bytes toward the
-    client (a link that drops mid-transfer); later connections are relayed whole."""
+    client (a link that drops mid-transfer); later connections are relayed whole.  `reached`
+    is set once `notify_at` bytes went toward the client."""
 
-    def __init__(self, target_port: int, cut_after: int) -> None:
+    def __init__(self, target_port: int, cut_after: int | None, notify_at: int = 0) -> None:
         self.target_port = target_port
         self.cut_after = cut_after
+        self.notify_at = notify_at
+        self.relayed = 0
+        self.reached = asyncio.Event()
         self.connections = 0
         self.server: asyncio.Server | None = None
 
@@ -218,6 +222,10 @@ class CuttingProxy:
                         break
                     w.write(data)
                     sent += len(data)
+                    if w is cw:
+                        self.relayed += len(data)
+                        if self.notify_at and self.relayed >= self.notify_at:
+                            self.reached.set()
                     await w.drain()
             for writer in (cw, sw):
                 writer.transport.abort()
@@ -272,3 +280,35 @@ def test_share_prints_a_ticket_when_a_node_runs(nodes) -> None:
     decoded = wire.decode_ticket(ticket)
     assert decoded.branch.hex() == branch and decoded.node == parse_node_id(a.id)
     assert decoded.addresses and all(port > 0 for _, port in decoded.addresses)
+
+
+async def test_fetch_killed_mid_transfer_leaves_nothing(nodes, tmp_path: Path) -> None:
+    """SIGKILL the fetching process halfway: no session file (whole or partial) under Pi's
+    sessions dir, nothing in its store; the next fetch completes, byte-identical."""
+    import random
+    import signal
+
+    a, b, _ = nodes
+    rnd = random.Random(7)
+    path = a.agent / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_big.jsonl"
+    path.parent.mkdir(parents=True)
+    header = b'{"type":"session","version":3,"id":"big","timestamp":"2026-11-21T20:00:00.000Z","cwd":"/w"}\n'
+    path.write_bytes(header + b"".join(b'{"type":"custom","data":"' + rnd.randbytes(200_000).hex().encode()
+                                       + b'"}\n' for _ in range(60)))  # 24 MB, incompressible
+    branch = a.run("share", str(path)).stdout.split()[0]
+    with a.serving() as port:
+        proxy = CuttingProxy(port, cut_after=None, notify_at=8_000_000)
+        proxy_port = await proxy.start()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                PY, "-m", "p2pnode", "fetch", branch, "--from", f"127.0.0.1:{proxy_port}", env=b.env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            await asyncio.wait_for(proxy.reached.wait(), 60)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        finally:
+            await proxy.close()
+        assert not list((b.agent).rglob("*.jsonl"))
+        assert json.loads(b.run("ls", "--all", "--json").stdout) == []
+        result = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
+    assert Path(result["path"]).read_bytes() == path.read_bytes()
