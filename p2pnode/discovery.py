@@ -54,6 +54,7 @@ MAX_SUBTYPES = 16         # branch subtypes one node announces (most recent firs
 REANNOUNCE_SECONDS = 45.0
 INTERFACE_POLL_SECONDS = 5.0
 RESOLVE_TIMEOUT_MS = 3000
+FALLBACK_BROWSE_SECONDS = 1.2
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAIN_INSTANCE = re.compile(rf"^p2p-[0-9a-z]{{{LABEL_CHARS}}}\.", re.IGNORECASE)
 
@@ -370,7 +371,11 @@ class Discovery:
 
 async def lan_peers(branch_hex: str, is_trusted: Callable[[str], bool],
                     timeout: float = 2.0) -> list[PeerAddress]:
-    """Browse mDNS once for trusted peers announcing branch_hex (a fetch with no node running)."""
+    """Browse mDNS once for trusted peers announcing branch_hex (a fetch with no node running).
+
+    When no trusted holder answers (the branch may be older than the announced ones), every
+    trusted peer seen meanwhile is returned: the fetch asks them in turn.
+    """
     from p2pnode.fetch import PeerAddress  # here, so that discovery imports without aiohttp
 
     def trusted(node_id: str) -> bool:
@@ -379,6 +384,8 @@ async def lan_peers(branch_hex: str, is_trusted: Callable[[str], bool],
         except InvalidInput:  # an announced id that is not a node id at all
             return False
 
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     d = Discovery(None)
     await d.start()
     try:
@@ -386,6 +393,10 @@ async def lan_peers(branch_hex: str, is_trusted: Callable[[str], bool],
         refused = [p.node_id for p in found if not trusted(p.node_id)]
         if refused:
             log.info("fetch %s: not asking untrusted holders %s", branch_hex[:16], ", ".join(refused))
-        return [PeerAddress(p.node_id, p.addresses[0], p.port) for p in found if trusted(p.node_id)]
+        chosen = [p for p in found if trusted(p.node_id)]
+        if not chosen:  # let the browse see the LAN a moment (its first queries go out at 0 and 1 s)
+            await asyncio.sleep(max(0.0, FALLBACK_BROWSE_SECONDS - (loop.time() - started)))
+            chosen = [p for p in d.peers.values() if trusted(p.node_id)]
+        return [PeerAddress(p.node_id, host, p.port) for p in chosen for host in p.addresses]
     finally:
         await d.close()

@@ -13,9 +13,11 @@ The order of work, and why:
 2. For each missing branch, oldest first: the session's line manifest, then only the lines
    this node lacks, in framed batches; every line is decompressed with an output limit equal
    to its declared length and checked against its hash.  The whole session is re-hashed to
-   the sidecar's `src` (this is what proves the manifest honest) and only then handed to
-   `lib.add_fetched`.  A peer without line manifests gets the whole-blob fallback: a
-   streamed GET with `Range` resume, hashed on the fly.
+   the sidecar's `src` and checked to be cut at its newlines (this is what proves the
+   manifest honest) and only then handed to `lib.add_fetched`, with each line's zstd bytes
+   as the peer sent them: the store keeps those (after decoding and re-hashing them itself)
+   instead of compressing the line again.  A peer without line manifests gets the
+   whole-blob fallback: a streamed GET with `Range` resume, hashed on the fly.
 3. The requested session is written where Pi finds it (placement.py), if `agent_dir` is given.
 
 Peers are tried in turn.  A peer that sends bytes failing verification is dropped for the
@@ -43,9 +45,11 @@ from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
 from p2pnode.identity import Identity, format_node_id, parse_node_id
 from p2pnode.pisession import parse_header, session_relpath
 from p2pnode.placement import Placement, PlacementConflict, place_session
+from p2pnode.sessionstore import is_split
 from p2pnode.sidecar import Sidecar, parse_sidecar
 from p2pnode.tls import client_context
 from p2pnode.trust import TrustStore
+from store import StoredBlob
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,7 +60,9 @@ Progress = Callable[[int, int], None]
 MAX_NETWORK_ERRORS = 3
 """Broken links tolerated per peer per fetch before it is given up."""
 RETRY_PAUSE = 0.2
-BATCHES_IN_FLIGHT = 2
+BATCHES_IN_FLIGHT = 3
+DECODE_RUN = 1 << 20
+"""Raw bytes of received blobs handed to a worker thread at a time for decoding."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,8 @@ class _Fetch:
         self.progress = progress
         self.lines: dict[bytes, bytes] = {}
         """Verified lines received in this fetch, kept across broken links and peers."""
+        self.blobs: dict[bytes, StoredBlob] = {}
+        """The same lines as the peer sent them (zstd), so that the store keeps those bytes."""
         self.lines_fetched = 0
         self.lines_total = 0
         self._done = self._total = 0
@@ -317,8 +325,9 @@ class _Fetch:
             if lines is not None:
                 self.lines_total += len(manifest)
                 return lines
-            self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it "
-                                          "(failed verification)", VerificationFailed)
+            self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
+                                          "or does not cut it at its newlines (failed verification)",
+                           VerificationFailed)
 
     async def _missing(self, manifest: list[wire.LineRef]) -> list[wire.LineRef]:
         unique = list({r.hash: r for r in manifest}.values())
@@ -354,38 +363,58 @@ class _Fetch:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _batch(self, peer: _Peer, group: list[wire.LineRef]) -> None:
+        """One batch request.  Received blobs are decompressed and hashed on worker threads
+        (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read."""
         decoder = wire.BatchDecoder([r.hash for r in group], self.limits)
         body = wire.encode_batch_request(r.hash for r in group)
-        async with peer.session.post(peer.base + wire.PATH_BATCH, data=body,
-                                     headers={"Content-Type": "application/octet-stream"}) as resp:
-            peer._check(resp, f"batch of {len(group)} lines")
-            async for chunk in resp.content.iter_any():
-                peer.bytes_received += len(chunk)
-                blobs = decoder.feed(chunk)
-                if not blobs:
-                    continue
-                # decompress + hash off the event loop (both release the GIL), one hop per chunk
-                raws = await asyncio.to_thread(_decode_all, blobs)
-                for blob, raw in zip(blobs, raws, strict=True):
-                    self.lines[blob.hash] = raw
-                    self._done += blob.raw_len
-                self.lines_fetched += len(blobs)
-                if self.progress:
-                    self.progress(self._done, self._total)
-            decoder.finish()
+        decoding: list[asyncio.Future[None]] = []
+        run: list[wire.BatchBlob] = []
+        run_bytes = 0
+        try:
+            async with peer.session.post(peer.base + wire.PATH_BATCH, data=body,
+                                         headers={"Content-Type": "application/octet-stream"}) as resp:
+                peer._check(resp, f"batch of {len(group)} lines")
+                async for chunk in resp.content.iter_any():
+                    peer.bytes_received += len(chunk)
+                    for blob in decoder.feed(chunk):
+                        run.append(blob)
+                        run_bytes += blob.raw_len
+                    if run_bytes >= DECODE_RUN:
+                        decoding.append(asyncio.ensure_future(self._keep(run)))
+                        run, run_bytes = [], 0
+                decoder.finish()
+            if run:
+                decoding.append(asyncio.ensure_future(self._keep(run)))
+            await asyncio.gather(*decoding)
+        finally:  # a failure stops the rest; what was verified is kept
+            for f in decoding:
+                f.cancel()
+            await asyncio.gather(*decoding, return_exceptions=True)
         if decoder.received != len(group):
             raise wire.WireError(f"peer sent {decoder.received} of the {len(group)} line blobs asked for")
 
-    async def _assemble(self, manifest: list[wire.LineRef], src: str) -> list[bytes] | None:
-        """All lines in order, or None if they do not hash to `src` (the manifest lied)."""
-        def build() -> list[bytes]:
-            return [self.lines.get(r.hash) or self.lib.line(r.hash) for r in manifest]
+    async def _keep(self, blobs: list[wire.BatchBlob]) -> None:
+        """Verify received blobs (wire.decode_blob) and keep them, raw and as sent."""
+        raws = await asyncio.to_thread(_decode_all, blobs)
+        for blob, raw in zip(blobs, raws, strict=True):
+            self.lines[blob.hash] = raw
+            self.blobs[blob.hash] = StoredBlob(blob.hash, blob.codec, blob.raw_len, blob.stored)
+            self._done += blob.raw_len
+        self.lines_fetched += len(blobs)
+        if self.progress:
+            self.progress(self._done, self._total)
 
-        lines = await self._lib(build)
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        for line in lines:
-            hasher.update(line)
-        return lines if hasher.hexdigest() == src else None
+    async def _assemble(self, manifest: list[wire.LineRef], src: str) -> list[bytes] | None:
+        """All lines in order, or None if the manifest lied: they do not hash to `src`, or
+        they are not the file cut at its newlines."""
+        def build() -> list[bytes] | None:
+            lines = [self.lines.get(r.hash) or self.lib.line(r.hash) for r in manifest]
+            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            for line in lines:
+                hasher.update(line)
+            return lines if hasher.hexdigest() == src and is_split(lines) else None
+
+        return await self._lib(build)
 
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
@@ -460,7 +489,7 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
             t1 = time.perf_counter()
             if branch == branch_hex and agent_dir is not None:  # verified: write the file meanwhile
                 placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, lines, sc.src, lib))
-            await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines)
+            await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
             log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
                      branch, len(lines), t1 - t0, time.perf_counter() - t1)
         info = await asyncio.to_thread(lib.branch, branch_hex)

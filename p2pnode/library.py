@@ -11,18 +11,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from p2pnode import pisession
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
-from p2pnode.hashing import FileHasher, Prefix, Scan, Sink
+from p2pnode.hashing import FileHasher, Prefix, Scan, Sink, new_hasher
 from p2pnode.manifest import Manifest
 from p2pnode.paths import NodePaths
 from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.sessionstore import BranchRecord, SessionStore, Version
 from p2pnode.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
+from store import BlobMismatch, StoredBlob
 from store.engine import Store, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -293,17 +295,28 @@ class Library:
 
     # --- fetched versions ---
 
-    def add_fetched(self, sidecar: bytes, lines: list[bytes]) -> BranchInfo:
-        """Store a fetched branch after verifying it all: sidecar valid, lines hash to src."""
+    def add_fetched(self, sidecar: bytes, lines: Sequence[bytes],
+                    stored: Iterable[StoredBlob] = ()) -> BranchInfo:
+        """Store a fetched branch after verifying it all: sidecar valid, lines hash to src.
+
+        `lines`: the session cut at its newlines.  `stored`: blobs of (some of) those lines
+        as the peer sent them; they are kept as they are instead of being compressed again
+        (each is taken for the line whose hash it carries, and the store decodes and re-hashes
+        it before keeping it)."""
         branch = blake3_hex(sidecar)
         parsed = parse_sidecar(sidecar, expected_branch=branch)
-        data = b"".join(lines)
-        actual = blake3_hex(data)
-        if actual != parsed.src:
+        hasher = new_hasher()
+        for line in lines:
+            hasher.update(line)
+        if (actual := hasher.hexdigest()) != parsed.src:
             raise VerificationFailed(f"fetched branch {branch}: session hashes to {actual}, not {parsed.src}")
         with self._lock:
             if not self.sessions.has_version(parsed.src):
                 parent = parsed.parent
                 like = self.sessions.branch(parent).src if parent and self.has_branch(parent) else None
-                self.sessions.import_bytes(data, f"fetched session {parsed.src}", like)
+                try:
+                    self.sessions.import_lines(lines, parsed.src, f"fetched session {parsed.src}", like,
+                                               {b.hash: b for b in stored})
+                except BlobMismatch as exc:
+                    raise VerificationFailed(f"fetched branch {branch}: {exc}") from None
             return self._info(self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent))

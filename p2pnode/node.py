@@ -188,24 +188,26 @@ class Node:
             await asyncio.sleep(LIVENESS_INTERVAL)
 
     async def _probe(self, peer: Peer) -> None:
-        """Ask a trusted peer for its catalog over HTTPS; that, not mDNS, is liveness."""
-        try:
-            await asyncio.wait_for(get_catalog(self._address(peer), self.identity, self.trust),
-                                   LIVENESS_TIMEOUT)
-            ok, why = True, ""
-        except Exception as exc:  # any failure means "not reachable now"; the reason is logged
-            ok, why = False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        """Ask a trusted peer for its catalog over HTTPS at each of its addresses; an answer at
+        any of them, not mDNS, is liveness."""
+        async def ask(address: PeerAddress) -> None:
+            await asyncio.wait_for(get_catalog(address, self.identity, self.trust), LIVENESS_TIMEOUT)
+
+        outcomes = await asyncio.gather(*(ask(a) for a in self._addresses(peer)), return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        ok = len(failures) < len(outcomes)
+        why = "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in failures)
         was = peer.online
         peer.online = ok
         if ok and was is not True:
-            log.info("peer online id=%s addr=%s:%d", peer.node_id, peer.addresses[0], peer.port)
+            log.info("peer online id=%s addr=%s port=%d", peer.node_id, ",".join(peer.addresses), peer.port)
         elif not ok and was is not False:
             log.info("peer %s id=%s (no answer over HTTPS: %s)", "lost" if was else "unreachable",
                      peer.node_id, why)
 
     @staticmethod
-    def _address(peer: Peer) -> PeerAddress:
-        return PeerAddress(peer.node_id, peer.addresses[0], peer.port)
+    def _addresses(peer: Peer) -> list[PeerAddress]:
+        return [PeerAddress(peer.node_id, host, peer.port) for host in peer.addresses]
 
     async def holders(self, branch_hex: str) -> list[PeerAddress]:
         """Trusted peers to fetch branch_hex from: announced holders first, then other online peers."""
@@ -221,7 +223,7 @@ class Node:
                   if p.node_id not in ids and p.online and self.is_trusted(p.node_id)]
         # holders that failed the last probe go last: the fetch then says why they failed
         ordered = sorted(holders, key=lambda p: p.online is False) + others
-        return [self._address(p) for p in ordered]
+        return [address for p in ordered for address in self._addresses(p)]
 
     # -- what the CLI asks for --------------------------------------------------------------
 

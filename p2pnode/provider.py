@@ -16,16 +16,19 @@ reading for `limits.slow_reader_timeout` seconds is disconnected.  Untrusting a 
 its open connections at once; the trust file is re-read about every second so that
 `p2pnode untrust` from another process takes effect too.
 
-Library calls run on one worker thread: they may block on the store, and the event loop
-must keep serving other peers meanwhile.
+Library calls run on a few worker threads: they may block on the store, and the event loop
+must keep serving other peers meanwhile.  A batch response is streamed in groups of about
+GROUP_BYTES of stored bytes; the next group is read from the store while the previous one
+is written to the peer.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -41,8 +44,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHUNK = 1 << 20
-BATCH_GROUP = 64
-"""Blobs taken from the store per worker-thread call while streaming a batch."""
+GROUP_BYTES = 1 << 20
+"""Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
+WORKERS = 4
 TRUST_POLL_SECONDS = 1.0
 NOT_FOUND_BODY = b"not found\n"
 
@@ -60,11 +64,12 @@ class PeerServer:
         self.limits = limits
         self.port = 0
         self._runner: web.AppRunner | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peer-lib")
+        self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="peer-lib")
         self._active: dict[bytes, int] = defaultdict(int)
         self._transports: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
         self._poller: asyncio.Task[None] | None = None
         self._session_cache: tuple[str, bytes] | None = None
+        self._session_lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -191,10 +196,12 @@ class PeerServer:
         return response
 
     def _session_bytes(self, src: str) -> bytes:
-        """One session kept in memory, so that Range requests resuming a big transfer are cheap."""
-        if self._session_cache is None or self._session_cache[0] != src:
-            self._session_cache = (src, self.lib.session_bytes(src))
-        return self._session_cache[1]
+        """One session kept in memory, so that Range requests resuming a big transfer are cheap
+        (built once however many workers ask for it at the same time)."""
+        with self._session_lock:
+            if self._session_cache is None or self._session_cache[0] != src:
+                self._session_cache = (src, self.lib.session_bytes(src))
+            return self._session_cache[1]
 
     async def _lines(self, request: web.Request) -> web.Response:
         src = request.match_info["src"]
@@ -213,30 +220,39 @@ class PeerServer:
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         await response.prepare(request)
         sent = 0
-        for group in _groups(hashes):
-            frames, count = await self._call(self._frames, group)
-            sent += count
-            await self._send(response, frames)
+        reading: asyncio.Future[tuple[bytes, int, int]] | None = self._read_group(hashes, 0)
+        try:
+            while reading is not None:
+                frames, count, pos = await reading
+                reading = self._read_group(hashes, pos) if pos < len(hashes) else None  # while we send
+                sent += count
+                await self._send(response, frames)
+        finally:
+            if reading is not None:
+                reading.cancel()
         await self._send(response, wire.encode_batch_end(sent))
         await response.write_eof()
         return response
 
-    def _frames(self, hashes: list[bytes]) -> tuple[bytes, int]:
-        """Frames for the offered line blobs among `hashes`; the others are left out,
-        exactly as if they did not exist.  Stored bytes are sent as they are: the store's
-        codec numbers (store/records.py) are the wire's (0 raw, 1 zstd)."""
+    def _read_group(self, hashes: list[bytes], pos: int) -> asyncio.Future[tuple[bytes, int, int]]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos)
+
+    def _frames(self, hashes: list[bytes], pos: int) -> tuple[bytes, int, int]:
+        """(frames, how many, where the next group starts): the offered line blobs among
+        `hashes[pos:]`, about GROUP_BYTES of them.  The others are left out, exactly as if
+        they did not exist.  Stored bytes are sent as they are: the store's codec numbers
+        (store/records.py) are the wire's (0 raw, 1 zstd)."""
         parts: list[bytes] = []
-        for h in hashes:
+        size = 0
+        while pos < len(hashes) and size < GROUP_BYTES:
+            h = hashes[pos]
+            pos += 1
             if self.lib.offered_object(h.hex()) != "line":
                 continue
             blob = self.lib.store.get_stored_blob(h)
             parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
-        return b"".join(parts), len(parts) // 2
-
-
-def _groups(hashes: list[bytes]) -> Iterator[list[bytes]]:
-    for i in range(0, len(hashes), BATCH_GROUP):
-        yield hashes[i : i + BATCH_GROUP]
+            size += len(blob.stored)
+        return b"".join(parts), len(parts) // 2, pos
 
 
 def _catalog_entry(b: Any) -> wire.CatalogEntry:

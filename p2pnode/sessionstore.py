@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import blake3
 
 from p2pnode.atomicfile import atomic_write, locked
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
@@ -30,7 +32,7 @@ from p2pnode.hashing import Prefix, Scan, Sink, new_hasher
 from p2pnode.pisession import SessionHeader, line_title, parse_header
 from store.engine import Store
 from store.errors import StoreError
-from store.types import Turn, TurnInput
+from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
 
 TAG_LINE = 0x5069_0001
 """type_tag of a turn that holds one session line (0x5069 is "Pi": tags other store users
@@ -106,6 +108,45 @@ class _State:
     branches: dict[str, BranchRecord] = field(default_factory=dict)
 
 
+def is_split(lines: Sequence[bytes]) -> bool:
+    """Whether `lines` are a JSONL file cut at its newlines: each line ends with its only
+    newline, the last one may lack it.  (The store keeps one turn per line; a peer's line
+    manifest must not choose other cuts.)"""
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        end = line.find(b"\n")
+        if end != len(line) - 1 and not (i == last and end < 0 and line):
+            return False
+    return True
+
+
+def _prefix_hash(lines: Sequence[bytes], size: int) -> str:
+    """BLAKE3 (hex) of the first `size` bytes of the concatenated lines."""
+    hasher = new_hasher()
+    for line in lines:
+        if size <= 0:
+            break
+        hasher.update(line[:size] if len(line) > size else line)
+        size -= len(line)
+    return hasher.hexdigest()
+
+
+def _lines_from(lines: Sequence[bytes], offset: int) -> Sequence[bytes]:
+    """The lines from byte `offset` on, which must be where a line starts."""
+    pos = 0
+    for i, line in enumerate(lines):
+        if pos >= offset:
+            return lines[i:]
+        pos += len(line)
+    if pos != offset:
+        raise ValueError(f"offset {offset} is not at a line start")
+    return lines[len(lines):]
+
+
+def _line_hash(line: bytes) -> bytes:
+    return blake3.blake3(line).digest()  # one thread: lines are small
+
+
 def _is_json(line: bytes) -> bool:
     if not (line.startswith(b"{") and (line.endswith(b"}\n") or line.endswith(b"}"))):
         return False
@@ -123,13 +164,17 @@ class _Importer:
 
     Body lines that match a known version's body, in order from the first, reuse its turns
     (a fork's copied lines); the rest are appended in batches; the header goes on top.
+    A line whose blob is in `stored` (as a peer sent it) is stored from that blob as it is,
+    not compressed again; the store decodes and re-hashes it against the line's own hash.
     """
 
     def __init__(self, store: Store, where: str, *, grown: Version | None = None,
-                 like: list[Turn] | None = None, check_json: bool = True) -> None:
+                 like: list[Turn] | None = None, check_json: bool = True,
+                 stored: Mapping[bytes, StoredBlob] | None = None) -> None:
         self.store = store
         self.where = where
         self.check_json = check_json
+        self.stored = stored or {}
         self.grown = grown
         self.like = like or []
         self.context = 0
@@ -164,6 +209,10 @@ class _Importer:
         self._matching = False
         return base.last_line_start
 
+    def feed_lines(self, lines: Sequence[bytes]) -> None:
+        for line in lines:
+            self._line(line)
+
     def feed(self, data: memoryview) -> None:
         self._pending += data
         pending = self._pending
@@ -188,7 +237,7 @@ class _Importer:
             return
         if self._matching:
             known = self.like[self._matched] if self._matched < len(self.like) else None
-            if known is not None and known.payload_hash == new_hasher().update(line).digest():
+            if known is not None and known.payload_hash == _line_hash(line):
                 self.head = known.turn_id
                 self._matched += 1
                 return
@@ -213,8 +262,27 @@ class _Importer:
             self._inflight = self._worker.submit(self._append, batch)
 
     def _append(self, batch: list[TurnInput]) -> None:
-        turns = self.store.append_turns(self._context(), batch, expected_parent=self.head)
+        turns = self.store.append_turns(self._context(), self._from_stored(batch), expected_parent=self.head)
         self.head = turns[-1].turn_id
+
+    def _from_stored(self, batch: list[TurnInput]) -> list[TurnInput | TurnBlobRef]:
+        """The batch with each line that has a stored blob turned into a reference to that
+        blob, after storing the blobs (one commit for all of them)."""
+        if not self.stored:
+            return list(batch)
+        turns: list[TurnInput | TurnBlobRef] = []
+        blobs: list[StoredBlob] = []
+        for turn in batch:
+            h = _line_hash(turn.payload)
+            blob = self.stored.get(h)
+            if blob is None:
+                turns.append(turn)
+            else:
+                blobs.append(blob)
+                turns.append(TurnBlobRef(h, turn.type_tag))
+        if blobs:
+            self.store.put_stored_blobs(blobs)
+        return turns
 
     def _wait(self) -> None:
         if self._inflight is not None:
@@ -383,29 +451,36 @@ class SessionStore:
         version = self._add_version(prefix, header, importer)
         return ImportResult(version, importer.warnings, result)
 
-    def import_bytes(self, data: bytes, where: str, like_src: str | None) -> Version:
-        """Store a version from bytes already verified by the caller (a fetched session).
+    def import_lines(self, lines: Sequence[bytes], src: str, where: str, like_src: str | None,
+                     stored: Mapping[bytes, StoredBlob] | None = None) -> Version:
+        """Store a version from its lines, which the caller has verified hash to `src` (a
+        fetched session).  `stored`: blobs of some lines as a peer sent them, by hash.
 
         If an older version of the same session is a prefix, only the new lines are added;
         else lines that continue `like_src`'s (its parent's) reuse those turns.
         """
-        src = new_hasher().update(data).hexdigest()
         if src in self._state.sessions:
             return self._state.sessions[src]
-        header = parse_header(data.split(b"\n", 1)[0], where)
-        grown = self.latest_version_of(header.id, len(data))
-        appended = grown is not None and new_hasher().update(data[: grown.size]).hexdigest() == grown.src
+        if not lines:
+            raise InvalidInput(f"{where} is empty")
+        if not is_split(lines):
+            raise InvalidInput(f"{where}: the lines given are not the file cut at its newlines")
+        header = parse_header(lines[0].rstrip(b"\n"), where)
+        size = sum(map(len, lines))
+        grown = self.latest_version_of(header.id, size)
+        appended = grown is not None and _prefix_hash(lines, grown.size) == grown.src
         like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
-        importer = _Importer(self.store, where, grown=grown, like=like, check_json=False)  # nobody to warn
+        importer = _Importer(self.store, where, grown=grown, like=like, check_json=False,  # nobody to warn
+                             stored=stored)
         try:
             start = importer.begin(appended)
-            importer.feed(memoryview(data)[start:])
+            importer.feed_lines(_lines_from(lines, start))
             importer.finish()
         except BaseException:
             importer.discard()
             raise
-        last_line_start = data.rfind(b"\n") + 1
-        prefix = Prefix(len(data), src, importer.lines_seen, last_line_start)
+        last_line_start = size if lines[-1].endswith(b"\n") else size - len(lines[-1])
+        prefix = Prefix(size, src, importer.lines_seen, last_line_start)
         return self._add_version(prefix, header, importer)
 
     def _add_version(self, prefix: Prefix, header: SessionHeader, importer: _Importer) -> Version:

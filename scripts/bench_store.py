@@ -498,8 +498,8 @@ def open_time(path: Path, kind: str, reps: int, ctx: int) -> list[float]:
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     q = args.quick
     n_ctx, n_turns = (40, 50) if q else (200, 200)
-    reps = 3 if q else 5
-    single_n, conc_per = (300, 40) if q else (1000, 100)
+    reps = 5
+    single_n, conc_per = (400, 40) if q else (1000, 100)
     large_turns = 100_000 if q else 1_000_000
     wl = Workload(seed=args.seed)
     plan = fork_plan(n_ctx, n_turns, args.seed)

@@ -305,6 +305,16 @@ class BlobPack:
             self._reload_index()
             self._tail.clear()  # only now: a lookup finds a blob in the old tail or the new index
 
+    def rebuild_index(self) -> None:
+        """Forget blobs.idx and index the whole pack again."""
+        with self._lock:
+            scan = self._scan(0)
+            self._tail = {hdr.hash: BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
+                          for off, hdr in reversed(scan.records)}  # the first copy of a blob wins
+            self._index = _Index()
+            self._last = (scan.records[-1][0], scan.records[-1][1].hash) if scan.records else None
+        self.write_index()
+
     def _reload_index(self) -> None:
         if self._load_index() is None:  # we just wrote it: only a failing disk gets here
             raise CorruptRecord(INDEX, 0, "the index just written does not read back")

@@ -45,6 +45,3 @@ class LRU(Generic[K, V]):
         with self._lock:
             for key in [k for k in self._data if pred(k)]:
                 self._size -= self._weigh(self._data.pop(key))
-
-    def __len__(self) -> int:
-        return len(self._data)

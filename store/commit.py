@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -29,18 +28,19 @@ class GroupCommit:
         self._synced_turn = 0
         self._leader = False
 
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        """Wrap the work between starting an append and taking its ticket."""
+    def writing(self) -> GroupCommit:
+        """`with commit.writing():` around the work between starting an append and its ticket."""
+        return self
+
+    def __enter__(self) -> None:
         with self._cond:
             self._pending += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._pending -= 1
-                if not self._pending:
-                    self._cond.notify_all()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._pending -= 1
+            if not self._pending and self._leader:
+                self._cond.notify_all()
 
     def note_write(self, turn_id: int = 0) -> int:
         """Call right after a write (under the caller's write lock): the ticket that covers it."""

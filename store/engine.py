@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import blake3
 import zstandard
@@ -73,6 +74,7 @@ from .types import (
     TurnInput,
 )
 
+R = TypeVar("R")
 LOCK = "LOCK"
 DAMAGE = "damage.log"
 INDEX_TAIL_MAX = 1 << 16  # blobs kept in memory beyond blobs.idx before a checkpoint folds them in
@@ -112,19 +114,21 @@ class _Gate:
         self._exclusive = False
         self._waiting = 0
 
-    @contextmanager
-    def shared(self) -> Iterator[None]:
+    def shared(self) -> _Gate:
+        """`with gate.shared():` (the gate is its own context manager for the shared mode)."""
+        return self
+
+    def __enter__(self) -> None:
         with self._cond:
             while self._exclusive or self._waiting:
                 self._cond.wait()
             self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                if not self._shared:
-                    self._cond.notify_all()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._waiting:
+                self._cond.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -450,7 +454,27 @@ class Store:
     def put_stored_blob(self, blob: StoredBlob) -> bytes:
         """Store a blob received in stored form (e.g. from a peer) without recompressing it.
         It is decoded and re-hashed first: BlobMismatch when it is not what it claims."""
+        return self.put_stored_blobs([blob])[0]
+
+    def put_stored_blobs(self, blobs: Sequence[StoredBlob]) -> list[bytes]:
+        """put_stored_blob for many, with one durable commit; a big batch is verified on two
+        threads.  Nothing is stored when any blob fails its check."""
         self._check_open()
+        self._map(self._verify_stored, blobs)
+        with self._gate.shared():
+            now = time.monotonic()
+            unsynced = False
+            for blob in blobs:
+                self._ensure_blob(_Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored)))
+                self._pins[blob.hash] = now
+                loc = self._pack.locate(blob.hash)
+                unsynced = unsynced or (loc is not None and loc.offset >= self._pack_synced)
+            if unsynced:
+                self._pack_wanted = True
+                self._commit.wait(self._commit.note_write())
+        return [blob.hash for blob in blobs]
+
+    def _verify_stored(self, blob: StoredBlob) -> None:
         h = blob.hash
         if blob.raw_len > self.config.max_payload:
             raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
@@ -467,14 +491,6 @@ class Store:
             raise BlobMismatch(h, f"it decodes to {len(data)} bytes, not {blob.raw_len}")
         if blake3.blake3(data).digest() != h:
             raise BlobMismatch(h, "its bytes hash to a different BLAKE3")
-        with self._gate.shared():
-            self._ensure_blob(_Prepared(h, blob.raw_len, blob.codec, bytes(blob.stored)))
-            self._pins[h] = time.monotonic()
-            loc = self._pack.locate(h)
-            if loc is not None and loc.offset >= self._pack_synced:
-                self._pack_wanted = True
-                self._commit.wait(self._commit.note_write())
-        return h
 
     def get_stored_blob(self, h: bytes) -> StoredBlob:
         self._check_open()
@@ -577,8 +593,8 @@ class Store:
                 turns, head, ticket = self._write_turns(head, inputs)
             self._commit.wait(ticket)
             self._heads[context_id] = head
-        for t in turns:
-            self._pins.pop(t.payload_hash, None)
+            for t in turns:  # referenced now: no longer in flight (GC rebuilds _pins only under the gate)
+                self._pins.pop(t.payload_hash, None)
         return turns
 
     def _write_turns(self, head: ContextHead, inputs: Sequence[TurnInput | TurnBlobRef]
@@ -623,13 +639,16 @@ class Store:
         self._note_head(WAL_TURN, head)
 
     def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[_Prepared]:
-        """Hash and compress; a big batch on a small thread pool (zstd and blake3 release the GIL)."""
-        payloads = [i.payload if isinstance(i, TurnInput) else i for i in inputs]
-        if len(payloads) >= 16 and sum(len(p) for p in payloads if isinstance(p, bytes)) >= PARALLEL_BYTES:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-prepare")
-            return list(self._pool.map(self._prepare, payloads))
-        return [self._prepare(p) for p in payloads]
+        return self._map(self._prepare, [i.payload if isinstance(i, TurnInput) else i for i in inputs])
+
+    def _map(self, fn: Callable[[Any], R], items: Sequence[Any]) -> list[R]:
+        """fn over items; a big batch on a small thread pool (zstd and blake3 release the GIL)."""
+        size = sum(len(i) if isinstance(i, bytes) else len(getattr(i, "stored", b"")) for i in items)
+        if len(items) < 16 or size < PARALLEL_BYTES:
+            return [fn(i) for i in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-prepare")
+        return list(self._pool.map(fn, items))
 
     def get_turn(self, turn_id: int) -> Turn:
         self._check_open()
@@ -688,13 +707,15 @@ class Store:
         """Overlay a new payload on a turn (the turn itself never changes)."""
         self.get_turn(target_turn_id)
         h = self.put_blob(new_payload)
-        p = self._patches.add(target_turn_id, h, PATCH_REPLACE)
-        self._pins.pop(h, None)
+        with self._gate.shared():
+            p = self._patches.add(target_turn_id, h, PATCH_REPLACE)
+            self._pins.pop(h, None)
         return p
 
     def tombstone(self, target_turn_id: int) -> Patch:
         self.get_turn(target_turn_id)
-        return self._patches.add(target_turn_id, ZERO_HASH, PATCH_TOMBSTONE)
+        with self._gate.shared():
+            return self._patches.add(target_turn_id, ZERO_HASH, PATCH_TOMBSTONE)
 
     @property
     def patch_seq(self) -> int:
@@ -756,6 +777,11 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def rebuild_index(self) -> None:
+        """Rebuild blobs.idx from the pack (fsck --repair)."""
+        with self._gate.exclusive():
+            self._pack.rebuild_index()
 
     # --- introspection for fsck and tests ------------------------------------------------------
 

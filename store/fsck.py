@@ -4,8 +4,8 @@ The checks read the files without changing them: every pack record's CRC (and wi
 its hash), index ↔ pack agreement, every turn record's CRC, parent and depth, jump pointers,
 heads (snapshot + WAL, as the next open would see them) → existing turns at the right depth,
 blobs of every turn reachable from a head or patch.  Repair opens the store, which truncates
-torn tails, replays the head WAL and rebuilds `blobs.idx` (deleted first, so always rebuilt),
-then checks again.
+torn tails and replays the head WAL, rebuilds `blobs.idx` from the whole pack and
+acknowledges damage.log, then checks again.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import fcntl
 import mmap
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import zstandard
 
 from . import heads as headfiles
 from .blobpack import INDEX, PACK, BlobPack, scan_pack
-from .engine import DAMAGE, LOCK, Store
+from .engine import DAMAGE, LOCK, Store, StoreConfig
 from .errors import CorruptRecord, StoreLocked, UnknownTurn
 from .patches import PatchLog
 from .records import BLOB_HEADER, CODEC_ZSTD, PATCH_REPLACE, TURN_SIZE, BlobHeader
@@ -44,7 +46,8 @@ class FsckReport:
 
     def summary(self) -> str:
         lines = [f"store {self.path}: {'ok' if self.ok else f'{len(self.errors)} error(s)'}"]
-        lines.append("  " + ", ".join(f"{k} {v}" for k, v in self.stats.items()))
+        if self.stats:
+            lines.append("  " + ", ".join(f"{k} {v}" for k, v in self.stats.items()))
         lines += [f"  repaired: {m}" for m in self.repaired]
         lines += [f"  error: {m}" for m in self.errors]
         lines += [f"  warning: {m}" for m in self.warnings]
@@ -62,31 +65,46 @@ def fsck(path: str | os.PathLike[str], full: bool = False, repair: bool = False,
     if not (root / LOG).exists() and not (root / PACK).exists():
         report.errors.append(f"{root} is not a store (no {LOG}, no {PACK})")
         return report
-    if repair:
-        (root / INDEX).unlink(missing_ok=True)
-        store = Store.open(root)
-        report.repaired += [n for n in store.recovery_notes if not n.startswith(f"{INDEX} missing")]
+    try:
+        if repair:
+            _repair(root, report, lock_timeout)
+        with _locked(root, lock_timeout):
+            _check(root, full, report)
+    except StoreLocked as exc:
+        report.errors.append(f"{exc}: stop the process that uses it, then check again")
+    return report
+
+
+def _repair(root: Path, report: FsckReport, lock_timeout: float) -> None:
+    """Open the store (its recovery truncates torn tails and replays the WAL), rebuild the
+    index from the pack, and acknowledge damage.log."""
+    with Store.open(root, StoreConfig(lock_timeout=lock_timeout)) as store:
+        report.repaired += store.recovery_notes
+        store.rebuild_index()
         report.repaired.append(f"{INDEX} rebuilt from {PACK}")
-        store.close()
         damage = root / DAMAGE
         if damage.exists():
             report.repaired += [f"acknowledged: {line}" for line in damage.read_text().splitlines()]
             damage.unlink()
-    lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+@contextmanager
+def _locked(root: Path, timeout: float) -> Iterator[None]:
+    """Hold the store's lock (as Store.open does) so that no process writes while we read."""
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + lock_timeout
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise StoreLocked(str(root)) from None
                 time.sleep(0.05)
-        _check(root, full, report)
+        yield
     finally:
-        os.close(lock_fd)
-    return report
+        os.close(fd)
 
 
 def _check(root: Path, full: bool, report: FsckReport) -> None:

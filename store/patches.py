@@ -67,7 +67,8 @@ class PatchLog:
         return patches[i - 1] if i else None
 
     def all(self) -> list[Patch]:
-        return sorted((p for ps in self._by_target.values() for p in ps), key=lambda p: p.seq)
+        with self._lock:
+            return sorted((p for ps in self._by_target.values() for p in ps), key=lambda p: p.seq)
 
     def close(self) -> None:
         os.close(self._fd)

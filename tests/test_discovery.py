@@ -239,3 +239,31 @@ def test_new_address_is_announced_without_a_restart(lab: Lab, agents):
         lab.run("h1", "ip", "addr", "del", f"{extra}/24", "dev", "eth0")
     assert peer is not None, "the new address was not announced"
     assert set(peer["addresses"]) == {lab.addr("h1"), extra}
+
+
+LAN_PEERS = """
+import asyncio, json, sys
+from p2pnode.discovery import lan_peers
+peers = asyncio.run(lan_peers(sys.argv[1], lambda node_id: node_id in sys.argv[2:], timeout=1.5))
+print(json.dumps([[p.node_id, p.host, p.port] for p in peers]))
+"""
+
+
+@pytest.mark.lab
+def test_one_shot_lan_peers_asks_holders_then_every_trusted_peer(lab: Lab, agents):
+    held, old = branch(), branch()
+    holder, other = agents("h1", new_id()), agents("h3", new_id())
+    holder.ask(f"announce 47001 1 {held}")
+    other.ask("announce 47003 1 -")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+
+    def lan_peers(b: str, *trusted: str) -> list[list[object]]:
+        r = lab.run("h2", sys.executable, "-c", LAN_PEERS, b, *trusted, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    assert lan_peers(held, holder.node_id, other.node_id) == [[holder.node_id, lab.addr("h1"), 47001]]
+    assert lan_peers(held, other.node_id) == [[other.node_id, lab.addr("h3"), 47003]]  # holder untrusted
+    # a branch nobody announces (e.g. older than the subtype window): every trusted peer seen
+    assert sorted(lan_peers(old, holder.node_id, other.node_id)) == sorted(
+        [[holder.node_id, lab.addr("h1"), 47001], [other.node_id, lab.addr("h3"), 47003]])

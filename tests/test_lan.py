@@ -26,6 +26,8 @@ SMALL = BETA + "2026-11-21T19-26-46-592Z_01a1ff93-4f3f-74a0-8c1a-0b533764bed8.js
 FORK_OF_SMALL = BETA + "2026-11-21T19-26-52-475Z_01a1ff93-663b-7434-a15c-ca966db56817.jsonl"
 BIG_BASE = ("sessions/--tmp-pi-harness-work-alpha--/"
             "2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl")
+OTHER_BASE = ("sessions/--tmp-pi-harness-work-alpha--/"
+              "2026-11-21T19-26-40-099Z_01a1ff93-35e2-7622-81e5-d27867041d79.jsonl")
 BIG_MB = 24
 LINK_MBIT = 40  # holders' links are slowed so a cut lands mid-transfer (tc tbf; netem is absent)
 
@@ -154,10 +156,10 @@ def test_fetching_node_killed_mid_transfer_leaves_nothing_half_written(net: dict
                                                                        corpus_dir: Path, tmp_path: Path):
     h1, h2, _, _ = net.values()
     lab = h1.lab
-    src = place(corpus_dir, BIG_BASE, tmp_path / "big")  # another large session, new to everyone
+    src = place(corpus_dir, OTHER_BASE, h1.agent)  # another large session, new to everyone
     grow(src, BIG_MB // 2)
-    src = place(tmp_path / "big", BIG_BASE, h1.agent)
     branch = h1.share(src)
+    files_before = set(h2.agent.rglob("*"))
     lab.rate("h1", LINK_MBIT)
     fetch = lab.spawn("h2", sys.executable, "-m", "p2pnode", "fetch", branch, "--json", env=h2.env)
     try:
@@ -170,8 +172,7 @@ def test_fetching_node_killed_mid_transfer_leaves_nothing_half_written(net: dict
             fetch.kill()
         lab.rate("h1", 0)
     assert fetch.returncode != 0 and "did not answer" in err, err
-    target = h2.agent / BIG_BASE
-    assert not target.exists() and not [f for f in target.parent.glob("*") if branch[:8] in f.name]
+    assert set(h2.agent.rglob("*")) == files_before  # no partial or temp file where Pi looks
     h2.start()  # the store and state come back after the kill
     r = h2.fetch(branch, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -337,3 +337,20 @@ def test_a_batch_bigger_than_a_wal_generation_is_durable_and_ordered(tmp_path: P
     with Store.open(tmp_path / "s") as s:
         assert s.payloads(s.get_last(ctx, 400)) == payloads
         assert s.range_by_depth(ctx, 390, 5) == turns[390:395]
+
+
+def test_put_stored_blobs_checks_all_then_commits_once(tmp_path: Path) -> None:
+    payloads = [text(100 + i, 20000) for i in range(40)]  # big enough for the two-thread check
+    with Store.open(tmp_path / "a") as a:
+        sent = [a.get_stored_blob(a.put_blob(p)) for p in payloads]
+    with Store.open(tmp_path / "b") as b:
+        bad = StoredBlob(sent[7].hash, sent[7].codec, sent[7].raw_len, sent[8].stored)
+        with pytest.raises(BlobMismatch, match=sent[7].hash.hex()):
+            b.put_stored_blobs([*sent[:7], bad, *sent[8:]])
+        assert not any(b.has_blob(s.hash) for s in sent)  # nothing stored from a failed batch
+        syncs = []
+        real = b._commit._sync
+        b._commit._sync = lambda: syncs.append(1) or real()  # type: ignore[method-assign]
+        assert b.put_stored_blobs(sent) == [s.hash for s in sent]
+        assert len(syncs) == 1 and b.payloads([]) == []
+        assert [b.get_blob(s.hash, verify=True) for s in sent] == payloads

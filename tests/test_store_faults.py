@@ -1,14 +1,16 @@
 """Damaged files and bad API input.
 
-Each log of a real store (blobs.pack, turns.log, the head WAL, heads.tbl, blobs.idx) is cut
-at every offset inside its last two records and has single bits flipped, in two images of
-the store: a *crash image* (the directory copied while the store is open and idle, which is
-what a SIGKILL leaves, pre-allocated zero tails included) and a *closed image*.  Each case
-must either recover (open works, everything before the damage is intact) or report
-(`CorruptRecord` at open, or fsck not ok), and never hand back wrong bytes: a turn differs
-from the one written, a blob whose bytes are not the ones stored under its hash, a head off
-its context's chain.  Torn tails (cuts in pack, turns.log, WAL of the crash image) are what
-a crash produces, so those must recover, not just report.
+Each file of a real store (blobs.pack, turns.log, the head WAL, heads.tbl, blobs.idx,
+turns.skip) is cut at every offset inside its last two records and has single bits flipped,
+in two images of the store: a *crash image* (the directory copied while the store is open
+and idle, which is what a SIGKILL leaves, pre-allocated zero tails included) and a *closed
+image*; the crash image's logs also get torn writes (the last record zeroed from every
+offset on).  Each case must either recover (open works, everything before the damage is
+intact) or report (`CorruptRecord` at open, a recovery note from open, or fsck not ok on the
+damaged files), and never hand back wrong bytes: a turn that differs from the one written,
+a blob whose bytes are not the ones stored under its hash, a head off its context's chain,
+a depth range that skips to the wrong turn.  Torn tails are what a crash produces, and the
+index and jump pointers are caches, so those cases must recover, not just report.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from store.records import (
     SKIP,
     TURN_SIZE,
     WAL_TURN,
+    decode_blob_header,
     decode_turn,
     scan_wal,
 )
@@ -165,8 +168,8 @@ def damaged_blobs(name: str, buf: bytes, lo: int, hi: int) -> set[bytes]:
     if name == "blobs.pack":
         return {hdr.hash for off, hdr in scan_pack(buf).records if off + hdr.record_len > lo and off < hi}
     if name.startswith("heads.wal"):
-        return {r.blob_record[16:48] for off, r in scan_wal(buf, name)[0]
-                if r.blob_record and off + r.size > lo and off < hi}
+        return {hdr.hash for off, r in scan_wal(buf, name)[0]
+                if off + r.size > lo and off < hi and (hdr := decode_blob_header(r.blob_record))}
     return set()
 
 
@@ -193,8 +196,9 @@ class Outcome:
 
 
 def examine(path: Path, p: Pristine) -> Outcome:
-    """fsck the damaged store, open it and read everything back, close it and fsck again.
-    Wrong data fails at once (assert); data that cannot be read is collected."""
+    """fsck the damaged store, open it and read everything back, close it (and fsck again if
+    a head reaches unreadable data).  Wrong data fails at once (assert); data that cannot be
+    read is collected."""
     out = Outcome(fsck_before=fsck(path).errors)
     try:
         st = Store.open(path)
@@ -331,7 +335,26 @@ def test_truncate_every_offset_of_last_records(pristine, image_name: str, prefix
     assert not failures, f"{len(failures)} of {len(cases)} cuts mishandled:\n" + "\n".join(failures[:8])
 
 
-FLIPS = 30
+@pytest.mark.parametrize("prefix", ["blobs.pack", "turns.log", "heads.wal"])
+def test_torn_write_in_preallocated_tail(pristine, prefix: str) -> None:
+    """In a pre-zeroed file a torn write is not a short file but a record whose end is still
+    zeros: zero the crash image's last record from every offset on.  Must recover."""
+    p, root = pristine
+    image = root / "crash"
+    name = _pick(image, prefix)
+    buf = (image / name).read_bytes()
+    start, end = records_of(name, buf)[-1]
+
+    def zero_from(b: bytearray, k: int) -> bytes:
+        b[k:end] = bytes(end - k)
+        return bytes(b)
+
+    cases = [(f"zeros from {k}", lambda b, k=k: zero_from(b, k), k, end) for k in range(start, end)]
+    failures = run_cases(image, p, name, cases, must_recover=True)
+    assert not failures, f"{len(failures)} of {len(cases)} torn writes failed:\n" + "\n".join(failures[:8])
+
+
+FLIPS = 24
 
 
 @pytest.mark.parametrize(("image_name", "prefix"), CUTS)

@@ -269,3 +269,12 @@ def test_fsck_repair_truncates_torn_tails_and_rebuilds_the_index(tmp_path: Path)
     out = subprocess.run([sys.executable, "-m", "store", "fsck", str(path), "--full", "--json"],
                          cwd=REPO, capture_output=True, timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout)["ok"] is True
+
+
+def test_fsck_of_a_store_in_use_reports_it(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s") as s:
+        s.put_blob(b"x")
+        report = fsck(tmp_path / "s", lock_timeout=0.2)
+        assert not report.ok and "locked by another process" in report.errors[0]
+        assert not fsck(tmp_path / "s", repair=True, lock_timeout=0.2).ok
+    assert fsck(tmp_path / "s").ok
