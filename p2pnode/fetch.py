@@ -398,7 +398,7 @@ class _Fetch:
         raws = await asyncio.to_thread(_decode_all, blobs)
         for blob, raw in zip(blobs, raws, strict=True):
             self.lines[blob.hash] = raw
-            self.blobs[blob.hash] = StoredBlob(blob.hash, blob.codec, blob.raw_len, blob.stored)
+            self.blobs[blob.hash] = blob
             self._done += blob.raw_len
         self.lines_fetched += len(blobs)
         if self.progress:

@@ -187,7 +187,8 @@ class _Importer:
         self.warnings: list[str] = []
         self._matched = 0
         self._matching = bool(self.like)
-        self._pending = bytearray()
+        self._pending: list[bytes] = []
+        """The pieces of a line that a chunk boundary cut."""
         self._batch: list[TurnInput] = []
         self._batch_bytes = 0
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import")
@@ -214,13 +215,17 @@ class _Importer:
             self._line(line)
 
     def feed(self, data: memoryview) -> None:
-        self._pending += data
-        pending = self._pending
+        chunk = bytes(data)  # one copy of the chunk, then one per line (the turn's payload)
         start = 0
-        while (end := pending.find(b"\n", start)) >= 0:
-            self._line(bytes(pending[start:end + 1]))
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if self._pending:
+                self._line(b"".join([*self._pending, chunk[:end + 1]]))
+                self._pending.clear()
+            else:
+                self._line(chunk[start:end + 1])
             start = end + 1
-        del pending[:start]
+        if start < len(chunk):
+            self._pending.append(chunk[start:])
 
     def _line(self, line: bytes) -> None:
         self.lines_seen += 1
@@ -291,7 +296,7 @@ class _Importer:
 
     def finish(self) -> None:
         if self._pending:
-            self._line(bytes(self._pending))
+            self._line(b"".join(self._pending))
             self._pending.clear()
         if self.header is None:
             self._worker.shutdown()

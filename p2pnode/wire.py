@@ -28,6 +28,7 @@ import zstandard
 
 from p2pnode.errors import InvalidInput, VerificationFailed
 from p2pnode.sidecar import is_hash_hex
+from store.types import StoredBlob
 
 PROTOCOL_VERSION = 1
 PREFIX = f"/v{PROTOCOL_VERSION}"
@@ -256,12 +257,9 @@ def encode_batch_end(count: int) -> bytes:
     return BATCH_FRAME.pack(bytes(HASH_LEN), CODEC_END, count, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchBlob:
-    hash: bytes
-    codec: int
-    raw_len: int
-    stored: bytes
+BatchBlob = StoredBlob
+"""A received blob frame is the store's own record (the wire's codec numbers are the store's),
+so a fetcher can hand it to `put_stored_blobs` as it is."""
 
 
 def max_stored_len(raw_len: int) -> int:
@@ -287,28 +285,34 @@ class BatchDecoder:
     def feed(self, data: bytes) -> list[BatchBlob]:
         if self.done and data:
             raise WireError(f"batch response: {len(data)} extra bytes after the end frame")
-        self._buf += data
+        if self._buf:  # the rest of a frame that the previous chunk cut
+            self._buf += data
+            if len(self._buf) < (BATCH_FRAME.size if self._head is None else self._head[3]):
+                return []
+            data = bytes(self._buf)
+            self._buf.clear()
         out: list[BatchBlob] = []
-        while not self.done:
-            if self._head is None:
-                if len(self._buf) < BATCH_FRAME.size:
+        pos = 0
+        with memoryview(data) as view:
+            while not self.done:
+                if self._head is None:
+                    if len(data) - pos < BATCH_FRAME.size:
+                        break
+                    self._head = self._check_head(*BATCH_FRAME.unpack_from(data, pos))
+                    pos += BATCH_FRAME.size
+                    if self._head[1] == CODEC_END:
+                        self.done = True
+                        break
+                blob_hash, codec, raw_len, stored_len = self._head
+                if len(data) - pos < stored_len:
                     break
-                self._head = self._check_head(*BATCH_FRAME.unpack_from(self._buf))
-                del self._buf[: BATCH_FRAME.size]
-                if self._head[1] == CODEC_END:
-                    self.done = True
-                    break
-            blob_hash, codec, raw_len, stored_len = self._head
-            if len(self._buf) < stored_len:
-                break
-            with memoryview(self._buf) as view:
-                stored = bytes(view[:stored_len])
-            out.append(BatchBlob(blob_hash, codec, raw_len, stored))
-            del self._buf[:stored_len]
-            self._head = None
-            self.received += 1
-        if self.done and self._buf:
-            raise WireError(f"batch response: {len(self._buf)} extra bytes after the end frame")
+                out.append(BatchBlob(blob_hash, codec, raw_len, bytes(view[pos : pos + stored_len])))
+                pos += stored_len
+                self._head = None
+                self.received += 1
+            if self.done and pos < len(data):
+                raise WireError(f"batch response: {len(data) - pos} extra bytes after the end frame")
+            self._buf += view[pos:]
         return out
 
     def finish(self) -> None:

@@ -32,6 +32,7 @@ from . import heads as headfiles
 from .blobpack import PACK, BlobPack, remove_leftovers
 from .cache import LRU
 from .commit import GroupCommit
+from .compactor import Compactor
 from .errors import (
     BlobMismatch,
     CorruptRecord,
@@ -47,6 +48,8 @@ from .errors import (
 from .gc import mark
 from .patches import PatchLog
 from .records import (
+    BLOB_HEADER,
+    BLOB_OVERHEAD,
     CODEC_RAW,
     CODEC_ZSTD,
     PATCH_REPLACE,
@@ -58,6 +61,7 @@ from .records import (
     ZERO_HASH,
     Snapshot,
     WalRecord,
+    decode_blob_header,
     encode_blob,
     encode_wal,
 )
@@ -165,6 +169,16 @@ class _Prepared:
     raw_len: int
     codec: int = CODEC_RAW
     stored: bytes | None = None
+    deferred: bool = False
+    """Raw bytes to be compressed by the compactor while the WAL (with a raw copy) syncs."""
+
+
+def _small(items: Sequence[Any]) -> bool:
+    """Too small a batch to be worth the thread pool's hand-offs."""
+    if len(items) < 16:
+        return True
+    size = sum(len(i) if isinstance(i, bytes) else len(getattr(i, "stored", b"")) for i in items)
+    return size < PARALLEL_BYTES
 
 
 def _now_ms() -> int:
@@ -212,7 +226,12 @@ class Store:
         self._pack_wanted = False
         """Set by a writer whose blob is only in the pack: the next group syncs the pack too."""
         self._wal_synced = (0, 0)
-        self._wal = self._recover(headfiles.load(root, notes, self._log_damaged))
+        self._compactor = Compactor(self._pack_blob)
+        try:
+            self._wal = self._recover(headfiles.load(root, notes, self._log_damaged))
+        except BaseException:
+            self._compactor.close()
+            raise
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: StoreConfig | None = None) -> Store:
@@ -246,7 +265,7 @@ class Store:
                              lambda h: self._pack.locate(h) is not None)
         self.recovery_notes.merge(r.notes)
         for rec in r.blobs.values():
-            self._pack.append(rec)
+            self._pack.append(self._compressed(rec))
         for t in r.writes:
             log.write(t)
         if log.count > r.end:
@@ -292,6 +311,7 @@ class Store:
         """Snapshot every head and start a new WAL generation.  Caller holds the write lock.
         Syncs unless the store is not durable (then only at close: sync=True)."""
         sync = self.config.durable if sync is None else sync
+        self._compactor.drain()  # the new WAL generation drops the old one's blob copies
         with self._sync_lock:
             if sync:
                 self._turns.sync()
@@ -334,18 +354,45 @@ class Store:
                 lock = self._ctx_locks[ctx] = threading.Lock()
             return lock
 
-    def _prepare(self, payload: bytes | TurnBlobRef) -> _Prepared:
+    def _prepare(self, payload: bytes | TurnBlobRef, defer: bool = False) -> _Prepared:
+        """defer: a small new blob is left raw for the compactor (durable appends only: its
+        WAL record's raw copy is what makes it durable meanwhile)."""
         if isinstance(payload, TurnBlobRef):
-            loc = self._pack.locate(payload.payload_hash)
-            if loc is None:
-                raise UnknownBlob(payload.payload_hash)
-            return _Prepared(payload.payload_hash, loc.raw_len)
-        if len(payload) > self.config.max_payload:
-            raise PayloadTooLarge(len(payload), self.config.max_payload)
+            h = payload.payload_hash
+            loc = self._pack.locate(h)
+            if loc is not None:
+                return _Prepared(h, loc.raw_len)
+            raw = self._compactor.raw(h)
+            if raw is None:
+                raise UnknownBlob(h)
+            return _Prepared(h, len(raw))
+        n = len(payload)
+        if n > self.config.max_payload:
+            raise PayloadTooLarge(n, self.config.max_payload)
         h = blake3.blake3(payload).digest()
-        if self._pack.locate(h) is not None:
-            return _Prepared(h, len(payload))
+        if self._pack.locate(h) is not None or self._compactor.raw(h) is not None:
+            return _Prepared(h, n)
+        if defer and self.config.durable and n + BLOB_OVERHEAD <= headfiles.EMBED_MAX:
+            return _Prepared(h, n, CODEC_RAW, bytes(payload), deferred=True)
         return self._compress(h, bytes(payload))
+
+    def _pack_blob(self, h: bytes, raw: bytes) -> None:
+        """The compactor's work: compress a deferred blob and append it to the pack."""
+        p = self._compress(h, raw)
+        assert p.stored is not None
+        rec = encode_blob(h, p.codec, p.raw_len, p.stored)
+        with self._shards[h[0] & 63]:
+            if self._pack.locate(h) is None:
+                self._pack.append(rec)
+
+    def _compressed(self, rec: bytes) -> bytes:
+        """A BlobRecord copy from the WAL, compressed if it was deferred raw (recovery)."""
+        hdr = decode_blob_header(rec)
+        if hdr is None or hdr.codec != CODEC_RAW:
+            return rec
+        p = self._compress(hdr.hash, rec[BLOB_HEADER.size : -4])
+        assert p.stored is not None
+        return encode_blob(hdr.hash, p.codec, p.raw_len, p.stored)
 
     def _compress(self, h: bytes, payload: bytes) -> _Prepared:
         """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
@@ -368,10 +415,16 @@ class Store:
             with self._shards[p.hash[0] & 63]:
                 loc = self._pack.locate(p.hash)
                 if loc is None:
+                    raw = self._compactor.raw(p.hash)
+                    if raw is not None:  # in flight: this writer's WAL record carries a copy too
+                        return encode_blob(p.hash, CODEC_RAW, len(raw), raw)
                     # stored is None only for a blob found when prepared; GC cannot have dropped
                     # it since: callers hold the gate from _prepare through here
                     assert p.stored is not None
                     rec = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
+                    if p.deferred:
+                        self._compactor.submit(p.hash, p.stored)
+                        return rec
                     self._pack.append(rec)
                     return self._copy_or_sync(rec)
         if loc.offset < self._pack_synced:
@@ -410,6 +463,7 @@ class Store:
         self._check_open()
         with self._gate.shared():
             p = self._prepare(data)
+            self._compactor.wait([p.hash])  # a blob in flight: let it reach the pack first
             self._ensure_blob(p)
             self._pins[p.hash] = time.monotonic()
             loc = self._pack.locate(p.hash)
@@ -436,7 +490,10 @@ class Store:
             return cached
         loc = self._pack.locate(h)
         if loc is None:
-            raise UnknownBlob(h)
+            raw = self._compactor.raw(h)
+            if raw is None:
+                raise UnknownBlob(h)
+            return raw
         stored = self._pack.read(h, loc)
         if loc.codec == CODEC_ZSTD:
             try:
@@ -462,6 +519,7 @@ class Store:
         self._check_open()
         self._map(self._verify_stored, blobs)
         with self._gate.shared():
+            self._compactor.wait([blob.hash for blob in blobs])
             now = time.monotonic()
             unsynced = False
             for blob in blobs:
@@ -497,13 +555,16 @@ class Store:
         with self._gate.shared():
             loc = self._pack.locate(h)
             if loc is None:
-                raise UnknownBlob(h)
+                raw = self._compactor.raw(h)
+                if raw is None:
+                    raise UnknownBlob(h)
+                return StoredBlob(h, CODEC_RAW, len(raw), raw)
             return StoredBlob(h, loc.codec, loc.raw_len, self._pack.read(h, loc))
 
     def has_blob(self, h: bytes) -> bool:
         self._check_open()
         with self._gate.shared():
-            return self._pack.locate(h) is not None
+            return self._pack.locate(h) is not None or self._compactor.raw(h) is not None
 
     # --- contexts ----------------------------------------------------------------------------
 
@@ -592,6 +653,7 @@ class Store:
                     raise ParentConflict(context_id, expected_parent, head.head_turn_id)
                 turns, head, ticket = self._write_turns(head, inputs)
             self._commit.wait(ticket)
+            self._compactor.wait([t.payload_hash for t in turns])  # compressed during the sync
             self._heads[context_id] = head
             for t in turns:  # referenced now: no longer in flight (GC rebuilds _pins only under the gate)
                 self._pins.pop(t.payload_hash, None)
@@ -639,12 +701,15 @@ class Store:
         self._note_head(WAL_TURN, head)
 
     def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[_Prepared]:
-        return self._map(self._prepare, [i.payload if isinstance(i, TurnInput) else i for i in inputs])
+        """A small batch defers compression to the compactor; a big one compresses in _map."""
+        items = [i.payload if isinstance(i, TurnInput) else i for i in inputs]
+        if _small(items):
+            return [self._prepare(i, defer=True) for i in items]
+        return self._map(self._prepare, items)
 
     def _map(self, fn: Callable[[Any], R], items: Sequence[Any]) -> list[R]:
         """fn over items; a big batch on a small thread pool (zstd and blake3 release the GIL)."""
-        size = sum(len(i) if isinstance(i, bytes) else len(getattr(i, "stored", b"")) for i in items)
-        if len(items) < 16 or size < PARALLEL_BYTES:
+        if _small(items):
             return [fn(i) for i in items]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-prepare")
@@ -768,6 +833,7 @@ class Store:
             self._pack.close()
             self._turns.close()
             self._patches.close()
+            self._compactor.close()
             if self._pool is not None:
                 self._pool.shutdown()
             os.close(self._lock_fd)

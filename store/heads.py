@@ -30,7 +30,7 @@ from .types import RecoveryNotes, Turn
 
 SNAPSHOT = "heads.tbl"
 PREVIOUS = "heads.tbl.prev"
-WAL_BYTES = 1 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
+WAL_BYTES = 4 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
 EMBED_MAX = 64 << 10  # blob records up to this size travel in the WAL record
 _WAL_RE = re.compile(r"^heads\.wal\.(\d{8})$")
 

@@ -169,7 +169,7 @@ def test_who_holds_a_branch_is_answered_by_holders_only(lab: Lab, agents):
     asker = agents("h2")
     assert asker.ask(f"holders {b2} 5 lan") == [n1.node_id]  # by the subtype query alone
     assert asker.ask(f"holders {b3} 5 lan") == [n3.node_id]
-    assert asker.ask(f"holders {branch()} 1.5 lan") == []
+    assert asker.ask(f"holders {branch()} 1.0 lan") == []
     assert asker.ask(f"wait {n1.node_id} 1 10") is not None
     assert asker.ask(f"holders {b1} 5") == [n1.node_id]  # from the peer table's TXT
 
@@ -186,7 +186,7 @@ def test_catalog_change_reannounces_and_withdraws_subtypes(lab: Lab, agents):
     assert peer is not None and peer["branches"] == [new]
     fresh = agents("h3")
     assert fresh.ask(f"holders {new} 5 lan") == [node.node_id]
-    assert fresh.ask(f"holders {old} 1.5 lan") == []
+    assert fresh.ask(f"holders {old} 1.0 lan") == []
 
 
 @pytest.mark.lab
@@ -197,7 +197,7 @@ def test_many_branches_stay_within_one_packet_and_subtype_limit(lab: Lab, agents
     asker = agents("h2")
     assert asker.ask(f"holders {branches[0]} 5 lan") == [node.node_id]
     assert asker.ask(f"holders {branches[MAX_SUBTYPES - 1]} 5 lan") == [node.node_id]
-    assert asker.ask(f"holders {branches[MAX_SUBTYPES]} 1.5 lan") == []  # beyond the subtype limit
+    assert asker.ask(f"holders {branches[MAX_SUBTYPES]} 1.0 lan") == []  # beyond the subtype limit
     peer = asker.ask(f"wait {node.node_id} 5 10")
     assert peer is not None, "the TXT record did not arrive whole"
     in_txt = len(peer["branches"])

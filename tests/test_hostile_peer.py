@@ -220,6 +220,19 @@ async def test_manifest_that_lies_about_the_session(world) -> None:
     await refused(world, branch, VerificationFailed, "does not hash to it")
 
 
+async def test_manifest_that_cuts_lines_elsewhere(world) -> None:
+    """Genuine bytes that hash to src, but cut into "lines" that are not the file's lines (two
+    glued together): the store keeps one turn per line, so this manifest is a lie too."""
+    liar = world["liar"]
+    data = (world["corpus"] / A1).read_bytes()
+    branch = liar.add(data)
+    src = blake3.blake3(data).hexdigest()
+    cut = liar.manifests[src]
+    liar.manifests[src] = [cut[0], cut[1] + cut[2], *cut[3:]]
+    liar.lines[b3(cut[1] + cut[2])] = cut[1] + cut[2]
+    await refused(world, branch, VerificationFailed, "does not cut it at its newlines")
+
+
 async def test_oversized_and_invalid_sidecars(world) -> None:
     liar = world["liar"]
     pad = b"x" * 5000

@@ -21,6 +21,8 @@ import pytest
 from lab import Lab
 from lannode import REPO, LanNode, grow, place, wait_for
 
+from p2pnode.node import LIVENESS_INTERVAL
+
 BETA = "sessions/--tmp-pi-harness-work-beta--/"
 SMALL = BETA + "2026-11-21T19-26-46-592Z_01a1ff93-4f3f-74a0-8c1a-0b533764bed8.jsonl"
 FORK_OF_SMALL = BETA + "2026-11-21T19-26-52-475Z_01a1ff93-663b-7434-a15c-ca966db56817.jsonl"
@@ -28,7 +30,8 @@ BIG_BASE = ("sessions/--tmp-pi-harness-work-alpha--/"
             "2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl")
 OTHER_BASE = ("sessions/--tmp-pi-harness-work-alpha--/"
               "2026-11-21T19-26-40-099Z_01a1ff93-35e2-7622-81e5-d27867041d79.jsonl")
-BIG_MB = 24
+BIG_MB = 16
+LIVENESS_ROUND = LIVENESS_INTERVAL + 0.5  # long enough for every node to probe every peer it knows
 LINK_MBIT = 40  # holders' links are slowed so a cut lands mid-transfer (tc tbf; netem is absent)
 
 
@@ -228,13 +231,10 @@ def test_host_without_p2pnode_is_untouched(net: dict[str, LanNode], corpus_dir: 
     r = h3.fetch(branch)
     assert r.returncode == 0, r.stderr
     assert fetched_file(h3, json.loads(r.stdout)) == child.read_bytes()
-    time.sleep(LIVENESS_ROUND)  # a full liveness round, in which nodes probe every peer they know
+    time.sleep(LIVENESS_ROUND)
     assert counter.stop() == 0
     for node in (h1, h2, h3):
         assert all(p["addresses"] != [h1.lab.addr("h5")] for p in node.status()["peers"])
-
-
-LIVENESS_ROUND = 6.0
 
 
 def test_one_shot_fetch_and_status_without_a_node(net: dict[str, LanNode], corpus_dir: Path,

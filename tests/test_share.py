@@ -12,6 +12,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from p2pnode.manifest import ManifestCorrupt
 from p2pnode.paths import NodePaths
 from p2pnode.pisession import InvalidHeader, LineageCycle
 from p2pnode.sidecar import InvalidSidecar, Sidecar
+from store import StoredBlob
 
 A1 = "*0313-7475-8d45-88a780e9fa37.jsonl"  # root
 A3 = "*173a-7744-89ad-bbc16c12cc22.jsonl"  # 1.4 MB, images
@@ -290,6 +292,43 @@ def test_add_fetched_verifies_then_offers(lib: Library, agent: Path, tmp_path: P
         grown_sidecar = Sidecar(blake3.blake3(b"".join(grown)).hexdigest(), shared.parent)
         other.add_fetched(grown_sidecar.encode(), grown)
         assert other.store.turn_count - turns == 3  # the new line, the header and the sidecar
+
+
+def test_add_fetched_keeps_the_peers_compressed_bytes(lib: Library, agent: Path, tmp_path: Path) -> None:
+    """Lines that come with their blob as the peer stored it are kept in exactly those bytes
+    (not compressed again); a blob that does not decode to its line is refused, and lines
+    not cut at the newlines are refused, each before anything becomes visible."""
+    shared = lib.share(str(find(agent, A3)))
+    sidecar = lib.sidecar_bytes(shared.branch)
+    lines = [lib.line(r.hash) for r in lib.line_manifest(shared.src)]
+    cctx = zstandard.ZstdCompressor(level=19)  # not the level the store would pick: recognisable
+    stored = [StoredBlob(blake3.blake3(x).digest(), 1, len(x), cctx.compress(x)) for x in lines]
+    with Library.open(NodePaths(tmp_path / "other"), agent_dir=tmp_path / "other-agent") as other:
+        bad = stored[5]
+        lie = StoredBlob(bad.hash, 1, bad.raw_len, cctx.compress(lines[5][:-2] + b"X\n"))
+        with pytest.raises(VerificationFailed, match=bad.hash.hex()):
+            other.add_fetched(sidecar, lines, [*stored[:5], lie, *stored[6:]])
+        with pytest.raises(InvalidInput, match="not the file cut at its newlines"):
+            other.add_fetched(sidecar, [lines[0] + lines[1], *lines[2:]])
+        assert other.branches(include_unshared=True) == []
+        other.add_fetched(sidecar, lines, stored)
+        assert other.session_bytes(shared.src) == find(agent, A3).read_bytes()
+        for blob in stored:
+            kept = other.store.get_stored_blob(blob.hash)
+            assert (kept.codec, kept.stored) == (1, blob.stored)
+
+
+@pytest.mark.parametrize("chunk", [1, 4099])
+def test_lines_cut_by_read_chunks_are_stored_whole(agent: Path, tmp_path: Path, chunk: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is read in chunks that cut lines anywhere; every turn is still one whole line."""
+    monkeypatch.setattr("p2pnode.hashing.CHUNK", chunk)
+    path = find(agent, A6)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
+        result = lib.share(str(path))
+        lines = path.read_bytes().splitlines(keepends=True)
+        assert [lib.line(r.hash) for r in lib.line_manifest(result.src)] == lines
+        assert lib.session_bytes(result.src) == path.read_bytes()
 
 
 def test_state_survives_reopen_and_a_corrupt_state_is_refused(agent: Path, tmp_path: Path) -> None:

@@ -441,6 +441,21 @@ def test_cursor_from_another_context(store: Store) -> None:
     assert (ei.value.context_id, ei.value.turn_id) == (b, ta.turn_id)
 
 
+def test_fork_of_a_turn_whose_payload_gc_collected(store: Store) -> None:
+    """A deleted context's turns stay in the log, but gc() drops blobs no live head reaches.
+    Forking such a turn must be refused, or give a context whose payloads all read back;
+    a live context that reaches a missing payload is neither.  (Filed in bugs.md, 20:58.)"""
+    a = store.create_context().context_id
+    t = store.append_turn(a, b"only context a used this")
+    store.delete_context(a)
+    store.gc()
+    try:
+        b = store.create_context(base_turn_id=t.turn_id).context_id
+    except StoreError:
+        return  # refused: fine
+    assert store.payloads(store.get_last(b, 1)) == [b"only context a used this"]
+
+
 def test_unknown_blob(store: Store) -> None:
     h = blake3.blake3(b"never stored").digest()
     with pytest.raises(UnknownBlob, match=h.hex()):
