@@ -104,6 +104,10 @@ class FetchResult:
     path: str | None = None
     written: bool = False
     conflict: str | None = None
+    seconds_transfer: float = 0.0
+    """Receiving and verifying the sessions' bytes (sidecars, manifests, lines, re-hash)."""
+    seconds_store: float = 0.0
+    """Storing the verified sessions (`Library.add_fetched`; the file is placed meanwhile)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -481,22 +485,26 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     placing: asyncio.Future[Placement | PlacementConflict] | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
+        t0 = time.perf_counter()
         chain = await job.walk(branch_hex)
+        transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
-            t0 = time.perf_counter()
             lines = await job.session(sc.src)
             check_header(lines[0] if lines else b"", sc.src)
             t1 = time.perf_counter()
             if branch == branch_hex and agent_dir is not None:  # verified: write the file meanwhile
                 placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, lines, sc.src, lib))
             await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
+            t2 = time.perf_counter()
             log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
-                     branch, len(lines), t1 - t0, time.perf_counter() - t1)
+                     branch, len(lines), t1 - t0, t2 - t1)
+            transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
         info = await asyncio.to_thread(lib.branch, branch_hex)
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
-                             dropped_peers=pool.dropped())
+                             dropped_peers=pool.dropped(), seconds_transfer=round(transfer, 4),
+                             seconds_store=round(store, 4))
     finally:
         await pool.close()
         if placing is not None and not placing.done():

@@ -160,7 +160,8 @@ def _is_json(line: bytes) -> bool:
 
 
 class _Importer:
-    """A FileHasher sink that turns bytes into line turns.
+    """A FileHasher sink that turns bytes (`feed`), or lines already cut (`feed_lines`), into
+    line turns.
 
     Body lines that match a known version's body, in order from the first, reuse its turns
     (a fork's copied lines); the rest are appended in batches; the header goes on top.

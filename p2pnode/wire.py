@@ -285,34 +285,32 @@ class BatchDecoder:
     def feed(self, data: bytes) -> list[BatchBlob]:
         if self.done and data:
             raise WireError(f"batch response: {len(data)} extra bytes after the end frame")
-        if self._buf:  # the rest of a frame that the previous chunk cut
-            self._buf += data
-            if len(self._buf) < (BATCH_FRAME.size if self._head is None else self._head[3]):
-                return []
-            data = bytes(self._buf)
-            self._buf.clear()
         out: list[BatchBlob] = []
         pos = 0
         with memoryview(data) as view:
             while not self.done:
+                need = BATCH_FRAME.size if self._head is None else self._head[3]
+                if self._buf or len(data) - pos < need:  # a header or blob cut by a chunk boundary
+                    take = min(need - len(self._buf), len(data) - pos)
+                    self._buf += view[pos : pos + take]
+                    pos += take
+                    if len(self._buf) < need:
+                        break
+                    piece, at = bytes(self._buf), 0
+                    self._buf.clear()
+                else:
+                    piece, at = data, pos
+                    pos += need
                 if self._head is None:
-                    if len(data) - pos < BATCH_FRAME.size:
-                        break
-                    self._head = self._check_head(*BATCH_FRAME.unpack_from(data, pos))
-                    pos += BATCH_FRAME.size
-                    if self._head[1] == CODEC_END:
-                        self.done = True
-                        break
-                blob_hash, codec, raw_len, stored_len = self._head
-                if len(data) - pos < stored_len:
-                    break
-                out.append(BatchBlob(blob_hash, codec, raw_len, bytes(view[pos : pos + stored_len])))
-                pos += stored_len
-                self._head = None
-                self.received += 1
+                    self._head = self._check_head(*BATCH_FRAME.unpack_from(piece, at))
+                    self.done = self._head[1] == CODEC_END
+                else:
+                    stored = piece if at == 0 and len(piece) == need else bytes(view[at : at + need])
+                    out.append(BatchBlob(self._head[0], self._head[1], self._head[2], stored))
+                    self._head = None
+                    self.received += 1
             if self.done and pos < len(data):
                 raise WireError(f"batch response: {len(data) - pos} extra bytes after the end frame")
-            self._buf += view[pos:]
         return out
 
     def finish(self) -> None:

@@ -12,7 +12,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 now = time.perf_counter
@@ -36,23 +36,6 @@ def median(xs: Sequence[float]) -> float:
 def ms(seconds: float) -> float:
     """Seconds to milliseconds, rounded to a microsecond for readable JSON."""
     return round(seconds * 1000.0, 3)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Run fn once; return (elapsed seconds, its result)."""
-    t0 = now()
-    result = fn()
-    return now() - t0, result
-
-
-def latencies(fn: Callable[[], Any], reps: int) -> list[float]:
-    """Elapsed seconds of `reps` calls of fn."""
-    out = []
-    for _ in range(reps):
-        t0 = now()
-        fn()
-        out.append(now() - t0)
-    return out
 
 
 def summary_ms(xs: Sequence[float]) -> dict[str, float]:

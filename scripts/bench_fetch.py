@@ -118,7 +118,7 @@ def fetch_once(work: Path, identity_dir: Path, trust_path: Path, branch: str, pe
         result = asyncio.run(fetch_branch(lib, branch, [peer], identity, trust, agent_dir=home / "agent"))
         seconds = now() - t0
     return {"seconds": seconds, "bytes_received": result.bytes_received, "lines": result.lines_total,
-            "home": str(home)}
+            "transfer_s": result.seconds_transfer, "store_s": result.seconds_store, "home": str(home)}
 
 
 def curl_once(identity: Identity, host: str, port: int, src: str, out: Path,
@@ -152,6 +152,8 @@ def compare(work: Path, server: Server, client: Identity, name: str, host: str, 
     fetch_s, curl_s = median([f["seconds"] for f in fetches]), median(curls)
     return {"size_bytes": info.size, "lines": info.lines, "fetch_median_s": round(fetch_s, 3),
             "curl_median_s": round(curl_s, 3), "fetch_mb_s": round(info.size / MB / fetch_s, 1),
+            "fetch_transfer_median_s": round(median([f["transfer_s"] for f in fetches]), 3),
+            "fetch_store_median_s": round(median([f["store_s"] for f in fetches]), 3),
             "curl_mb_s": round(info.size / MB / curl_s, 1), "ratio_vs_curl": round(curl_s / fetch_s, 3),
             "fetch_bytes_on_wire": fetches[0]["bytes_received"], "reps": reps}
 

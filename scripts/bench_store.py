@@ -117,7 +117,7 @@ class Floor:
 
 
 class Engine(Protocol):
-    name: str
+    """What the benchmark times, implemented by both engines; payloads come back decoded."""
 
     def create(self) -> int: ...
     def fork(self, turn_id: int) -> int: ...
@@ -131,8 +131,6 @@ class Engine(Protocol):
 
 class StoreEngine:
     """This project's store (store.Store), durable unless told otherwise."""
-
-    name = "store"
 
     def __init__(self, path: Path, durable: bool = True) -> None:
         self.store = Store.open(path, config=StoreConfig(durable=durable))
@@ -187,8 +185,6 @@ ORDER BY chain.depth
 class SqliteEngine:
     """The baseline: stdlib sqlite3, WAL, synchronous=FULL, one shared connection behind a lock
     (the fast Python pattern measured in the baselines note), zstd-3 outside the lock."""
-
-    name = "sqlite"
 
     def __init__(self, path: Path, durable: bool = True) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -413,6 +409,8 @@ def median_of_reps(reps: list[dict[str, float]]) -> dict[str, float]:
 
 
 def reads(engine: Engine, active: list[int], sample: list[int], passes: int) -> dict[str, Any]:
+    """GetLast(64) warm on the active contexts, GetBefore(64) paging of each from its head back
+    to the root, and full replays of the sample; every read returns decoded payloads."""
     for ctx in active:  # warm-up pass
         engine.get_last(ctx, 64)
     last = []
@@ -424,8 +422,7 @@ def reads(engine: Engine, active: list[int], sample: list[int], passes: int) -> 
     pages = []
     for ctx in active:
         cursor = engine.head(ctx)
-        # the head turn itself is the newest page's first entry; page strictly before it
-        while cursor:
+        while cursor:  # each page holds the turns strictly older than the cursor
             t0 = now()
             _payloads, cursor = engine.get_before(ctx, cursor, 64)
             pages.append(now() - t0)
@@ -532,6 +529,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             f" conc16 {r['conc'][-1]['appends_per_s']:.0f}/s p99 {r['conc'][-1]['p99_ms']} ms"
             for n, r in runs.items()))
 
+    digests: dict[str, str] = {}
     for name, eng in engines.items():
         r = runs[name]
         e = out["engines"][name]
@@ -541,9 +539,16 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         log(f"reads: {name}")
         sample = random.Random(args.seed).sample(scen[name].contexts, min(32, n_ctx))
         e["reads"] = reads(eng, scen[name].contexts[-16:], sample, passes=10 if q else 20)
+        seen = blake3.blake3()
+        for ctx in scen[name].contexts:  # both engines must hold the same history
+            for p in eng.get_last(ctx, 64):
+                seen.update(blake3.blake3(p).digest())
+        digests[name] = seen.hexdigest()
         eng.close()
         e["disk_bytes"] = disk_bytes(tmp / name)
         e["disk_over_floor"] = round(e["disk_bytes"] / floor.floor, 4)
+    if len(set(digests.values())) != 1:
+        raise AssertionError(f"the engines returned different payloads: {digests}")
     out["workload"] = {
         "contexts": n_ctx, "turns_per_context": n_turns, "appends_per_engine": counter.i,
         "raw_bytes": floor.raw, "unique_bytes": floor.unique, "floor_bytes": floor.floor,

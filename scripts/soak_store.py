@@ -3,7 +3,8 @@
 and again, on one store; after each kill the store must hold every acknowledged turn.
 
     soak_store.py [--rounds N] [--seed S] [--dir D]    run the campaign (default 200 rounds)
-    soak_store.py writer STORE SEED                     the writer (the campaign starts it)
+    soak_store.py writer STORE SEED [bulk]              the writer (the campaign starts it);
+                                                        bulk: StoreConfig(durable=False)
 
 The writer prints one line per acknowledged operation, *after* the call returned:
     R                                    the store is open
@@ -31,9 +32,8 @@ import blake3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from store import Store, StoreConfig, TurnInput  # noqa: E402
 from store.fsck import fsck  # noqa: E402
-
-from store import Store, TurnInput  # noqa: E402
 from store.types import NO_TURN  # noqa: E402
 
 IMAGE = 1 << 20
@@ -55,9 +55,9 @@ def payload(rng: random.Random, recent: list[bytes]) -> bytes:
     return b"%d:" % rng.getrandbits(48) + text[:size]
 
 
-def writer(path: Path, seed: int) -> None:
+def writer(path: Path, seed: int, durable: bool = True) -> None:
     rng = random.Random(seed)
-    st = Store.open(path)
+    st = Store.open(path, config=StoreConfig(durable=durable))
     heads = {h.context_id: h.head_turn_id for h in st.list_contexts()}
     known = [t for t in heads.values() if t != NO_TURN]
     recent: list[bytes] = []
@@ -117,13 +117,14 @@ class Acked:
             self.forks += kind == "F"
 
 
-def one_round(path: Path, rng: random.Random, acked: Acked) -> tuple[int, str]:
+def one_round(path: Path, rng: random.Random, acked: Acked, durable: bool = True) -> tuple[int, str]:
     """Start a writer, kill it with SIGKILL, collect its acknowledgements.
 
     Most rounds kill right after a random number of acknowledged appends (plus up to 2 ms);
     one in five kills on a timer that may fire while the writer is still opening (recovery).
     Returns (appends acknowledged this round, how it was killed)."""
-    proc = subprocess.Popen([sys.executable, __file__, "writer", str(path), str(rng.getrandbits(32))],
+    args = ["writer", str(path), str(rng.getrandbits(32))] + ([] if durable else ["bulk"])
+    proc = subprocess.Popen([sys.executable, __file__, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout is not None and proc.stderr is not None
 
@@ -202,7 +203,7 @@ def campaign(path: Path, rounds: int, seed: int, progress: bool = False) -> Acke
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "writer":
-        writer(Path(sys.argv[2]), int(sys.argv[3]))
+        writer(Path(sys.argv[2]), int(sys.argv[3]), durable=sys.argv[4:] != ["bulk"])
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=200)

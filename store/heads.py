@@ -30,8 +30,9 @@ from .types import RecoveryNotes, Turn
 
 SNAPSHOT = "heads.tbl"
 PREVIOUS = "heads.tbl.prev"
-WAL_BYTES = 4 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
+WAL_BYTES = 1 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
 EMBED_MAX = 64 << 10  # blob records up to this size travel in the WAL record
+NEXT = "heads.wal-next"  # the next generation, zero-filled ahead of time
 _WAL_RE = re.compile(r"^heads\.wal\.(\d{8})$")
 
 
@@ -41,6 +42,19 @@ def wal_name(gen: int) -> str:
 
 def wal_generations(root: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in root.iterdir() if (m := _WAL_RE.match(p.name)))
+
+
+def prepare_next(root: Path) -> int:
+    """Zero-fill and sync the next WAL generation under a temporary name, off the append path
+    (see HeadWal); returns its file descriptor.  A leftover from a crash is never read."""
+    fd = os.open(root / NEXT, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        zero_extend(fd, 0, WAL_BYTES)
+        os.fdatasync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass
@@ -112,17 +126,26 @@ def load(root: Path, problems: RecoveryNotes, need_older: Callable[[Snapshot], b
 
 
 class HeadWal:
-    """The WAL generation being written: records back to back in a pre-zeroed file."""
+    """The WAL generation being written: records back to back in a pre-zeroed file.
 
-    def __init__(self, root: Path, gen: int, durable: bool) -> None:
+    prepared: the fd of a prepare_next() file, renamed to this generation's name (unless
+    that exists).  The rename is made durable by the first commit's sync (name_durable)."""
+
+    def __init__(self, root: Path, gen: int, durable: bool, prepared: int | None = None) -> None:
         self.gen = gen
         self.path = root / wal_name(gen)
+        self.name_durable = True
+        if prepared is not None and not self.path.exists():
+            os.rename(root / NEXT, self.path)
+            self._fd, self.pos, self.name_durable = prepared, 0, False
+            return
+        if prepared is not None:
+            os.close(prepared)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.pos = read_wal(self.path, RecoveryNotes()).end
-        self._size = os.fstat(self._fd).st_size
-        if durable and self._size < WAL_BYTES:
-            zero_extend(self._fd, self._size, WAL_BYTES)
-            self._size = WAL_BYTES
+        size = os.fstat(self._fd).st_size
+        if durable and size < WAL_BYTES:
+            zero_extend(self._fd, size, WAL_BYTES)
 
     def has_room(self, n: int) -> bool:
         """A record of n bytes fits (an empty WAL takes any record; it grows past WAL_BYTES)."""

@@ -6,6 +6,7 @@ error, and afterwards nothing new is stored and nothing that existed has changed
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -441,6 +442,38 @@ async def test_server_answers_unshared_and_unknown_hashes_alike(world, tmp_path:
                 assert r.status == 413  # request size limit
     finally:
         await server.close()
+
+
+async def test_server_streams_a_batch_in_groups(world, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch read from the store in many small groups (each read while the previous one is
+    sent) arrives whole and in order; hashes not offered are left out wherever they fall."""
+    monkeypatch.setattr("p2pnode.provider.GROUP_BYTES", 300)
+    lib, corpus, agent = world["lib"], world["corpus"], world["agent"]
+    (agent / A1).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(corpus / A1, agent / A1)
+    lib.unshare(lib.share(str(agent / A1)).branch)
+    shown = [b3(ln) for ln in split((corpus / A2).read_bytes())]
+    hidden = [b3(ln) for ln in split((corpus / A1).read_bytes()) if b3(ln) not in set(shown)]
+    asked = [h for pair in itertools.zip_longest(shown, hidden) for h in pair if h]  # interleaved
+    client = load_or_create_identity(tmp_path / "client")
+    world["trust"].trust(client.node_id)
+    client_trust = TrustStore(tmp_path / "client-trust.json")
+    client_trust.trust(world["me"].node_id)
+    server = PeerServer(lib, world["me"], world["trust"])
+    await server.start("127.0.0.1", 0)
+    conn = aiohttp.TCPConnector(ssl=client_context(client, client_trust, world["me"].fingerprint))
+    try:
+        async with aiohttp.ClientSession(connector=conn) as s, \
+                s.post(f"https://127.0.0.1:{server.port}{wire.PATH_BATCH}", data=b"".join(asked)) as r:
+            decoder = wire.BatchDecoder(asked)
+            blobs = decoder.feed(await r.read())
+            decoder.finish()
+    finally:
+        await server.close()
+    assert len(shown) > 5 and hidden
+    assert [b.hash for b in blobs] == shown
+    assert b"".join(wire.decode_blob(b) for b in blobs) == (corpus / A2).read_bytes()
 
 
 async def test_server_refuses_untrusted_client_and_untrust_cuts_live(world, tmp_path: Path) -> None:

@@ -5,8 +5,10 @@ acknowledged turn with its payload, keep heads on existing turns at or after the
 acknowledged one with consistent depths, and pass fsck.  scripts/soak_store.py is the long
 variant (`--rounds`); this test runs the same code for a bounded number of rounds.
 
-A SIGKILL cannot reveal a missing fsync (the page cache survives the process), so a second
-test cuts the power in a model: it records what each fsync made durable and opens that.
+The same campaign runs a few rounds in the non-durable bulk mode, whose promise is that a
+process crash loses nothing.  A SIGKILL cannot reveal a missing fsync (the page cache
+survives the process), so the last test cuts the power in a model: it records what each
+fsync made durable and opens that.
 """
 from __future__ import annotations
 
@@ -54,6 +56,18 @@ def test_sigkill_campaign_loses_no_acknowledged_turn(soak, tmp_path: Path) -> No
     assert acked.forks > 0 and acked.large > 0, "the mix lacked forks or ~1 MB payloads"
     report = fsck(path, full=True)  # re-hashes every blob in the pack
     assert report.ok, report.summary()
+
+
+def test_sigkill_in_bulk_mode_loses_nothing_acknowledged(soak, tmp_path: Path) -> None:
+    """The non-durable bulk mode skips fsync, which only a power cut or OS crash can punish:
+    after a process kill every acknowledged turn must still be there (StoreConfig's promise)."""
+    path = tmp_path / "store"
+    rng = random.Random(31)
+    acked = soak.Acked()
+    for _ in range(4):
+        soak.one_round(path, rng, acked, durable=False)
+        soak.verify(path, acked)
+    assert len(acked.turns) >= 200
 
 
 # --- power cut: only what was fsynced survives ----------------------------------------------

@@ -1,6 +1,6 @@
 """Damaged files and bad API input.
 
-Each file of a real store (blobs.pack, turns.log, the head WAL, heads.tbl, blobs.idx,
+Each file of a real store (blobs.pack, turns.log, the head WAL, heads.tbl, patches.log, blobs.idx,
 turns.skip) is cut at every offset inside its last two records and has single bits flipped,
 in two images of the store: a *crash image* (the directory copied while the store is open
 and idle, which is what a SIGKILL leaves, pre-allocated zero tails included) and a *closed
@@ -45,6 +45,7 @@ from store.records import (
     IDX_ENTRY,
     IDX_HEADER,
     IDX_PREFIX_LEN,
+    PATCH_SIZE,
     SKIP,
     TURN_SIZE,
     WAL_TURN,
@@ -62,6 +63,8 @@ class Pristine:
     turns: dict[int, Turn] = field(default_factory=dict)
     blobs: dict[bytes, bytes] = field(default_factory=dict)
     heads: dict[int, tuple[int, int]] = field(default_factory=dict)
+    patched: dict[int, bytes | None] = field(default_factory=dict)
+    """turn -> its latest payload through the patch log (None: tombstoned)"""
 
     def chain_ids(self, tid: int) -> list[int]:
         out = []
@@ -94,6 +97,10 @@ def _build(path: Path, images: Path) -> Pristine:
         add(c, texts[i % 3])  # the same payloads again: deduplicated
         add(b, b"b-turn %d " % i + texts[7][: 100 * i])
     st.create_context()  # an empty context too
+    st.patch(2, b"an edited second turn")
+    p.patched[2] = b"an edited second turn"
+    st.tombstone(3)
+    p.patched[3] = None
     add(b, rng.randbytes(24))  # the last two records are small, so "every offset" stays cheap
     add(c, rng.randbytes(24))
     for h in st.list_contexts():
@@ -139,6 +146,8 @@ def records_of(name: str, buf: bytes) -> list[tuple[int, int]]:
         return _records(buf, TURN_SIZE, lambda b, o: decode_turn(b, "turns.log", o))
     if name.startswith("heads.wal"):
         return [(off, off + r.size) for off, r in scan_wal(buf, name)[0]]
+    if name == "patches.log":
+        return [(i * PATCH_SIZE, (i + 1) * PATCH_SIZE) for i in range(len(buf) // PATCH_SIZE)]
     if name == "turns.skip":
         return [(i * SKIP.size, (i + 1) * SKIP.size) for i in range(len(buf) // SKIP.size)]
     if name == "blobs.idx":  # the header, then the entries (cuts in the fan-out table are not tried)
@@ -186,6 +195,7 @@ class Outcome:
     lost_blobs: set[bytes] = field(default_factory=set)
     lost_contexts: set[int] = field(default_factory=set)
     rolled_back: set[int] = field(default_factory=set)
+    lost_patches: set[int] = field(default_factory=set)
     dangling: list[str] = field(default_factory=list)
     fsck_after_ok: bool = True
     fsck_after: str = ""
@@ -223,6 +233,15 @@ def examine(path: Path, p: Pristine) -> Outcome:
                     continue
                 assert got_blob == data, \
                     f"blob {h.hex()} returned wrong bytes (blake3 {blake3.blake3(got_blob).hexdigest()})"
+        for tid, latest in p.patched.items():
+            try:
+                got_payload = st.payload_of(p.turns[tid])
+            except (UnknownBlob, CorruptRecord):
+                out.lost_patches.add(tid)
+                continue
+            if got_payload != latest:  # only the unpatched payload may come back: a lost patch
+                assert got_payload == p.blobs[p.turns[tid].payload_hash], f"turn {tid}: wrong patched payload"
+                out.lost_patches.add(tid)
         for ctx, (head, _depth) in p.heads.items():
             try:
                 cur = st.get_head(ctx)
@@ -267,10 +286,12 @@ def judge(o: Outcome, lost_ok_turns: set[int], lost_ok_blobs: set[bytes], must_r
     if must_recover and lost_protected:
         return f"data before the damage was lost: turns {sorted(o.lost_turns - lost_ok_turns)}, " \
                f"{len(o.lost_blobs - lost_ok_blobs)} blobs"
-    trouble = lost_protected or o.dangling or o.lost_contexts or (o.rolled_back and not must_recover)
+    rolled_back = o.rolled_back or o.lost_patches  # a torn tail may take back the last head move or patch
+    trouble = lost_protected or o.dangling or o.lost_contexts or (rolled_back and not must_recover)
     if trouble and not o.reported:
         return (f"damage went unreported: lost turns {sorted(o.lost_turns)}, {len(o.lost_blobs)} blobs, "
-                f"contexts {sorted(o.lost_contexts)}, rolled back {sorted(o.rolled_back)}, {o.dangling[:2]}; "
+                f"contexts {sorted(o.lost_contexts)}, rolled back {sorted(o.rolled_back)}, "
+                f"patches lost {sorted(o.lost_patches)}, {o.dangling[:2]}; "
                 f"no recovery note, and fsck before open said ok")
     if o.dangling and o.fsck_after_ok:
         return f"after open, {o.dangling[0]}, yet fsck says: {o.fsck_after}"
@@ -292,7 +313,8 @@ def run_cases(image: Path, p: Pristine, name: str, cases, must_recover: bool) ->
         shutil.copytree(image, case)
         (case / name).write_bytes(mutate(bytearray(buf)))
         o = examine(case, p)
-        noticed += o.reported or bool(o.lost_turns or o.lost_blobs or o.lost_contexts or o.rolled_back)
+        noticed += o.reported or bool(o.lost_turns or o.lost_blobs or o.lost_contexts or o.rolled_back
+                                      or o.lost_patches)
         why = judge(o, damaged_turns(name, buf, lo, hi), damaged_blobs(name, buf, lo, hi), must_recover)
         if why:
             failures.append(f"{image.name}/{name} {label}: {why}")
@@ -302,7 +324,7 @@ def run_cases(image: Path, p: Pristine, name: str, cases, must_recover: bool) ->
     return failures
 
 
-FILES = ["blobs.pack", "turns.log", "heads.wal", "heads.tbl", "blobs.idx", "turns.skip"]
+FILES = ["blobs.pack", "turns.log", "heads.wal", "heads.tbl", "blobs.idx", "turns.skip", "patches.log"]
 CACHES = ("blobs.idx", "turns.skip")  # rebuildable from the logs: damage must never lose data
 
 
@@ -330,7 +352,7 @@ def test_truncate_every_offset_of_last_records(pristine, image_name: str, prefix
     start, end = recs[-2][0] if len(recs) > 1 else recs[-1][0], recs[-1][1]
     cases = [(f"cut at {k}", lambda b, k=k: bytes(b[:k]), k, len(buf)) for k in range(start, end)]
     # a torn tail is what a crash leaves in an append-only log: those must recover, not only report
-    torn_tail = image_name == "crash" and prefix in ("blobs.pack", "turns.log", "heads.wal")
+    torn_tail = image_name == "crash" and prefix in ("blobs.pack", "turns.log", "heads.wal", "patches.log")
     failures = run_cases(image, p, name, cases, must_recover=torn_tail or prefix in CACHES)
     assert not failures, f"{len(failures)} of {len(cases)} cuts mishandled:\n" + "\n".join(failures[:8])
 
