@@ -623,7 +623,8 @@ class Store:
                 raise UnknownBlob(t.payload_hash)
 
     def fork(self, turn_id: int) -> ContextHead:
-        """O(1): a new context whose head is an existing turn; no history is copied."""
+        """O(1): a new context whose head is an existing turn; no history is copied.  A turn
+        no live head reaches is checked first (see _check_reachable)."""
         if turn_id == NO_TURN:
             raise UnknownTurn(turn_id)
         return self.create_context(turn_id)
