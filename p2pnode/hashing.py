@@ -24,8 +24,8 @@ from typing import Protocol
 
 import blake3
 
-from p2pnode.atomicfile import atomic_write, locked
 from p2pnode.errors import Conflict
+from store.fileio import atomic_write, locked
 
 CHUNK = 4 * 1024 * 1024
 PROBE = 4096

@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from p2pnode.atomicfile import atomic_write
 from p2pnode.errors import InvalidInput, P2PNodeError
+from store.fileio import atomic_write
 
 KEY_FILE = "node.key"
 CERT_FILE = "node.crt"

@@ -10,9 +10,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from p2pnode.atomicfile import atomic_write, locked
 from p2pnode.errors import InvalidInput
 from p2pnode.sidecar import is_hash_hex
+from store.fileio import atomic_write, locked
 
 
 class ManifestCorrupt(InvalidInput):

@@ -24,6 +24,7 @@ import blake3
 
 from p2pnode.errors import Conflict
 from p2pnode.pisession import HostileHeader, parse_header, session_relpath
+from store.fileio import fsync_dir
 
 SESSION_FILE_MODE = 0o644
 
@@ -44,14 +45,6 @@ class Placement:
     """False when the same bytes were already there."""
     replaced: str | None = None
     """The hash of the older version that was replaced by its grown version."""
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_temp(directory: Path, name: str, data: bytes) -> Path:
@@ -107,7 +100,7 @@ def place_session(agent_dir: Path, data: bytes, src_hex: str,
         return _existing(target, data, src_hex, known)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return Placement(target, written=True)
 
 
@@ -124,7 +117,7 @@ def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bo
         tmp.unlink()
         raise PlacementConflict(target, src_hex, "(changed while being replaced)")
     os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return Placement(target, written=True, replaced=theirs)
 
 

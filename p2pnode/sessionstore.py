@@ -26,12 +26,12 @@ from typing import Any
 
 import blake3
 
-from p2pnode.atomicfile import atomic_write, locked
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.hashing import Prefix, Scan, Sink, new_hasher
 from p2pnode.pisession import SessionHeader, line_title, parse_header
 from store.engine import Store
 from store.errors import StoreError
+from store.fileio import atomic_write, locked
 from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
 
 TAG_LINE = 0x5069_0001

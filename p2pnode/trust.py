@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pnode.atomicfile import atomic_write, locked
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.identity import format_node_id, parse_node_id
+from store.fileio import atomic_write, locked
 
 MAX_NAME_LEN = 100
 

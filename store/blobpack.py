@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .commit import atomic_write, fsync_dir
 from .errors import CorruptRecord
+from .fileio import TMP_SUFFIX, atomic_write, fsync_dir
 from .records import (
     BLOB_HEADER,
     BLOB_MAGIC_BYTES,
@@ -389,6 +389,8 @@ class BlobPack:
 
 
 def remove_leftovers(root: Path) -> None:
-    """A gc killed before its swap leaves *.gc files; they are never part of the store."""
-    for name in (PACK + ".gc", INDEX + ".gc", INDEX + ".gc.tmp", INDEX + ".tmp"):
+    """A gc killed before its swap leaves *.gc files, a killed atomic_write its temp file."""
+    for name in (PACK + ".gc", INDEX + ".gc"):
         (root / name).unlink(missing_ok=True)
+    for tmp in root.glob(f".*{TMP_SUFFIX}"):  # atomic_write's temp files: never part of the store
+        tmp.unlink(missing_ok=True)

@@ -12,7 +12,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 
 class GroupCommit:
@@ -90,31 +89,6 @@ class GroupCommit:
                 self._synced = target
                 self._synced_turn = max(self._synced_turn, target_turn)
                 self._cond.notify_all()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
-    """Write a whole file by temp file + rename (+ fsyncs): readers see old or new, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
 
 
 ZERO_CHUNK = bytes(1 << 20)

@@ -38,7 +38,7 @@ import zstandard
 from . import heads as headfiles
 from .blobpack import PACK, BlobPack, remove_leftovers
 from .cache import LRU
-from .commit import GroupCommit, fsync_dir
+from .commit import GroupCommit
 from .errors import (
     BlobMismatch,
     CorruptRecord,
@@ -51,8 +51,9 @@ from .errors import (
     UnknownContext,
     UnknownTurn,
 )
+from .fileio import fsync_dir
 from .gc import mark
-from .patches import PatchLog
+from .patches import PatchLog, patches_lost
 from .records import (
     CODEC_RAW,
     CODEC_ZSTD,
@@ -263,6 +264,10 @@ class Store:
         r = headfiles.replay(loaded, log.count, log.slot_ok, self._slot_readable,
                              lambda h: self._pack.locate(h) is not None)
         self.recovery_notes.merge(r.notes)
+        patch_loss = patches_lost(self._patches.seq, loaded.snapshot)
+        if patch_loss:
+            self.recovery_notes.add(patch_loss, damage=True)
+            self._patches.seq = loaded.snapshot.patch_seq  # a seq is never handed out twice
         for rec in r.blobs.values():
             self._pack.append(rec)
         for t in r.writes:
@@ -324,7 +329,7 @@ class Store:
             self._wal_synced = (new.gen, new.pos)
             self._wal = new
             heads = [(c, *v) for c, v in sorted(self._logged.items())]
-            snap = Snapshot(new.gen, self._next_ctx, self._turns.count, heads)
+            snap = Snapshot(new.gen, self._next_ctx, self._turns.count, self._patches.seq, heads)
         return old, snap
 
     def _finish_checkpoint(self, old: headfiles.HeadWal, snap: Snapshot, sync: bool) -> None:

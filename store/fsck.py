@@ -26,7 +26,7 @@ from . import heads as headfiles
 from .blobpack import INDEX, PACK, BlobPack, scan_pack
 from .engine import DAMAGE, LOCK, Store, StoreConfig
 from .errors import CorruptRecord, StoreLocked, UnknownTurn
-from .patches import PatchLog
+from .patches import PatchLog, patches_lost
 from .records import BLOB_HEADER, CODEC_ZSTD, PATCH_REPLACE, TURN_SIZE, BlobHeader
 from .turnlog import LOG, TurnLog
 from .types import NO_TURN, RecoveryNotes
@@ -201,6 +201,9 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
         return 0 < tid < len(depths) and depths[tid] >= 0
 
     r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None)
+    lost = patches_lost(patches.seq, loaded.snapshot)
+    if lost:
+        report.errors.append(lost)
     report.warnings += [f"next open: {n}" for n in notes + r.notes]
     report.stats["contexts"] = len(r.logged)
     reachable: set[int] = set()

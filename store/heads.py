@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .commit import atomic_write, fsync_dir, zero_extend
+from .commit import zero_extend
 from .errors import CorruptRecord
+from .fileio import atomic_write, fsync_dir
 from .records import (
     WAL_DELETE,
     Snapshot,
@@ -114,7 +115,7 @@ def load(root: Path, problems: RecoveryNotes, need_older: Callable[[Snapshot], b
         elif gens:
             problems.add("no head snapshot: heads rebuilt from the head WAL", damage=True)
         damaged = damaged or bool(gens)
-        snap = Snapshot(gens[0] if gens else 1, 1, 0, [])
+        snap = Snapshot(gens[0] if gens else 1, 1, 0, 0, [])
     replay: list[WalRecord] = []
     older: list[WalRecord] = []
     for gen in gens:

@@ -12,10 +12,18 @@ from bisect import bisect_right
 from pathlib import Path
 
 from .errors import CorruptRecord
-from .records import PATCH_SIZE, decode_patch, encode_patch
+from .records import PATCH_SIZE, Snapshot, decode_patch, encode_patch
 from .types import Patch, RecoveryNotes
 
 LOG = "patches.log"
+
+
+def patches_lost(log_seq: int, snap: Snapshot) -> str | None:
+    """Why patches.log is shorter than the last checkpoint recorded, or None if it is not."""
+    if log_seq >= snap.patch_seq:
+        return None
+    return (f"{LOG} ends at patch seq {log_seq} but seq {snap.patch_seq} was checkpointed: "
+            "acknowledged patches lost")
 
 
 class PatchLog:

@@ -206,9 +206,10 @@ def _next_wal(buf: bytes, pos: int, file: str) -> int | None:
 
 # --- heads.tbl: head snapshot --------------------------------------------------------------------
 SNAP_MAGIC = 0x44414548  # "HEAD"
-SNAP_VERSION = 1
-# magic, version, reserved, generation, next_context_id, checkpoint_turn_id, count, crc32 of the entries
-SNAP_HEADER = struct.Struct("<IHHQQQQI")
+SNAP_VERSION = 2
+# magic, version, reserved, generation, next_context_id, checkpoint_turn_id, patch_seq, count,
+# crc32 of the entries
+SNAP_HEADER = struct.Struct("<IHHQQQQQI")
 SNAP_HEADER_CRC = struct.Struct("<I")
 # context_id, head_turn_id, head_depth, flags, created_at_unix_ms
 SNAP_ENTRY = struct.Struct("<QQIIQ")
@@ -219,6 +220,9 @@ class Snapshot:
     generation: int
     next_context_id: int
     checkpoint_turn_id: int
+    patch_seq: int
+    """The newest patch seq at the checkpoint: patches.log must reach it (a cut at a record
+    boundary is otherwise invisible)."""
     heads: list[tuple[int, int, int, int, int]]
 
 
@@ -226,7 +230,7 @@ def encode_snapshot(s: Snapshot) -> bytes:
     entries = b"".join(SNAP_ENTRY.pack(*e) for e in s.heads)
     head = SNAP_HEADER.pack(
         SNAP_MAGIC, SNAP_VERSION, 0, s.generation, s.next_context_id, s.checkpoint_turn_id,
-        len(s.heads), zlib.crc32(entries),
+        s.patch_seq, len(s.heads), zlib.crc32(entries),
     )
     return head + SNAP_HEADER_CRC.pack(zlib.crc32(head)) + entries
 
@@ -235,7 +239,7 @@ def decode_snapshot(buf: bytes, file: str) -> Snapshot:
     n = SNAP_HEADER.size
     if len(buf) < n + 4:
         raise CorruptRecord(file, 0, "short head snapshot")
-    magic, version, _, gen, next_ctx, ckpt, count, ecrc = SNAP_HEADER.unpack_from(buf)
+    magic, version, _, gen, next_ctx, ckpt, pseq, count, ecrc = SNAP_HEADER.unpack_from(buf)
     (hcrc,) = SNAP_HEADER_CRC.unpack_from(buf, n)
     if magic != SNAP_MAGIC or version != SNAP_VERSION or zlib.crc32(buf[:n]) != hcrc:
         raise CorruptRecord(file, 0, "bad head snapshot header")
@@ -243,7 +247,7 @@ def decode_snapshot(buf: bytes, file: str) -> Snapshot:
     if len(entries) != count * SNAP_ENTRY.size or zlib.crc32(entries) != ecrc:
         raise CorruptRecord(file, n + 4, "head snapshot entries do not match their CRC")
     heads = [SNAP_ENTRY.unpack_from(entries, i * SNAP_ENTRY.size) for i in range(count)]
-    return Snapshot(gen, next_ctx, ckpt, heads)
+    return Snapshot(gen, next_ctx, ckpt, pseq, heads)
 
 
 # --- patches.log -----------------------------------------------------------------------------

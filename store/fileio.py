@@ -1,7 +1,8 @@
-"""Crash-safe small-file writes and inter-process locks, used by every state file we own.
+"""Crash-safe whole-file writes, directory fsyncs and inter-process locks.
 
-A reader sees either the old or the new file, never a torn one: the bytes go to a temp file
-in the same directory, which is fsynced, renamed over the target, and the directory fsynced.
+Every small state file of the store and of the node goes through `atomic_write`: a reader
+sees the old file or the new one, never a torn one, because the bytes go to a temp file in
+the same directory that is fsynced and renamed over the target, then the directory fsynced.
 """
 from __future__ import annotations
 
@@ -11,28 +12,34 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
     """durable=False skips the fsyncs (for caches: a power loss may then leave the old file or
-    an empty one, never a torn one on the file systems that order rename after data)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    an empty one, never a torn one on file systems that order rename after data).  The temp
+    name carries the pid, so two processes writing the same file never share a temp file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    if not durable:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    if durable:
+        fsync_dir(path.parent)
 
 
 @contextlib.contextmanager
