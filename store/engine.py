@@ -20,7 +20,6 @@ write lock (TurnID sequencer, log and WAL slots) and a gate that GC holds exclus
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
@@ -51,7 +50,7 @@ from .errors import (
     UnknownContext,
     UnknownTurn,
 )
-from .fileio import fsync_dir
+from .fileio import fsync_dir, lock_with_timeout
 from .gc import mark
 from .patches import PatchLog, patches_lost
 from .records import (
@@ -240,17 +239,9 @@ class Store:
             raise ValueError(f"zstd_level {config.zstd_level} is out of range")
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + config.lock_timeout
-        while True:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(lock_fd)
-                    raise StoreLocked(str(root)) from None
-                time.sleep(0.02)
+        lock_fd = lock_with_timeout(root / LOCK, config.lock_timeout)
+        if lock_fd is None:
+            raise StoreLocked(str(root))
         try:
             return cls(root, config, lock_fd)
         except BaseException:

@@ -9,10 +9,8 @@ acknowledges damage.log, then checks again.
 """
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from . import heads as headfiles
 from .blobpack import INDEX, PACK, BlobPack, scan_pack
 from .engine import DAMAGE, LOCK, Store, StoreConfig
 from .errors import CorruptRecord, StoreLocked, UnknownTurn
+from .fileio import lock_with_timeout
 from .patches import PatchLog, patches_lost
 from .records import BLOB_HEADER, CODEC_ZSTD, PATCH_REPLACE, TURN_SIZE, BlobHeader
 from .turnlog import LOG, TurnLog
@@ -91,17 +90,10 @@ def _repair(root: Path, report: FsckReport, lock_timeout: float) -> None:
 @contextmanager
 def _locked(root: Path, timeout: float) -> Iterator[None]:
     """Hold the store's lock (as Store.open does) so that no process writes while we read."""
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = lock_with_timeout(root / LOCK, timeout)
+    if fd is None:
+        raise StoreLocked(str(root))
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise StoreLocked(str(root)) from None
-                time.sleep(0.05)
         yield
     finally:
         os.close(fd)
