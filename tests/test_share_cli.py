@@ -150,22 +150,31 @@ def test_concurrent_shares_leave_a_valid_manifest(env: dict[str, str]) -> None:
 def test_original_agent_dir_layout_gives_the_same_branches(env: dict[str, str], tmp_path: Path,
                                                            corpus_dir: Path) -> None:
     """The corpus at /tmp/pi-harness/agent as on the machine that wrote it, in a private mount
-    namespace (a tmp dir bound over /tmp), so the real /tmp/pi-harness is never touched."""
+    namespace (a tmp dir bound over /tmp/pi-harness), so the real /tmp/pi-harness is never
+    touched; the mount point is made, and removed again, only if it does not exist."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private mount namespace")
-    root = tmp_path / "root"
-    shutil.copytree(corpus_dir / "sessions", root / "pi-harness" / "agent" / "sessions")
-    inner_env = {**env, "P2PNODE_HOME": "/tmp/node", "PI_CODING_AGENT_DIR": "/tmp/pi-harness/agent"}
+    harness = tmp_path / "harness"
+    shutil.copytree(corpus_dir / "sessions", harness / "agent" / "sessions")
+    node = tmp_path / "inner-node"
+    inner_env = {**env, "P2PNODE_HOME": str(node), "PI_CODING_AGENT_DIR": "/tmp/pi-harness/agent"}
     target = f"/tmp/pi-harness/agent/sessions/{BETA}/{B5}"
+    mount_point = Path("/tmp/pi-harness")
+    made = not mount_point.exists()
+    mount_point.mkdir(exist_ok=True)
     cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-           'mount --bind "$0" /tmp && exec "$@"', str(root), sys.executable, "-m", "p2pnode", "share", target,
-           "--json"]
-    proc = subprocess.run(cmd, env=inner_env, capture_output=True, timeout=60)
+           'mount --bind "$0" /tmp/pi-harness && exec "$@"', str(harness), sys.executable, "-m", "p2pnode",
+           "share", target, "--json"]
+    try:
+        proc = subprocess.run(cmd, env=inner_env, capture_output=True, timeout=60)
+    finally:
+        if made:
+            mount_point.rmdir()
     if proc.returncode != 0 and b"mount" in proc.stderr and b"p2pnode" not in proc.stderr:
         pytest.skip(f"private mount namespaces are unavailable here: {proc.stderr.decode().strip()}")
     assert proc.returncode == 0, proc.stderr.decode()
     original = json.loads(proc.stdout)
-    assert original["path"] == target and (root / "node" / "manifest.json").is_file()
+    assert original["path"] == target and (node / "manifest.json").is_file()
     moved = json.loads(run(env, "share", str(agent_of(env) / "sessions" / BETA / B5), "--json").stdout)
     assert original["branch"] == moved["branch"]  # lineage found directly, or through the moved agent dir
     assert [a["branch"] for a in original["ancestors"]] == [a["branch"] for a in moved["ancestors"]]
