@@ -87,7 +87,8 @@ LOCK = "LOCK"
 DAMAGE = "damage.log"
 INDEX_TAIL_MAX = 1 << 16  # blobs kept in memory beyond blobs.idx before a checkpoint folds them in
 PROBE = 64 << 10  # a payload larger than 2 * PROBE is first probed with its first PROBE bytes
-PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on two threads
+PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on PREPARE_THREADS threads
+PREPARE_THREADS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -746,13 +747,24 @@ class Store:
         return self._map(self._prepare, [i.payload if isinstance(i, TurnInput) else i for i in inputs])
 
     def _map(self, fn: Callable[[Any], R], items: Sequence[Any]) -> list[R]:
-        """fn over items; a big batch on a small thread pool (zstd and blake3 release the GIL)."""
-        size = sum(len(i) if isinstance(i, bytes) else len(getattr(i, "stored", b"")) for i in items)
-        if len(items) < 16 or size < PARALLEL_BYTES:
+        """fn over items; a big batch on a small thread pool (zstd and blake3 release the GIL),
+        handed over in a few runs of similar size, not item by item: one hand-off per item
+        cost more than hashing and compressing a 10 KB line."""
+        sizes = [len(i) if isinstance(i, bytes) else len(getattr(i, "stored", b"")) for i in items]
+        total = sum(sizes)
+        if len(items) < 16 or total < PARALLEL_BYTES:
             return [fn(i) for i in items]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-prepare")
-        return list(self._pool.map(fn, items))
+            self._pool = ThreadPoolExecutor(max_workers=PREPARE_THREADS, thread_name_prefix="store-prepare")
+        runs, start, acc = [], 0, 0
+        for i, size in enumerate(sizes):
+            acc += size
+            if acc >= total // (4 * PREPARE_THREADS):
+                runs.append(items[start : i + 1])
+                start, acc = i + 1, 0
+        runs.append(items[start:])
+        done = self._pool.map(lambda run: [fn(i) for i in run], runs)
+        return [r for run in done for r in run]
 
     def get_turn(self, turn_id: int) -> Turn:
         self._check_open()
