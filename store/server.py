@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -502,6 +503,14 @@ class _Workers:
 
 # --- the server ---------------------------------------------------------------------------
 
+INLINE_MAX = 64 << 10
+"""The largest append run on the event loop (compressing it must not stall other clients)."""
+
+
+def _small_append(req: m.Request) -> bool:
+    return isinstance(req, m.AppendTurn) and len(req.payload) <= INLINE_MAX
+
+
 
 class StoreServer:
     """Serves a `Store` on a Unix socket (mode 0600) and optionally on TCP loopback.
@@ -530,6 +539,8 @@ class StoreServer:
         self._handlers = _Handlers(store, self.limits).table()
         self.workers = workers
         self._pool: _Workers | None = None
+        self._writes: list[tuple[_Connection, int, m.Request]] = []
+        """Writes decoded in this pass of the event loop, handed out by _run_writes."""
         self._servers: list[asyncio.AbstractServer] = []
         self.tcp_address: tuple[str, int] | None = None
         self._bound_unix = False  # the socket file is ours to remove
@@ -563,17 +574,38 @@ class StoreServer:
     def dispatch(self, conn: _Connection, req_id: int, req: m.Request) -> None:
         handler, in_pool = self._handlers[type(req)]
         if not in_pool:
-            try:
-                payload = handler(req)
-            except Exception as exc:
-                self._log_unexpected(exc, req)
-                conn.send_error(req_id, exc)
-            else:
-                conn.send(req_id, req.MSG_TYPE, payload)
+            self._run_inline(conn, req_id, req, handler)
             return
         conn.in_flight.add(req_id)
+        if not self._writes:
+            asyncio.get_running_loop().call_soon(self._run_writes)
+        self._writes.append((conn, req_id, req))
+
+    def _run_writes(self) -> None:
+        """A lone small append with idle workers runs right here: a thread hand-off would cost
+        more than the service's whole latency budget, and there is nobody to group-commit
+        with.  Writes that arrive together go to the workers, whose syncs the engine groups."""
+        writes, self._writes = self._writes, []
         assert self._pool is not None
-        self._pool.submit(handler, req, lambda result, error: self._finish(conn, req_id, req, result, error))
+        if len(writes) == 1 and not self._pool.busy and _small_append(writes[0][2]):
+            conn, req_id, req = writes[0]
+            conn.in_flight.discard(req_id)
+            self._run_inline(conn, req_id, req, self._handlers[type(req)][0])
+            conn.close_when_answered()
+            return
+        for conn, req_id, req in writes:
+            handler = self._handlers[type(req)][0]
+            self._pool.submit(handler, req, functools.partial(self._finish, conn, req_id, req))
+
+    def _run_inline(self, conn: _Connection, req_id: int, req: m.Request,
+                    handler: Callable[[Any], bytes]) -> None:
+        try:
+            payload = handler(req)
+        except Exception as exc:
+            self._log_unexpected(exc, req)
+            conn.send_error(req_id, exc)
+        else:
+            conn.send(req_id, req.MSG_TYPE, payload)
 
     def _finish(
         self,
@@ -604,6 +636,7 @@ class StoreServer:
             if conn.transport is not None:
                 conn.transport.pause_reading()
         if self._pool is not None:
+            self._run_writes()  # writes decoded but not yet handed out are in flight too
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._pool.idle.wait(), grace)
         for conn in list(self.connections):
