@@ -3,8 +3,9 @@
 A thin layer over the sans-IO codec (frames.py, messages.py).  Requests on one connection
 are pipelined: each runs as soon as it arrives and its reply goes out when it is ready, so
 replies may overtake each other.  Writes run in a thread pool, so that appends arriving on
-many connections at once reach the engine together and share its group commit; reads are
-answered on the event loop, where a cache hit costs no thread hand-off.
+many connections at once reach the engine together and share its group commit, except a
+lone small append while the pool is idle, which runs on the event loop (see _run_writes);
+reads are answered on the event loop, where a cache hit costs no thread hand-off.
 
 Limits (ServiceLimits) are announced in the HELLO reply.  A protocol violation gets an
 ERROR and the connection is closed; every other failure is an ERROR reply to its request.
