@@ -39,6 +39,7 @@ from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from p2pnode.errors import InvalidInput
+from p2pnode.sidecar import is_hash_hex
 
 if TYPE_CHECKING:
     from p2pnode.fetch import PeerAddress
@@ -55,7 +56,6 @@ REANNOUNCE_SECONDS = 45.0
 INTERFACE_POLL_SECONDS = 5.0
 RESOLVE_TIMEOUT_MS = 3000
 FALLBACK_BROWSE_SECONDS = 1.2
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAIN_INSTANCE = re.compile(rf"^p2p-[0-9a-z]{{{LABEL_CHARS}}}\.", re.IGNORECASE)
 
 
@@ -138,7 +138,7 @@ def parse_txt(props: Mapping[str, str | None], instance: str) -> Announcement:
         branch = props.get(f"b{i}")
         if branch is None:
             break
-        if not HEX64.match(branch):
+        if not is_hash_hex(branch):
             raise BadAnnouncement(f"{instance}: TXT b{i}={branch!r} is not a 64-hex branch hash")
         branches.append(branch)
     return Announcement(node_id, integer("port", 1, 65535), integer("gen", 0, 2**63),

@@ -38,7 +38,7 @@ def new_hasher() -> blake3.blake3:
 
 
 def hash_file(path: Path) -> str:
-    """BLAKE3 of a whole file, memory-mapped (an independent reference for tests and benchmarks)."""
+    """BLAKE3 of a whole file, memory-mapped (no stat cache: for one-off checks, tests and benchmarks)."""
     hasher = new_hasher()
     if os.path.getsize(path):
         hasher.update_mmap(path)

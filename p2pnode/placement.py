@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import blake3
-
 from p2pnode.errors import Conflict
+from p2pnode.hashing import hash_file
 from p2pnode.pisession import HostileHeader, parse_header, session_relpath
 from store.fileio import fsync_dir
 
@@ -64,14 +63,6 @@ def _write_temp(directory: Path, name: str, data: bytes) -> Path:
     return tmp
 
 
-def _file_blake3(path: Path) -> str:
-    h = blake3.blake3()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def session_path(agent_dir: Path, data: bytes) -> Path:
     """Where Pi would keep this session; HostileHeader if the header would lead elsewhere."""
     end = data.find(b"\n")
@@ -106,7 +97,7 @@ def place_session(agent_dir: Path, data: bytes, src_hex: str,
 
 def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bool]) -> Placement:
     before = os.stat(target)
-    theirs = _file_blake3(target)
+    theirs = hash_file(target)
     if theirs == src_hex:
         return Placement(target, written=False)
     if not (known(theirs) and before.st_size < len(data) and _is_prefix(target, data)):

@@ -762,7 +762,8 @@ class Store:
             if acc >= total // (4 * PREPARE_THREADS):
                 runs.append(items[start : i + 1])
                 start, acc = i + 1, 0
-        runs.append(items[start:])
+        if start < len(items):
+            runs.append(items[start:])
         done = self._pool.map(lambda run: [fn(i) for i in run], runs)
         return [r for run in done for r in run]
 

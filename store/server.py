@@ -512,7 +512,6 @@ def _small_append(req: m.Request) -> bool:
     return isinstance(req, m.AppendTurn) and len(req.payload) <= INLINE_MAX
 
 
-
 class StoreServer:
     """Serves a `Store` on a Unix socket (mode 0600) and optionally on TCP loopback.
 
