@@ -63,13 +63,12 @@ def via_node(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import asyncio
-
     from p2pnode.node import DEFAULT_PORT, NodeConfig, serve
+    from store import aio
 
     port = DEFAULT_PORT if args.port is None else args.port
     config = NodeConfig(host=args.host, port=port, mdns=not args.no_mdns)
-    asyncio.run(serve(node_paths(args), config))
+    aio.run(serve(node_paths(args), config))
     return 0
 
 

@@ -12,8 +12,9 @@ import asyncio
 import inspect
 import os
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from store import aio
 from store import messages as m
 from store.errors import (
     CorruptRecord,
@@ -28,6 +29,7 @@ from store.errors import (
 )
 from store.frames import (
     FLAG_REPLY,
+    HEADER_SIZE,
     SERVICE_ERRORS,
     ErrorCode,
     FrameDecoder,
@@ -79,11 +81,12 @@ def _read_opts(payloads: bool, patched: bool) -> int:
     return m.READ_PAYLOADS if payloads else 0
 
 
-class _ClientProtocol(asyncio.Protocol):
-    """Matches reply frames to pending requests by req_id."""
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """Matches reply frames to pending requests by req_id.  Buffered: the socket reads
+    straight into the frame decoder's buffer."""
 
     def __init__(self) -> None:
-        self.decoder = FrameDecoder(HELLO_MAX_FRAME)
+        self.decoder = FrameDecoder(HELLO_MAX_FRAME, copy=False)  # each reply is decoded at once
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, tuple[m.Request, asyncio.Future[Any]]] = {}
         self.writable = asyncio.Event()
@@ -92,8 +95,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.lost = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -101,9 +103,15 @@ class _ClientProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.writable.set()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
         try:
-            for frame in self.decoder.feed(data):
+            return self.decoder.get_buffer()
+        except ProtocolError:  # the stream broke and is being aborted: drop what still comes
+            return memoryview(bytearray(HEADER_SIZE))
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            for frame in self.decoder.buffer_updated(nbytes):
                 if not frame.flags & FLAG_REPLY:
                     raise MalformedFrame(f"server frame req_id={frame.req_id} lacks the reply flag")
                 # A request leaves `pending` only once its reply decoded; a bad reply aborts the
@@ -292,7 +300,7 @@ class SyncStoreClient:
         self, path: str | os.PathLike[str] | None = None, *, tcp: tuple[str, int] | None = None,
         timeout: float = 10.0,
     ) -> None:  # fmt: skip
-        self._loop = asyncio.new_event_loop()
+        self._loop = aio.new_event_loop()
         try:
             self._client = self._loop.run_until_complete(StoreClient.connect(path, tcp=tcp, timeout=timeout))
         except BaseException:

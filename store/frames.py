@@ -9,9 +9,8 @@ cannot make a connection hold more than one maximum-size frame.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, NamedTuple, NoReturn
 
 from store.errors import StoreError
 
@@ -125,68 +124,136 @@ SERVICE_ERRORS: dict[int, type[ServiceError]] = {
 """The class of each service-level code; the client raises these for ERROR replies."""
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     msg_type: int
     flags: int
     req_id: int
-    payload: bytes
+    payload: bytes | memoryview
+    """bytes, or with FrameDecoder(copy=False) a view valid until the next call to the decoder."""
 
 
 def encode_frame(msg_type: int, req_id: int, payload: bytes, flags: int = 0) -> bytes:
     return HEADER.pack(len(payload), msg_type, flags, req_id) + payload
 
 
+MIN_BUFFER = 64 * 1024
+"""The decoder's buffer starts this big and is never smaller."""
+KEEP_BUFFER = 4 * 1024 * 1024
+"""A buffer grown past this for one big frame is dropped once that frame is decoded."""
+
+
 class FrameDecoder:
-    """Incremental decoder: feed it whatever the socket gave, get back the complete frames.
+    """Incremental decoder: bytes in, complete frames out.
+
+    Two ways in: `feed(data)` with whatever the socket gave, or `get_buffer()` then
+    `buffer_updated(n)` (asyncio.BufferedProtocol), which lets the socket read straight into
+    the decoder's buffer: each payload byte is then copied once, into its Frame, and a big
+    reply does not pay for a growing buffer's reallocations.  The buffer is reused, so a
+    connection's steady state allocates nothing but the payloads.
+
+    With copy=False a frame's payload is a view of the buffer, valid only until the next
+    call to the decoder: for a caller that decodes each frame at once (the client), which
+    saves copying a big reply twice.
 
     After it raises a ProtocolError the stream has lost its framing; it raises again on
-    every later feed.
+    every later call.
     """
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, max_frame: int, copy: bool = True) -> None:
         self.max_frame = max_frame
-        self._buf = bytearray()
+        self.copy = copy
+        self._buf = bytearray(MIN_BUFFER)
+        self._view = memoryview(self._buf)
+        self._start = 0  # first byte not yet decoded
+        self._end = 0  # end of the bytes received
+        self._need = HEADER_SIZE  # bytes from _start that the next frame needs in full
         self._failed: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes of a frame that has begun but not yet completed (0 between frames)."""
-        return len(self._buf)
+        return self._end - self._start
+
+    def get_buffer(self) -> memoryview:
+        """Where the next read should go: room for the rest of the current frame, but never
+        more than twice what has arrived (or KEEP_BUFFER), so that a header announcing a huge
+        frame does not make the connection hold that much memory before the bytes come."""
+        if self._failed is not None:
+            raise self._failed
+        live = self.buffered
+        want = min(max(self._need - live, 1), max(KEEP_BUFFER, live))
+        if len(self._buf) - self._end < want:
+            self._make_room(want)
+        return self._view[self._end :]
+
+    def buffer_updated(self, n: int) -> list[Frame]:
+        """n bytes were written at the start of the last get_buffer(): the frames now complete."""
+        self._end += n
+        return self._decode()
 
     def feed(self, data: bytes) -> list[Frame]:
         if self._failed is not None:
             raise self._failed
-        buf = self._buf
-        buf += data
         frames: list[Frame] = []
-        pos = 0
-        end = len(buf)
+        with memoryview(data) as src:
+            pos = 0
+            while pos < len(src):
+                room = self.get_buffer()
+                n = min(len(room), len(src) - pos)
+                room[:n] = src[pos : pos + n]
+                pos += n
+                frames += self.buffer_updated(n)
+        return frames
+
+    def _make_room(self, want: int) -> None:
+        """Move the undecoded bytes to the front, into a new buffer if this one is too small.
+        A new buffer, never a resize: the transport may still hold a view of the old one."""
+        live = self.buffered
+        size = len(self._buf)
+        if live + want > size or size > KEEP_BUFFER:
+            size = max(MIN_BUFFER, live + want)
+            buf = bytearray(size)
+            buf[:live] = self._view[self._start : self._end]
+            self._buf, self._view = buf, memoryview(buf)
+        else:
+            self._view[:live] = self._view[self._start : self._end]
+        self._start, self._end = 0, live
+
+    def _decode(self) -> list[Frame]:
+        frames: list[Frame] = []
+        buf, view = self._buf, self._view
+        pos, end = self._start, self._end
+        need = HEADER_SIZE
         while end - pos >= HEADER_SIZE:
             length, msg_type, flags, req_id = HEADER.unpack_from(buf, pos)
             if flags & ~KNOWN_FLAGS:
-                self._failed = MalformedFrame(
+                self._fail(MalformedFrame(
                     f"frame req_id={req_id} msg_type={msg_type}: "
                     f"unknown flag bits 0x{flags & ~KNOWN_FLAGS:04x}",
                     req_id,
-                )
-            elif length > self.max_frame:
-                self._failed = FrameTooLarge(
+                ))  # fmt: skip
+            if length > self.max_frame:
+                self._fail(FrameTooLarge(
                     f"frame req_id={req_id} msg_type={msg_type}: payload of {length} bytes "
                     f"exceeds the limit of {self.max_frame} bytes",
-                    req_id,
-                    length,
-                    self.max_frame,
-                )
-            if self._failed is not None:
-                del buf[:]
-                raise self._failed
-            start = pos + HEADER_SIZE
-            if end - start < length:
+                    req_id, length, self.max_frame,
+                ))  # fmt: skip
+            stop = pos + HEADER_SIZE + length
+            if stop > end:
+                need = HEADER_SIZE + length
                 break
-            with memoryview(buf) as view:  # one copy out of the buffer, not two
-                frames.append(Frame(msg_type, flags, req_id, bytes(view[start : start + length])))
-            pos = start + length
-        if pos:
-            del buf[:pos]
+            payload = view[pos + HEADER_SIZE : stop]
+            frames.append(Frame(msg_type, flags, req_id, bytes(payload) if self.copy else payload))
+            pos = stop
+        if pos == end:  # nothing left over: start again at the front for free
+            pos = end = 0
+            if len(buf) > KEEP_BUFFER:
+                self._buf = bytearray(MIN_BUFFER)
+                self._view = memoryview(self._buf)
+        self._start, self._end, self._need = pos, end, need
         return frames
+
+    def _fail(self, exc: ProtocolError) -> NoReturn:
+        self._failed = exc
+        self._start = self._end = 0
+        raise exc

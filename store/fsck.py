@@ -213,7 +213,8 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
             tid = log.read(tid).parent_turn_id
     missing = 0
     for tid in reachable:
-        if pack.locate(log.read(tid).payload_hash) is None:
+        h = log.read(tid).payload_hash
+        if pack.locate(h) is None and h not in r.blobs:  # (the next open restores those from the WAL)
             missing += 1
             if missing <= 20:
                 report.errors.append(f"turn {tid} (reachable from a head): its blob is missing")

@@ -49,9 +49,13 @@ VERIFY_HASH = 0x1  # GET_BLOB: re-hash the blob before answering
 AS_OF = 0x1  # GET_PAYLOAD: apply only patches with seq <= as_of_seq
 LIST_HAS_PAYLOADS = 0x1  # TurnList.flags
 
+Buffer = bytes | memoryview
+"""What the decoders read: a frame's payload, copied out or a view of the receive buffer."""
 ABSENT = 0xFFFF_FFFF
 """A payload length meaning "no payload" (a tombstoned turn in a patched read)."""
 MAX_ERROR_MESSAGE = 1024
+PART_BYTES = 64 * 1024
+"""TurnList.encode_parts joins small items into pieces of about this size."""
 
 # Every struct layout of the protocol, little-endian, in one place.
 U32 = struct.Struct("<I")
@@ -86,7 +90,7 @@ class _Reader:
 
     __slots__ = ("buf", "pos", "what")
 
-    def __init__(self, buf: bytes, what: str) -> None:
+    def __init__(self, buf: Buffer, what: str) -> None:
         self.buf = buf
         self.pos = 0
         self.what = what
@@ -105,7 +109,7 @@ class _Reader:
             raise MalformedMessage(
                 f"{self.what}: {n} bytes announced at byte {self.pos}, only {len(self.buf) - self.pos} follow"
             )
-        data = self.buf[self.pos : end]
+        data = bytes(self.buf[self.pos : end])  # a copy only when buf is a view
         self.pos = end
         return data
 
@@ -123,7 +127,7 @@ class _Reader:
             raise MalformedMessage(f"{self.what}: {len(self.buf) - self.pos} trailing bytes")
 
 
-def _fixed(layout: struct.Struct, payload: bytes, what: str) -> tuple:
+def _fixed(layout: struct.Struct, payload: Buffer, what: str) -> tuple:
     if len(payload) != layout.size:
         raise MalformedMessage(f"{what}: payload is {len(payload)} bytes, expected {layout.size}")
     return layout.unpack(payload)
@@ -159,7 +163,7 @@ def _turn(v: tuple) -> Turn:
     return Turn(turn_id, parent, depth, type_tag, codec, payload_hash, flags, created)
 
 
-def decode_turn(payload: bytes) -> Turn:
+def decode_turn(payload: Buffer) -> Turn:
     return _turn(_fixed(TURN, payload, "Turn"))
 
 
@@ -167,7 +171,7 @@ def encode_context_head(h: ContextHead) -> bytes:
     return CONTEXT_HEAD.pack(h.context_id, h.head_turn_id, h.head_depth, h.flags, h.created_at_unix_ms)
 
 
-def decode_context_head(payload: bytes) -> ContextHead:
+def decode_context_head(payload: Buffer) -> ContextHead:
     context_id, head, depth, flags, created = _fixed(CONTEXT_HEAD, payload, "ContextHead")
     return ContextHead(context_id, head, depth, created, flags)
 
@@ -176,7 +180,7 @@ def encode_patch(p: Patch) -> bytes:
     return PATCH_RECORD.pack(p.target_turn_id, p.new_payload_hash, p.flags, p.seq)
 
 
-def decode_patch(payload: bytes) -> Patch:
+def decode_patch(payload: Buffer) -> Patch:
     return Patch(*_fixed(PATCH_RECORD, payload, "Patch"))
 
 
@@ -184,14 +188,14 @@ def encode_maybe_payload(data: bytes | None) -> bytes:
     return U32.pack(ABSENT) if data is None else _sized(data)
 
 
-def decode_maybe_payload(payload: bytes) -> bytes | None:
+def decode_maybe_payload(payload: Buffer) -> bytes | None:
     r = _Reader(payload, "payload reply")
     data = r.sized(allow_absent=True)
     r.done()
     return data
 
 
-def decode_blob(payload: bytes) -> bytes:
+def decode_blob(payload: Buffer) -> bytes:
     r = _Reader(payload, "GET_BLOB reply")
     data = r.sized()
     r.done()
@@ -199,11 +203,11 @@ def decode_blob(payload: bytes) -> bytes:
     return data
 
 
-def decode_hash(payload: bytes) -> bytes:
+def decode_hash(payload: Buffer) -> bytes:
     return _fixed(HASH, payload, "PUT_BLOB reply")[0]
 
 
-def decode_empty(payload: bytes) -> None:
+def decode_empty(payload: Buffer) -> None:
     if payload:
         raise MalformedMessage(f"empty reply expected, got {len(payload)} bytes")
 
@@ -220,20 +224,43 @@ class TurnList:
     """The context's head depth (GET_CHAIN: the depth of the asked turn)."""
 
     def encode(self) -> bytes:
+        return b"".join(self.encode_parts())
+
+    def encode_parts(self) -> list[bytes]:
+        """The encoding in pieces to write one after another: small items joined in runs of
+        about PART_BYTES, a big payload a piece of its own, so a reply of many payloads is
+        never copied whole into one big new buffer (whose fresh pages cost more than the copy)."""
         flags = 0 if self.payloads is None else LIST_HAS_PAYLOADS
-        parts = [TURN_LIST.pack(self.next_cursor, self.head_depth, len(self.turns), flags)]
-        parts += [encode_turn(t) for t in self.turns]
-        if self.payloads is not None:
-            parts += [encode_maybe_payload(p) for p in self.payloads]
-        return b"".join(parts)
+        run = [TURN_LIST.pack(self.next_cursor, self.head_depth, len(self.turns), flags)]
+        run += [encode_turn(t) for t in self.turns]
+        if self.payloads is None:
+            return [b"".join(run)]
+        parts: list[bytes] = []
+        size = 0
+        for p in self.payloads:
+            if p is None:
+                run.append(U32.pack(ABSENT))
+                continue
+            run.append(U32.pack(len(p)))
+            if len(p) >= PART_BYTES:
+                parts += [b"".join(run), p]
+                run, size = [], 0
+                continue
+            run.append(p)
+            size += len(p)
+            if size >= PART_BYTES:
+                parts.append(b"".join(run))
+                run, size = [], 0
+        if run:
+            parts.append(b"".join(run))
+        return parts
 
     @classmethod
-    def decode(cls, payload: bytes) -> TurnList:
+    def decode(cls, payload: Buffer) -> TurnList:
         r = _Reader(payload, "TurnList")
         next_cursor, head_depth, count, flags = r.unpack(TURN_LIST)
         _check_opts(flags, LIST_HAS_PAYLOADS, "TurnList")
-        block = r.raw(count * TURN.size)
-        turns = [_turn(v) for v in TURN.iter_unpack(block)]
+        turns = [_turn(v) for v in TURN.iter_unpack(r.raw(count * TURN.size))]
         payloads = [r.sized(allow_absent=True) for _ in range(count)] if flags else None
         r.done()
         return cls(turns, payloads, next_cursor, head_depth)
@@ -256,7 +283,7 @@ class HelloReply:
         )  # fmt: skip
 
     @classmethod
-    def decode(cls, payload: bytes) -> HelloReply:
+    def decode(cls, payload: Buffer) -> HelloReply:
         version, reserved, *limits = _fixed(HELLO_REPLY, payload, "HELLO reply")
         if reserved:
             raise MalformedMessage("HELLO reply: reserved field is not 0")
@@ -275,7 +302,7 @@ class ErrorReply:
         return ERROR.pack(self.code, 0, self.arg0, self.arg1, len(text)) + text
 
     @classmethod
-    def decode(cls, payload: bytes) -> ErrorReply:
+    def decode(cls, payload: Buffer) -> ErrorReply:
         r = _Reader(payload, "ERROR")
         code, _reserved, arg0, arg1, n = r.unpack(ERROR)
         text = r.raw(n)
@@ -301,13 +328,13 @@ class Request(Generic[R]):
     MSG_TYPE: ClassVar[MsgType]
 
     @classmethod
-    def decode(cls, payload: bytes) -> Request[Any]:
+    def decode(cls, payload: Buffer) -> Request[Any]:
         raise NotImplementedError
 
     def encode(self) -> bytes:
         raise NotImplementedError
 
-    def decode_reply(self, payload: bytes) -> R:
+    def decode_reply(self, payload: Buffer) -> R:
         raise NotImplementedError
 
 
@@ -321,10 +348,10 @@ class Hello(Request[HelloReply]):
         return HELLO.pack(self.min_version, self.max_version)
 
     @classmethod
-    def decode(cls, payload: bytes) -> Hello:
+    def decode(cls, payload: Buffer) -> Hello:
         return cls(*_fixed(HELLO, payload, "HELLO"))
 
-    def decode_reply(self, payload: bytes) -> HelloReply:
+    def decode_reply(self, payload: Buffer) -> HelloReply:
         return HelloReply.decode(payload)
 
     def negotiate(self) -> int | None:
@@ -342,10 +369,10 @@ class CtxCreate(Request[ContextHead]):
         return U64.pack(self.base_turn_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> CtxCreate:
+    def decode(cls, payload: Buffer) -> CtxCreate:
         return cls(*_fixed(U64, payload, "CTX_CREATE"))
 
-    def decode_reply(self, payload: bytes) -> ContextHead:
+    def decode_reply(self, payload: Buffer) -> ContextHead:
         return decode_context_head(payload)
 
 
@@ -358,10 +385,10 @@ class CtxFork(Request[ContextHead]):
         return U64.pack(self.turn_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> CtxFork:
+    def decode(cls, payload: Buffer) -> CtxFork:
         return cls(*_fixed(U64, payload, "CTX_FORK"))
 
-    def decode_reply(self, payload: bytes) -> ContextHead:
+    def decode_reply(self, payload: Buffer) -> ContextHead:
         return decode_context_head(payload)
 
 
@@ -374,10 +401,10 @@ class GetHead(Request[ContextHead]):
         return U64.pack(self.context_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetHead:
+    def decode(cls, payload: Buffer) -> GetHead:
         return cls(*_fixed(U64, payload, "GET_HEAD"))
 
-    def decode_reply(self, payload: bytes) -> ContextHead:
+    def decode_reply(self, payload: Buffer) -> ContextHead:
         return decode_context_head(payload)
 
 
@@ -390,10 +417,10 @@ class CtxDelete(Request[None]):
         return U64.pack(self.context_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> CtxDelete:
+    def decode(cls, payload: Buffer) -> CtxDelete:
         return cls(*_fixed(U64, payload, "CTX_DELETE"))
 
-    def decode_reply(self, payload: bytes) -> None:
+    def decode_reply(self, payload: Buffer) -> None:
         return decode_empty(payload)
 
 
@@ -406,10 +433,10 @@ class GetTurn(Request[Turn]):
         return U64.pack(self.turn_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetTurn:
+    def decode(cls, payload: Buffer) -> GetTurn:
         return cls(*_fixed(U64, payload, "GET_TURN"))
 
-    def decode_reply(self, payload: bytes) -> Turn:
+    def decode_reply(self, payload: Buffer) -> Turn:
         return decode_turn(payload)
 
 
@@ -432,7 +459,7 @@ class AppendTurn(Request[Turn]):
         )
 
     @classmethod
-    def decode(cls, payload: bytes) -> AppendTurn:
+    def decode(cls, payload: Buffer) -> AppendTurn:
         r = _Reader(payload, "APPEND_TURN")
         ctx, expected, type_tag, codec, opts, n = r.unpack(APPEND_TURN)
         _check_opts(opts, EXPECT_PARENT, "APPEND_TURN")
@@ -441,7 +468,7 @@ class AppendTurn(Request[Turn]):
         r.done()
         return cls(ctx, data, type_tag, codec, expected, opts)
 
-    def decode_reply(self, payload: bytes) -> Turn:
+    def decode_reply(self, payload: Buffer) -> Turn:
         return decode_turn(payload)
 
 
@@ -460,7 +487,7 @@ class AppendBatch(Request[TurnList]):
         return b"".join(parts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> AppendBatch:
+    def decode(cls, payload: Buffer) -> AppendBatch:
         r = _Reader(payload, "APPEND_BATCH")
         ctx, expected, opts, count = r.unpack(APPEND_BATCH)
         _check_opts(opts, EXPECT_PARENT, "APPEND_BATCH")
@@ -474,7 +501,7 @@ class AppendBatch(Request[TurnList]):
         r.done()
         return cls(ctx, turns, expected, opts)
 
-    def decode_reply(self, payload: bytes) -> TurnList:
+    def decode_reply(self, payload: Buffer) -> TurnList:
         return TurnList.decode(payload)
 
 
@@ -495,12 +522,12 @@ class GetLast(Request[TurnList]):
         return GET_LAST.pack(self.context_id, self.limit, self.opts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetLast:
+    def decode(cls, payload: Buffer) -> GetLast:
         req = cls(*_fixed(GET_LAST, payload, "GET_LAST"))
         _check_read_opts(req.opts, "GET_LAST")
         return req
 
-    def decode_reply(self, payload: bytes) -> TurnList:
+    def decode_reply(self, payload: Buffer) -> TurnList:
         return TurnList.decode(payload)
 
 
@@ -516,12 +543,12 @@ class GetBefore(Request[TurnList]):
         return GET_BEFORE.pack(self.context_id, self.before_turn_id, self.limit, self.opts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetBefore:
+    def decode(cls, payload: Buffer) -> GetBefore:
         req = cls(*_fixed(GET_BEFORE, payload, "GET_BEFORE"))
         _check_read_opts(req.opts, "GET_BEFORE")
         return req
 
-    def decode_reply(self, payload: bytes) -> TurnList:
+    def decode_reply(self, payload: Buffer) -> TurnList:
         return TurnList.decode(payload)
 
 
@@ -537,12 +564,12 @@ class GetRangeByDepth(Request[TurnList]):
         return GET_RANGE.pack(self.context_id, self.start_depth, self.limit, self.opts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetRangeByDepth:
+    def decode(cls, payload: Buffer) -> GetRangeByDepth:
         req = cls(*_fixed(GET_RANGE, payload, "GET_RANGE_BY_DEPTH"))
         _check_read_opts(req.opts, "GET_RANGE_BY_DEPTH")
         return req
 
-    def decode_reply(self, payload: bytes) -> TurnList:
+    def decode_reply(self, payload: Buffer) -> TurnList:
         return TurnList.decode(payload)
 
 
@@ -556,12 +583,12 @@ class GetChain(Request[TurnList]):
         return GET_CHAIN.pack(self.turn_id, self.opts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetChain:
+    def decode(cls, payload: Buffer) -> GetChain:
         req = cls(*_fixed(GET_CHAIN, payload, "GET_CHAIN"))
         _check_read_opts(req.opts, "GET_CHAIN")
         return req
 
-    def decode_reply(self, payload: bytes) -> TurnList:
+    def decode_reply(self, payload: Buffer) -> TurnList:
         return TurnList.decode(payload)
 
 
@@ -575,12 +602,12 @@ class GetBlob(Request[bytes]):
         return GET_BLOB.pack(self.blob_hash, self.opts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetBlob:
+    def decode(cls, payload: Buffer) -> GetBlob:
         req = cls(*_fixed(GET_BLOB, payload, "GET_BLOB"))
         _check_opts(req.opts, VERIFY_HASH, "GET_BLOB")
         return req
 
-    def decode_reply(self, payload: bytes) -> bytes:
+    def decode_reply(self, payload: Buffer) -> bytes:
         return decode_blob(payload)
 
 
@@ -593,14 +620,14 @@ class PutBlob(Request[bytes]):
         return _sized(self.data)
 
     @classmethod
-    def decode(cls, payload: bytes) -> PutBlob:
+    def decode(cls, payload: Buffer) -> PutBlob:
         r = _Reader(payload, "PUT_BLOB")
         data = r.sized()
         r.done()
         assert data is not None
         return cls(data)
 
-    def decode_reply(self, payload: bytes) -> bytes:
+    def decode_reply(self, payload: Buffer) -> bytes:
         return decode_hash(payload)
 
 
@@ -614,14 +641,14 @@ class PatchTurn(Request[Patch]):
         return PATCH.pack(self.target_turn_id, len(self.payload)) + self.payload
 
     @classmethod
-    def decode(cls, payload: bytes) -> PatchTurn:
+    def decode(cls, payload: Buffer) -> PatchTurn:
         r = _Reader(payload, "PATCH")
         target, n = r.unpack(PATCH)
         data = r.raw(n)
         r.done()
         return cls(target, data)
 
-    def decode_reply(self, payload: bytes) -> Patch:
+    def decode_reply(self, payload: Buffer) -> Patch:
         return decode_patch(payload)
 
 
@@ -634,10 +661,10 @@ class Tombstone(Request[Patch]):
         return U64.pack(self.target_turn_id)
 
     @classmethod
-    def decode(cls, payload: bytes) -> Tombstone:
+    def decode(cls, payload: Buffer) -> Tombstone:
         return cls(*_fixed(U64, payload, "TOMBSTONE"))
 
-    def decode_reply(self, payload: bytes) -> Patch:
+    def decode_reply(self, payload: Buffer) -> Patch:
         return decode_patch(payload)
 
 
@@ -652,13 +679,13 @@ class GetPayload(Request[bytes | None]):
         return GET_PAYLOAD.pack(self.turn_id, self.as_of_seq, self.opts)
 
     @classmethod
-    def decode(cls, payload: bytes) -> GetPayload:
+    def decode(cls, payload: Buffer) -> GetPayload:
         req = cls(*_fixed(GET_PAYLOAD, payload, "GET_PAYLOAD"))
         _check_opts(req.opts, AS_OF, "GET_PAYLOAD")
         _check_unused(req.as_of_seq, req.opts, AS_OF, "as_of_seq", "GET_PAYLOAD")
         return req
 
-    def decode_reply(self, payload: bytes) -> bytes | None:
+    def decode_reply(self, payload: Buffer) -> bytes | None:
         return decode_maybe_payload(payload)
 
 
@@ -671,7 +698,7 @@ REQUESTS: dict[int, type[Request]] = {
 }  # fmt: skip
 
 
-def decode_request(msg_type: int, payload: bytes) -> Request:
+def decode_request(msg_type: int, payload: Buffer) -> Request:
     """The request in a frame's payload; UnknownMessage or MalformedMessage when it is not one."""
     cls = REQUESTS.get(msg_type)
     if cls is None:

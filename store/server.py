@@ -28,8 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from queue import SimpleQueue
-from typing import Any
+from typing import Any, cast
 
+from store import aio
 from store import messages as m
 from store.errors import (
     CorruptRecord,
@@ -59,7 +60,6 @@ from store.frames import (
     ShuttingDown,
     TooManyInFlight,
     UnsupportedVersion,
-    encode_frame,
 )
 from store.types import Turn
 
@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 MiB = 1 << 20
 LARGE = 64 * 1024
 """Replies this big are written without copying them behind their header."""
+Reply = bytes | list[bytes]
+"""A reply payload, whole or in pieces to be written one after another."""
 PAYLOAD_BATCH = 32
 """Payloads read from the engine per call while building a reply."""
 SEND_BUFFER = 2 * MiB
@@ -159,9 +161,9 @@ class _Handlers:
         if limit > self.limits.max_turns:
             raise BadRequest(f"limit {limit} exceeds max_turns {self.limits.max_turns}", 0, limit)
 
-    def _turn_list(self, turns: list[Turn], opts: int, next_cursor: int, head_depth: int) -> bytes:
+    def _turn_list(self, turns: list[Turn], opts: int, next_cursor: int, head_depth: int) -> Reply:
         payloads = self._payloads(turns, bool(opts & m.READ_PATCHED)) if opts & m.READ_PAYLOADS else None
-        return m.TurnList(turns, payloads, next_cursor, head_depth).encode()
+        return m.TurnList(turns, payloads, next_cursor, head_depth).encode_parts()
 
     def _payloads(self, turns: list[Turn], patched: bool) -> list[bytes | None]:
         """The turns' payloads, a few at a time, given up as soon as they cannot fit in a reply
@@ -210,7 +212,7 @@ class _Handlers:
         turns = self.store.append_turns(r.context_id, r.turns, expected_parent=expected)
         return m.TurnList(turns, None, 0, turns[-1].depth).encode()
 
-    def get_last(self, r: m.GetLast) -> bytes:
+    def get_last(self, r: m.GetLast) -> Reply:
         self._limit(r.limit)
         turns = self.store.get_last(r.context_id, r.limit)
         if turns:
@@ -220,19 +222,19 @@ class _Handlers:
             head_depth, cursor = self.store.get_head(r.context_id).head_depth, 0
         return self._turn_list(turns, r.opts, cursor, head_depth)
 
-    def get_before(self, r: m.GetBefore) -> bytes:
+    def get_before(self, r: m.GetBefore) -> Reply:
         self._limit(r.limit)
         head_depth = self.store.get_head(r.context_id).head_depth
         page = self.store.get_before(r.context_id, r.before_turn_id, r.limit)
         return self._turn_list(page.turns, r.opts, page.next_cursor, head_depth)
 
-    def get_range_by_depth(self, r: m.GetRangeByDepth) -> bytes:
+    def get_range_by_depth(self, r: m.GetRangeByDepth) -> Reply:
         self._limit(r.limit)
         head_depth = self.store.get_head(r.context_id).head_depth
         turns = self.store.range_by_depth(r.context_id, r.start_depth, r.limit)
         return self._turn_list(turns, r.opts, 0, head_depth)
 
-    def get_chain(self, r: m.GetChain) -> bytes:
+    def get_chain(self, r: m.GetChain) -> Reply:
         turns = self.store.chain(r.turn_id)
         return self._turn_list(turns, r.opts, 0, turns[-1].depth)
 
@@ -255,7 +257,7 @@ class _Handlers:
         as_of = r.as_of_seq if r.opts & m.AS_OF else None
         return m.encode_maybe_payload(self.store.payload_of(self.store.get_turn(r.turn_id), as_of_seq=as_of))
 
-    def table(self) -> dict[type, tuple[Callable[[Any], bytes], bool]]:
+    def table(self) -> dict[type, tuple[Callable[[Any], Reply], bool]]:
         """Request type -> (handler, runs in the thread pool)."""
         return {
             m.CtxCreate: (self.ctx_create, True),
@@ -280,7 +282,7 @@ class _Handlers:
 # --- one connection -----------------------------------------------------------------------
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     def __init__(self, server: StoreServer) -> None:
         self.server = server
         self.limits = server.limits
@@ -300,9 +302,8 @@ class _Connection(asyncio.Protocol):
     # transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=self.limits.write_buffer)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.transport.set_write_buffer_limits(high=self.limits.write_buffer)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # a big reply leaves in one send instead of a ping-pong of wakeups
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
@@ -341,12 +342,18 @@ class _Connection(asyncio.Protocol):
         if self.eof and not self.in_flight and not self.backlog:
             self.close()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        try:
+            return self.decoder.get_buffer()
+        except ProtocolError:  # the stream broke and is being closed: drop what still comes
+            return memoryview(bytearray(HEADER.size))
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closing:
             return
         now = self.last_activity = self.loop.time()
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
             self.fail(exc, exc.req_id)
             return
@@ -354,6 +361,7 @@ class _Connection(asyncio.Protocol):
             self.partial_since = now if self.decoder.buffered else None
         self.backlog.extend(frames)
         self.run_backlog()
+        self.server.read_done(self)
 
     def run_backlog(self) -> None:
         """Handle received frames until none are left or the reply buffer is full."""
@@ -397,21 +405,23 @@ class _Connection(asyncio.Protocol):
         self.version = version
         self.send(req_id, m.MsgType.HELLO, self.limits.hello(version).encode())
 
-    def send(self, req_id: int, msg_type: int, payload: bytes) -> None:
-        if len(payload) > self.limits.max_frame:
+    def send(self, req_id: int, msg_type: int, reply: Reply) -> None:
+        parts = [reply] if isinstance(reply, bytes) else reply
+        size = sum(map(len, parts))
+        if size > self.limits.max_frame:
             exc = ReplyTooLarge(
-                f"reply of {len(payload)} bytes exceeds max_frame {self.limits.max_frame}; "
+                f"reply of {size} bytes exceeds max_frame {self.limits.max_frame}; "
                 "ask for fewer turns or without payloads",
-                req_id, len(payload), self.limits.max_frame,
+                req_id, size, self.limits.max_frame,
             )  # fmt: skip
             self.send_error(req_id, exc)
             return
         if self.transport is not None and not self.transport.is_closing():
-            if len(payload) < LARGE:
-                self.transport.write(encode_frame(msg_type, req_id, payload, FLAG_REPLY))
-            else:  # no concatenated copy of a big reply
-                self.transport.write(HEADER.pack(len(payload), msg_type, FLAG_REPLY, req_id))
-                self.transport.write(payload)
+            header = HEADER.pack(size, msg_type, FLAG_REPLY, req_id)
+            if size < LARGE:
+                self.transport.write(b"".join([header, *parts]))
+            else:  # no concatenated copy of a big reply (uvloop writes the pieces with one writev)
+                self.transport.writelines([header, *parts])
 
     def send_error(self, req_id: int, exc: BaseException) -> None:
         self.send(req_id, m.MsgType.ERROR, error_reply(exc).encode())
@@ -452,7 +462,7 @@ class _Connection(asyncio.Protocol):
 
 # --- the write workers -------------------------------------------------------------------
 
-Done = Callable[[bytes | None, BaseException | None], None]
+Done = Callable[[Reply | None, BaseException | None], None]
 
 
 class _Workers:
@@ -462,9 +472,10 @@ class _Workers:
     hand-off, which shows next to a ~0.2 ms durable append.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, on_idle: Callable[[], None]) -> None:
         self.loop = loop
-        self.queue: SimpleQueue[tuple[Callable[[Any], bytes], Any, Done] | None] = SimpleQueue()
+        self.on_idle = on_idle
+        self.queue: SimpleQueue[tuple[Callable[[Any], Reply], Any, Done] | None] = SimpleQueue()
         self.busy = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -474,7 +485,7 @@ class _Workers:
         for t in self.threads:
             t.start()
 
-    def submit(self, fn: Callable[[Any], bytes], arg: Any, done: Done) -> None:
+    def submit(self, fn: Callable[[Any], Reply], arg: Any, done: Done) -> None:
         self.busy += 1
         self.idle.clear()
         self.queue.put((fn, arg, done))
@@ -489,11 +500,12 @@ class _Workers:
                 error = exc
             self.loop.call_soon_threadsafe(self._done, done, result, error)
 
-    def _done(self, done: Done, result: bytes | None, error: BaseException | None) -> None:
+    def _done(self, done: Done, result: Reply | None, error: BaseException | None) -> None:
         self.busy -= 1
+        done(result, error)
         if not self.busy:
             self.idle.set()
-        done(result, error)
+            self.on_idle()
 
     def stop(self) -> None:
         for _ in self.threads:
@@ -506,6 +518,11 @@ class _Workers:
 
 INLINE_MAX = 64 << 10
 """The largest append run on the event loop (compressing it must not stall other clients)."""
+PACK_STEP = 32 << 10
+"""Raw bytes of blobs left for the packer that an idle server compresses per pass of its loop."""
+QUIET = 0.002
+"""Seconds without writes from other connections after which a connection counts as the
+only writer (see StoreServer.read_done)."""
 
 
 def _small_append(req: m.Request) -> bool:
@@ -541,6 +558,11 @@ class StoreServer:
         self._pool: _Workers | None = None
         self._writes: list[tuple[_Connection, int, m.Request]] = []
         """Writes decoded in this pass of the event loop, handed out by _run_writes."""
+        self._gather: asyncio.Handle | None = None
+        self._last_writer: _Connection | None = None
+        self._last_write = 0.0
+        self._packing = False
+        self._closing = False
         self._servers: list[asyncio.AbstractServer] = []
         self.tcp_address: tuple[str, int] | None = None
         self._bound_unix = False  # the socket file is ours to remove
@@ -554,7 +576,7 @@ class StoreServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._pool = _Workers(loop, self.workers)
+        self._pool = _Workers(loop, self.workers, self.idle_soon)
         try:
             if self.socket_path is not None:
                 sock = _bind_unix(self.socket_path)
@@ -578,8 +600,21 @@ class StoreServer:
             return
         conn.in_flight.add(req_id)
         if not self._writes:
-            asyncio.get_running_loop().call_soon(self._run_writes)
+            self._gather = asyncio.get_running_loop().call_soon(self._run_writes)
         self._writes.append((conn, req_id, req))
+
+    def read_done(self, conn: _Connection) -> None:
+        """After each read: writes wait for the next pass of the event loop so that those of
+        other connections join them in one group commit, unless conn alone has been writing
+        lately (for QUIET seconds), when that pass would only add to the latency."""
+        if not self._writes or self._writes[-1][0] is not conn:
+            return
+        now = asyncio.get_running_loop().time()
+        alone = self._last_writer is conn or now - self._last_write > QUIET
+        self._last_writer, self._last_write = conn, now
+        if alone and all(c is conn for c, _, _ in self._writes) and self._gather is not None:
+            self._gather.cancel()
+            self._run_writes()
 
     def _run_writes(self) -> None:
         """A lone small append with idle workers runs right here: a thread hand-off would cost
@@ -592,13 +627,34 @@ class StoreServer:
             conn.in_flight.discard(req_id)
             self._run_inline(conn, req_id, req, self._handlers[type(req)][0])
             conn.close_when_answered()
+            self.idle_soon()
             return
         for conn, req_id, req in writes:
             handler = self._handlers[type(req)][0]
             self._pool.submit(handler, req, functools.partial(self._finish, conn, req_id, req))
 
+    def idle_soon(self) -> None:
+        """Writes are answered: in the next pass of the loop, if nothing new came, compress
+        the blobs those appends left raw (Store.pack_pending), a step at a time, so that the
+        next append finds the CPU free."""
+        if not self._packing:
+            self._packing = True
+            asyncio.get_running_loop().call_soon(self._pack_step)
+
+    def _pack_step(self) -> None:
+        self._packing = False
+        if self._closing or self._writes or self._pool is None or self._pool.busy:
+            return  # busy again (the writes call idle_soon when they are done), or closing
+        try:
+            more = self.store.pack_pending(PACK_STEP)
+        except StoreError as exc:  # closed, or a write failed: the checkpointer packs them later
+            log.warning("store service: packing pending blobs failed: %s", exc)
+            return
+        if more:
+            self.idle_soon()
+
     def _run_inline(self, conn: _Connection, req_id: int, req: m.Request,
-                    handler: Callable[[Any], bytes]) -> None:
+                    handler: Callable[[Any], Reply]) -> None:
         try:
             payload = handler(req)
         except Exception as exc:
@@ -612,7 +668,7 @@ class StoreServer:
         conn: _Connection,
         req_id: int,
         req: m.Request,
-        result: bytes | None,
+        result: Reply | None,
         error: BaseException | None,
     ) -> None:
         conn.in_flight.discard(req_id)
@@ -629,6 +685,7 @@ class StoreServer:
             log.error("store service: %s failed", req.MSG_TYPE.name, exc_info=exc)
 
     async def close(self, grace: float = 5.0) -> None:
+        self._closing = True
         for s in self._servers:
             s.close()
         for conn in list(self.connections):
@@ -718,5 +775,5 @@ def run_service(
             await stop.wait()
 
     with Store.open(store_path) as store:
-        asyncio.run(main())
+        aio.run(main())
     return 0

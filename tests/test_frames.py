@@ -17,6 +17,7 @@ from store import messages as m
 from store.frames import (
     FLAG_REPLY,
     HEADER_SIZE,
+    KEEP_BUFFER,
     ErrorCode,
     Frame,
     FrameDecoder,
@@ -181,6 +182,37 @@ def test_decoder_reassembles_frames_split_at_every_byte() -> None:
             assert dec.buffered == fed - sum(HEADER_SIZE + len(f.payload) for f in got)
         assert got == frames
         assert dec.buffered == 0
+
+
+def test_reading_into_the_decoders_buffer_gives_the_same_frames() -> None:
+    """get_buffer/buffer_updated (asyncio.BufferedProtocol), with reads of any size, big frames
+    that outgrow the buffer, and copy=False views that stay right until the next call."""
+    rng = random.Random(5)
+    frames = [Frame(1, 0, i, rng.randbytes(rng.choice([0, 7, 5000, 200_000, 5 << 20]))) for i in range(30)]
+    stream = b"".join(encode_frame(f.msg_type, f.req_id, f.payload, f.flags) for f in frames)
+    for copy in (True, False):
+        dec = FrameDecoder(8 << 20, copy=copy)
+        got: list[Frame] = []
+        pos = 0
+        while pos < len(stream):
+            room = dec.get_buffer()
+            n = min(len(room), rng.choice([1, 100, 65536, 1 << 22]), len(stream) - pos)
+            room[:n] = stream[pos : pos + n]
+            pos += n
+            got += [f._replace(payload=bytes(f.payload)) for f in dec.buffer_updated(n)]
+        assert got == frames and dec.buffered == 0
+        assert len(dec._buf) <= KEEP_BUFFER  # a buffer grown for a 5 MiB frame was let go
+
+
+def test_a_huge_announced_frame_is_not_allocated_before_its_bytes_come() -> None:
+    dec = FrameDecoder(1 << 30)
+    dec.feed(struct.pack("<IHHQ", 1 << 30, 1, 0, 1))
+    assert len(dec.get_buffer()) <= KEEP_BUFFER  # later, at most twice what came
+    for _ in range(3):
+        room = dec.get_buffer()
+        room[:] = bytes(len(room))
+        assert dec.buffer_updated(len(room)) == []
+    assert dec.buffered < 5 * KEEP_BUFFER
 
 
 def test_decoder_refuses_an_oversized_frame_from_its_header_alone() -> None:

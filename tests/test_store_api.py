@@ -89,6 +89,7 @@ def test_dedup_stores_a_payload_once(store: Store, tmp_path: Path) -> None:
     payload = text(1, 20000)
     ctxs = [store.create_context().context_id for _ in range(20)]
     store.append_turn(ctxs[0], payload)
+    store.pack_pending()  # the append left its new blob raw in the WAL for the packer
     size = os.path.getsize(tmp_path / "store" / "blobs.pack")
     end = store._pack.end
     for c in ctxs:

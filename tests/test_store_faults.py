@@ -103,6 +103,7 @@ def _build(path: Path, images: Path) -> Pristine:
     p.patched[3] = None
     add(b, rng.randbytes(24))  # the last two records are small, so "every offset" stays cheap
     add(c, rng.randbytes(24))
+    st.pack_pending()  # the appends' blobs into the pack (they stay in the WAL too), small ones last
     for h in st.list_contexts():
         p.heads[h.context_id] = (h.head_turn_id, h.head_depth)
     shutil.copytree(path, images / "crash")

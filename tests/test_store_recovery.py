@@ -18,7 +18,7 @@ import pytest
 
 from store import CorruptRecord, Store, TurnInput
 from store.fsck import fsck
-from store.records import TURN_SIZE, encode_blob, scan_wal
+from store.records import CODEC_ZSTD, TURN_SIZE, encode_blob, scan_wal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,27 +26,28 @@ CHILD = textwrap.dedent(
     """
     import json, os, signal, sys
     from store import Store, TurnInput
-    path, n = sys.argv[1], int(sys.argv[2])
+    path, n, big, pack = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "pack"
     s = Store.open(path)
     ctx = s.list_contexts()[0].context_id if s.list_contexts() else s.create_context().context_id
     acked = []
     for i in range(n):
         payload = (b"turn %d of %s " % (i, path.encode())) * (50 + i % 7)
         acked.append(s.append_turn(ctx, payload).turn_id)
-    if len(sys.argv) > 3:  # one last blob too big to travel in the head WAL
-        acked.append(s.append_turn(ctx, os.urandom(int(sys.argv[3]))).turn_id)
+    if pack:  # what the checkpointer does in time: the appends' new blobs, raw in the WAL, into the pack
+        s.pack_pending()
+    if big:  # one last blob too big to travel in the head WAL
+        acked.append(s.append_turn(ctx, os.urandom(big)).turn_id)
     print(json.dumps({"ctx": ctx, "acked": acked}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
 
 
-def crash_after(path: Path, n: int, big: int = 0) -> dict:
+def crash_after(path: Path, n: int, big: int = 0, pack: bool = False) -> dict:
     """Run a writer that appends n turns (and a random one of size big) and dies by SIGKILL
-    without closing the store."""
-    extra = [str(big)] if big else []
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), str(n), *extra], cwd=REPO,
-                          capture_output=True, timeout=60)
+    without closing the store.  Unless pack, the small turns' blobs are in the WAL only."""
+    args = [str(path), str(n), str(big), "pack" if pack else "-"]
+    proc = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == -9, proc.stderr.decode()
     return json.loads(proc.stdout)
 
@@ -68,6 +69,8 @@ def test_killed_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
     run = crash_after(path, 40)
     with assert_all_there(path, run["ctx"], 40) as s:
         assert s.get_head(run["ctx"]).head_turn_id == run["acked"][-1]
+        # their blobs were in the WAL only, raw (left for the packer): restored compressed
+        assert {s.get_stored_blob(t.payload_hash).codec for t in s.get_last(run["ctx"], 40)} == {CODEC_ZSTD}
     assert fsck(path, full=True).ok
 
 
@@ -115,7 +118,7 @@ def cut_last_blob(path: Path) -> None:
 
 def test_blob_lost_from_the_pack_comes_back_from_its_wal_copy(tmp_path: Path) -> None:
     path = tmp_path / "s"
-    run = crash_after(path, 10)
+    run = crash_after(path, 10, pack=True)
     cut_last_blob(path)
     with assert_all_there(path, run["ctx"], 10) as s:
         assert any("restored from their copies" in n for n in s.recovery_notes)
