@@ -46,6 +46,7 @@ from _benchlib import emit, goal, goals_met, log, median, ms, now, summary_ms  #
 from store import Store, aio  # noqa: E402
 from store import messages as m  # noqa: E402
 from store.client import StoreClient  # noqa: E402
+from store.frames import HEADER_SIZE  # noqa: E402
 
 PAYLOAD = 10 * 1024
 CONTEXTS = 16
@@ -109,24 +110,35 @@ class Redis:
 FLOOR_CHILD = """
 import socket, sys
 s = socket.socket(fileno=int(sys.argv[1]))
-data = bytes(int(sys.argv[2]))
-while s.recv(1):
-    s.sendall(data)
+ask, reply = memoryview(bytearray(int(sys.argv[2]))), bytes(int(sys.argv[3]))
+while True:
+    got = 0
+    while got < len(ask):
+        n = s.recv_into(ask[got:])
+        if not n:
+            sys.exit()
+        got += n
+    s.sendall(reply)
 """
 
 
 class RawTransfer:
-    """The floor for a reply of nbytes: another process sends that many bytes per request byte."""
+    """The floor of any out-of-process service on this machine: a request of ask bytes to
+    another process over a Unix socket and a reply of reply bytes back (blocking sockets,
+    no framing, no decoding, no work)."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, ask: int, reply: int) -> None:
         self.sock, theirs = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-c", FLOOR_CHILD, str(theirs.fileno()), str(nbytes)],
-                                     pass_fds=[theirs.fileno()])  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", FLOOR_CHILD, str(theirs.fileno()), str(ask), str(reply)],
+            pass_fds=[theirs.fileno()],
+        )
         theirs.close()
-        self.buf = memoryview(bytearray(nbytes))
+        self.ask = bytes(ask)
+        self.buf = memoryview(bytearray(reply))
 
     def fetch(self) -> None:
-        self.sock.sendall(b"x")
+        self.sock.sendall(self.ask)
         got = 0
         while got < len(self.buf):
             got += self.sock.recv_into(self.buf[got:])
@@ -196,16 +208,21 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         bodies = iter([payload(rng) for _ in range(3 * (reps + 20))])
 
         log(f"APPEND_TURN round trip, {reps} per system, interleaved")
+        ping = RawTransfer(HEADER_SIZE + m.APPEND_TURN.size + PAYLOAD, HEADER_SIZE + m.TURN.size)
         ops: dict[str, Callable[[], Any]] = {
             "service": lambda: client.append_turn(svc_ctx[0], next(bodies)),
             "engine": lambda: engine.append_turn(eng_ctx[0], next(bodies)),
+            "raw_round_trip": ping.fetch,
         }
         if rcli is not None:
             ops["redis"] = lambda: rcli.xadd("ctx:0", {"p": next(bodies)})
-        appends = await interleaved(ops, reps, warmup=20)
+        try:
+            appends = await interleaved(ops, reps, warmup=20)
+        finally:
+            ping.close()
 
         log(f"pipelined appends, {CONTEXTS} contexts x {per_ctx}, {rate_reps} reps")
-        rates: dict[str, list[float]] = {name: [] for name in ops}
+        rates: dict[str, list[float]] = {name: [] for name in ops if name != "raw_round_trip"}
         total = CONTEXTS * per_ctx
         for _ in range(rate_reps):
             fresh = [[payload(rng) for _ in range(per_ctx)] for _ in range(CONTEXTS)]  # no dedup across reps
@@ -230,7 +247,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"GET_LAST(64) with payloads, {reps} per system, interleaved")
         sample = await client.get_last(svc_ctx[0], 64, payloads=True)
         reply_bytes = len(m.TurnList(sample.turns, sample.payloads).encode())
-        floor = RawTransfer(reply_bytes)
+        floor = RawTransfer(1, reply_bytes)
         ops = {
             "service": lambda: client.get_last(svc_ctx[0], 64, payloads=True),
             "engine": lambda: engine.payloads(engine.get_last(eng_ctx[0], 64)),
@@ -296,6 +313,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "get_last_64_metadata_only_rtt": {k: summary_ms(v) for k, v in meta.items()},
         "added_over_engine_p50_ms": {
             "append_turn": ms(svc_p50 - eng_p50),
+            "append_turn_beyond_a_raw_round_trip": ms(svc_p50 - eng_p50 - median(appends["raw_round_trip"])),
             "get_last_64_metadata_only": ms(median(meta["service"]) - median(meta["engine"])),
             "get_last_64_with_payloads": ms(get_svc - get_eng),
             "get_last_64_with_payloads_beyond_the_raw_transfer": ms(get_svc - get_eng - get_floor),

@@ -41,6 +41,11 @@ class GroupCommit:
             if not self._pending and self._leader:
                 self._cond.notify_all()
 
+    @property
+    def writers(self) -> int:
+        """Writers inside writing() now (a hint: read without the lock)."""
+        return self._pending
+
     def note_write(self, turn_id: int = 0) -> int:
         """Call right after a write (under the caller's write lock): the ticket that covers it."""
         with self._cond:

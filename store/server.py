@@ -5,7 +5,9 @@ are pipelined: each runs as soon as it arrives and its reply goes out when it is
 replies may overtake each other.  Writes run in a thread pool, so that appends arriving on
 many connections at once reach the engine together and share its group commit, except a
 lone small append while the pool is idle, which runs on the event loop (see _run_writes);
-reads are answered on the event loop, where a cache hit costs no thread hand-off.
+reads are answered on the event loop, where a cache hit costs no thread hand-off.  Both ends read
+straight into the frame decoder's buffer (asyncio.BufferedProtocol), and a reply of many
+payloads is written in pieces, never joined into one big copy.
 
 Limits (ServiceLimits) are announced in the HELLO reply.  A protocol violation gets an
 ERROR and the connection is closed; every other failure is an ERROR reply to its request.
@@ -472,9 +474,8 @@ class _Workers:
     hand-off, which shows next to a ~0.2 ms durable append.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, on_idle: Callable[[], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
         self.loop = loop
-        self.on_idle = on_idle
         self.queue: SimpleQueue[tuple[Callable[[Any], Reply], Any, Done] | None] = SimpleQueue()
         self.busy = 0
         self.idle = asyncio.Event()
@@ -502,10 +503,9 @@ class _Workers:
 
     def _done(self, done: Done, result: Reply | None, error: BaseException | None) -> None:
         self.busy -= 1
-        done(result, error)
         if not self.busy:
             self.idle.set()
-            self.on_idle()
+        done(result, error)
 
     def stop(self) -> None:
         for _ in self.threads:
@@ -518,8 +518,6 @@ class _Workers:
 
 INLINE_MAX = 64 << 10
 """The largest append run on the event loop (compressing it must not stall other clients)."""
-PACK_STEP = 32 << 10
-"""Raw bytes of blobs left for the packer that an idle server compresses per pass of its loop."""
 QUIET = 0.002
 """Seconds without writes from other connections after which a connection counts as the
 only writer (see StoreServer.read_done)."""
@@ -561,8 +559,6 @@ class StoreServer:
         self._gather: asyncio.Handle | None = None
         self._last_writer: _Connection | None = None
         self._last_write = 0.0
-        self._packing = False
-        self._closing = False
         self._servers: list[asyncio.AbstractServer] = []
         self.tcp_address: tuple[str, int] | None = None
         self._bound_unix = False  # the socket file is ours to remove
@@ -576,7 +572,7 @@ class StoreServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._pool = _Workers(loop, self.workers, self.idle_soon)
+        self._pool = _Workers(loop, self.workers)
         try:
             if self.socket_path is not None:
                 sock = _bind_unix(self.socket_path)
@@ -627,31 +623,10 @@ class StoreServer:
             conn.in_flight.discard(req_id)
             self._run_inline(conn, req_id, req, self._handlers[type(req)][0])
             conn.close_when_answered()
-            self.idle_soon()
             return
         for conn, req_id, req in writes:
             handler = self._handlers[type(req)][0]
             self._pool.submit(handler, req, functools.partial(self._finish, conn, req_id, req))
-
-    def idle_soon(self) -> None:
-        """Writes are answered: in the next pass of the loop, if nothing new came, compress
-        the blobs those appends left raw (Store.pack_pending), a step at a time, so that the
-        next append finds the CPU free."""
-        if not self._packing:
-            self._packing = True
-            asyncio.get_running_loop().call_soon(self._pack_step)
-
-    def _pack_step(self) -> None:
-        self._packing = False
-        if self._closing or self._writes or self._pool is None or self._pool.busy:
-            return  # busy again (the writes call idle_soon when they are done), or closing
-        try:
-            more = self.store.pack_pending(PACK_STEP)
-        except StoreError as exc:  # closed, or a write failed: the checkpointer packs them later
-            log.warning("store service: packing pending blobs failed: %s", exc)
-            return
-        if more:
-            self.idle_soon()
 
     def _run_inline(self, conn: _Connection, req_id: int, req: m.Request,
                     handler: Callable[[Any], Reply]) -> None:
@@ -685,7 +660,6 @@ class StoreServer:
             log.error("store service: %s failed", req.MSG_TYPE.name, exc_info=exc)
 
     async def close(self, grace: float = 5.0) -> None:
-        self._closing = True
         for s in self._servers:
             s.close()
         for conn in list(self.connections):

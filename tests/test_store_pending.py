@@ -1,23 +1,23 @@
 """Blobs that small appends leave raw in the WAL for the packer (store/engine.py docstring).
 
-An append of a new small blob does not compress it: the WAL record carries it raw, reads find
-it in memory, and the packer (the checkpointer, a checkpoint, close, or an idle store service)
-compresses it into the pack later.  These tests check that it is readable and stored once
-all along, that put_blob and peers never see it half-stored, that a crash before packing
-loses nothing and that recovery packs it compressed.
+An append of a new small blob by a writer alone does not compress it: the WAL record carries
+it raw, reads find it in memory, and the next checkpoint (or GC, close, put_blob,
+get_stored_blob, pack_pending) compresses it into the pack.  These tests check that it is
+readable and stored once all along, that put_blob and peers never see it half-stored, that
+a checkpoint packs it before dropping its WAL, that a crash before packing loses nothing
+(tests/test_store_recovery.py) and that recovery packs it compressed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import threading
 from pathlib import Path
 
 from store import Store, TurnInput
+from store import heads as headfiles
 from store.client import StoreClient
-from store.engine import PENDING_WAKE
 from store.fsck import fsck
 from store.records import CODEC_RAW, CODEC_ZSTD
 from store.server import StoreServer
@@ -37,7 +37,7 @@ def test_an_append_leaves_its_new_blob_for_the_packer(tmp_path: Path) -> None:
         assert s._pack.end == end and t.payload_hash in s._pending
         assert s.payloads([t]) == [text(1)] and s.get_blob(t.payload_hash, verify=True) == text(1)
         assert s.has_blob(t.payload_hash) and s.blob_hashes() == [t.payload_hash]
-        assert s.pack_pending() is False
+        s.pack_pending()
         assert not s._pending and s._pending_bytes == 0
         stored = s.get_stored_blob(t.payload_hash)
         assert stored.codec == CODEC_ZSTD and len(stored.stored) < len(text(1)) // 2
@@ -67,20 +67,21 @@ def test_put_blob_and_peers_get_a_pending_blob_packed(tmp_path: Path) -> None:
         assert not s._pending
 
 
-def test_packing_step_by_step_and_by_the_checkpointer(tmp_path: Path) -> None:
+def test_checkpoints_pack_what_waits_before_they_drop_its_wal(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s") as s:
         ctx = s.create_context().context_id
-        for i in range(5):
-            s.append_turn(ctx, text(10 + i))
-        assert s.pack_pending(max_bytes=1) is True and len(s._pending) == 4  # one blob a step
-        for n in range(2 * PENDING_WAKE // 12_000):  # past the mark the checkpointer packs them
+        first = [s.append_turn(ctx, text(10 + i)) for i in range(5)]
+        assert len(s._pending) == 5
+        gen = s._wal.gen
+        for n in range(headfiles.WAL_BYTES // 12_000 + 10):  # fills the WAL: a checkpoint comes
             s.append_turn(ctx, os.urandom(8) + text(100 + n))
         for _ in range(500):
-            if s._pending_bytes < PENDING_WAKE:
+            if s._wal.gen > gen and all(t.payload_hash not in s._pending for t in first):
                 break
             threading.Event().wait(0.01)
-        assert s._pending_bytes < PENDING_WAKE
-        assert s.payloads(s.range_by_depth(ctx, 0, 5)) == [text(10 + i) for i in range(5)]
+        assert all(s._pack.locate(t.payload_hash) is not None for t in first)
+        assert s._pending_bytes < headfiles.WAL_BYTES
+        assert s.payloads(first) == [text(10 + i) for i in range(5)]
 
 
 def test_big_batches_and_big_blobs_are_compressed_at_once(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_concurrent_appends_reads_and_packers_agree(tmp_path: Path) -> None:
 
         def packer() -> None:
             while not stop.is_set():
-                s.pack_pending(4096)
+                s.pack_pending()
 
         side = [threading.Thread(target=f) for f in (reader, packer, packer)]
         writers = [threading.Thread(target=writer, args=(k,)) for k in range(16)]
@@ -133,20 +134,16 @@ def test_concurrent_appends_reads_and_packers_agree(tmp_path: Path) -> None:
     assert fsck(tmp_path / "s", full=True).ok
 
 
-async def test_an_idle_service_packs_what_its_appends_left(tmp_path: Path) -> None:
+async def test_the_service_reads_blobs_that_wait_for_the_packer(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s") as s:
         async with StoreServer(s, tmp_path / "sock"):
             client = await StoreClient.connect(tmp_path / "sock")
             ctx = (await client.create_context()).context_id
             turns = [await client.append_turn(ctx, text(700 + i)) for i in range(3)]
-            for _ in range(200):  # the server packs in the next passes of its loop
-                if not s._pending:
-                    break
-                await asyncio.sleep(0.005)
-            assert not s._pending
-            assert all(s.get_stored_blob(t.payload_hash).codec == CODEC_ZSTD for t in turns)
+            assert all(t.payload_hash in s._pending for t in turns)
             listing = await client.get_last(ctx, 3, payloads=True)
             assert listing.payloads == [text(700 + i) for i in range(3)]
+            assert await client.get_blob(turns[0].payload_hash, verify=True) == text(700)
             await client.close()
 
 
