@@ -1,7 +1,9 @@
 """Payload layouts of every store-service message, sans-IO (docs/PROTOCOL.md, "Store service").
 
 Each request is a dataclass whose fields mirror its wire layout; it encodes itself, decodes
-itself strictly (exact length, no unknown option bits) and decodes its own reply.  The
+itself strictly (exact length, no unknown option bits) and decodes its own reply.  They are
+not frozen: each request builds one on both ends, and a frozen dataclass's __init__ costs
+five times as much.  The
 server answers with the same msg_type and FLAG_REPLY set, or with an ERROR frame.
 """
 
@@ -212,7 +214,7 @@ def decode_empty(payload: Buffer) -> None:
         raise MalformedMessage(f"empty reply expected, got {len(payload)} bytes")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnList:
     """Turns in chronological order; `payloads` (one per turn, None = tombstoned) when asked for."""
 
@@ -266,7 +268,7 @@ class TurnList:
         return cls(turns, payloads, next_cursor, head_depth)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HelloReply:
     version: int
     max_frame: int
@@ -290,7 +292,7 @@ class HelloReply:
         return cls(version, *limits)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorReply:
     code: int
     message: str
@@ -338,7 +340,7 @@ class Request(Generic[R]):
         raise NotImplementedError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hello(Request[HelloReply]):
     MSG_TYPE = MsgType.HELLO
     min_version: int = MIN_VERSION
@@ -360,7 +362,7 @@ class Hello(Request[HelloReply]):
         return best if best >= max(self.min_version, MIN_VERSION) else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CtxCreate(Request[ContextHead]):
     MSG_TYPE = MsgType.CTX_CREATE
     base_turn_id: int = 0
@@ -376,7 +378,7 @@ class CtxCreate(Request[ContextHead]):
         return decode_context_head(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CtxFork(Request[ContextHead]):
     MSG_TYPE = MsgType.CTX_FORK
     turn_id: int
@@ -392,7 +394,7 @@ class CtxFork(Request[ContextHead]):
         return decode_context_head(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetHead(Request[ContextHead]):
     MSG_TYPE = MsgType.GET_HEAD
     context_id: int
@@ -408,7 +410,7 @@ class GetHead(Request[ContextHead]):
         return decode_context_head(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CtxDelete(Request[None]):
     MSG_TYPE = MsgType.CTX_DELETE
     context_id: int
@@ -424,7 +426,7 @@ class CtxDelete(Request[None]):
         return decode_empty(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetTurn(Request[Turn]):
     MSG_TYPE = MsgType.GET_TURN
     turn_id: int
@@ -440,7 +442,7 @@ class GetTurn(Request[Turn]):
         return decode_turn(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendTurn(Request[Turn]):
     MSG_TYPE = MsgType.APPEND_TURN
     context_id: int
@@ -472,7 +474,7 @@ class AppendTurn(Request[Turn]):
         return decode_turn(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendBatch(Request[TurnList]):
     MSG_TYPE = MsgType.APPEND_BATCH
     context_id: int
@@ -511,7 +513,7 @@ def _check_read_opts(opts: int, what: str) -> None:
         raise MalformedMessage(f"{what}: READ_PATCHED without READ_PAYLOADS")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetLast(Request[TurnList]):
     MSG_TYPE = MsgType.GET_LAST
     context_id: int
@@ -531,7 +533,7 @@ class GetLast(Request[TurnList]):
         return TurnList.decode(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetBefore(Request[TurnList]):
     MSG_TYPE = MsgType.GET_BEFORE
     context_id: int
@@ -552,7 +554,7 @@ class GetBefore(Request[TurnList]):
         return TurnList.decode(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetRangeByDepth(Request[TurnList]):
     MSG_TYPE = MsgType.GET_RANGE_BY_DEPTH
     context_id: int
@@ -573,7 +575,7 @@ class GetRangeByDepth(Request[TurnList]):
         return TurnList.decode(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetChain(Request[TurnList]):
     MSG_TYPE = MsgType.GET_CHAIN
     turn_id: int
@@ -592,7 +594,7 @@ class GetChain(Request[TurnList]):
         return TurnList.decode(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetBlob(Request[bytes]):
     MSG_TYPE = MsgType.GET_BLOB
     blob_hash: bytes
@@ -611,7 +613,7 @@ class GetBlob(Request[bytes]):
         return decode_blob(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PutBlob(Request[bytes]):
     MSG_TYPE = MsgType.PUT_BLOB
     data: bytes
@@ -631,7 +633,7 @@ class PutBlob(Request[bytes]):
         return decode_hash(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PatchTurn(Request[Patch]):
     MSG_TYPE = MsgType.PATCH
     target_turn_id: int
@@ -652,7 +654,7 @@ class PatchTurn(Request[Patch]):
         return decode_patch(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Tombstone(Request[Patch]):
     MSG_TYPE = MsgType.TOMBSTONE
     target_turn_id: int
@@ -668,7 +670,7 @@ class Tombstone(Request[Patch]):
         return decode_patch(payload)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetPayload(Request[bytes | None]):
     MSG_TYPE = MsgType.GET_PAYLOAD
     turn_id: int

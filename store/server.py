@@ -363,12 +363,12 @@ class _Connection(asyncio.BufferedProtocol):
             self.partial_since = now if self.decoder.buffered else None
         self.backlog.extend(frames)
         self.run_backlog()
-        self.server.read_done(self)
 
     def run_backlog(self) -> None:
         """Handle received frames until none are left or the reply buffer is full."""
         while self.backlog and not self.write_paused and not self.closing:
             self.on_frame(self.backlog.popleft())
+        self.server.writes_ready(self)
         self.close_when_answered()
 
     # requests and replies
@@ -520,7 +520,7 @@ INLINE_MAX = 64 << 10
 """The largest append run on the event loop (compressing it must not stall other clients)."""
 QUIET = 0.002
 """Seconds without writes from other connections after which a connection counts as the
-only writer (see StoreServer.read_done)."""
+only writer (see StoreServer.writes_ready)."""
 
 
 def _small_append(req: m.Request) -> bool:
@@ -557,6 +557,7 @@ class StoreServer:
         self._writes: list[tuple[_Connection, int, m.Request]] = []
         """Writes decoded in this pass of the event loop, handed out by _run_writes."""
         self._gather: asyncio.Handle | None = None
+        """The pass of the loop that will hand them out, when one is due."""
         self._last_writer: _Connection | None = None
         self._last_write = 0.0
         self._servers: list[asyncio.AbstractServer] = []
@@ -595,28 +596,29 @@ class StoreServer:
             self._run_inline(conn, req_id, req, handler)
             return
         conn.in_flight.add(req_id)
-        if not self._writes:
-            self._gather = asyncio.get_running_loop().call_soon(self._run_writes)
         self._writes.append((conn, req_id, req))
 
-    def read_done(self, conn: _Connection) -> None:
-        """After each read: writes wait for the next pass of the event loop so that those of
-        other connections join them in one group commit, unless conn alone has been writing
-        lately (for QUIET seconds), when that pass would only add to the latency."""
-        if not self._writes or self._writes[-1][0] is not conn:
-            return
-        now = asyncio.get_running_loop().time()
+    def writes_ready(self, conn: _Connection) -> None:
+        """After conn's frames are handled: its writes run in the next pass of the event loop,
+        so that writes other connections sent meanwhile join them in one group commit, unless
+        conn alone has been writing lately (for QUIET seconds): then that pass would only add
+        to the latency, and they run now."""
+        if not self._writes or self._gather is not None:
+            return  # nothing new, or a pass is already due
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         alone = self._last_writer is conn or now - self._last_write > QUIET
         self._last_writer, self._last_write = conn, now
-        if alone and all(c is conn for c, _, _ in self._writes) and self._gather is not None:
-            self._gather.cancel()
+        if alone:
             self._run_writes()
+        else:
+            self._gather = loop.call_soon(self._run_writes)
 
     def _run_writes(self) -> None:
         """A lone small append with idle workers runs right here: a thread hand-off would cost
         more than the service's whole latency budget, and there is nobody to group-commit
         with.  Writes that arrive together go to the workers, whose syncs the engine groups."""
-        writes, self._writes = self._writes, []
+        writes, self._writes, self._gather = self._writes, [], None
         assert self._pool is not None
         if len(writes) == 1 and not self._pool.busy and _small_append(writes[0][2]):
             conn, req_id, req = writes[0]
