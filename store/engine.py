@@ -15,11 +15,11 @@ and waits in memory (`_pending`, where reads find it) until the next checkpoint 
 it into the pack, just before it syncs the pack.  Until then the WAL copy is what makes it
 durable, and recovery compresses such copies as it restores them.  Packing only at
 checkpoints also keeps the pack from growing between them, so an append's fdatasync of the
-pre-zeroed WAL has no metadata to commit (packing after every append measured slower).  Handing the
-compression to another thread *while the append waited* was measured slower (0.42-0.55 ms
-against 0.21-0.32 ms: on two loaded cores the hand-off waits for a core); here nobody waits.
-Big batches (share imports) compress on the prepare threads as before, and put_blob, which
-has no WAL record, always compresses first.
+pre-zeroed WAL has no file size to commit (packing after every append measured slower).
+Handing the compression to another thread *while the append waited* was measured slower
+(0.42-0.55 ms against 0.21-0.32 ms: on two loaded cores the hand-off waits for a core); here
+nobody waits.  Big batches (share imports) compress on the prepare threads as before, and
+put_blob, which has no WAL record, always compresses first.
 
 Locks: one process per store directory (`flock` on `LOCK`); in the process a lock per context
 (head updates are linearizable per context), 64 blob shard locks (double-checked insert), one
