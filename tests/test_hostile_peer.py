@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -163,6 +164,15 @@ async def refused(w, branch: str, error: type[Exception], match: str) -> None:
         await fetch(w, branch)
     assert snapshot(w) == before
     assert not any(w["lib"].has_line(h) for h in w["liar"].lines if h not in _my_lines(w))
+
+
+def trusted_client(w, tmp_path: Path) -> tuple[Identity, ssl.SSLContext]:
+    """A client identity the world's node trusts, and its TLS context pinned to that node."""
+    client = load_or_create_identity(tmp_path / "client")
+    w["trust"].trust(client.node_id)
+    client_trust = TrustStore(tmp_path / "client-trust.json")
+    client_trust.trust(w["me"].node_id)
+    return client, client_context(client, client_trust, w["me"].fingerprint)
 
 
 def _my_lines(w) -> set[bytes]:
@@ -411,13 +421,10 @@ async def test_server_answers_unshared_and_unknown_hashes_alike(world, tmp_path:
     hidden = lib.share(str(agent / A1))
     lib.unshare(hidden.branch)
     shown = lib.branches()[0]
-    client = load_or_create_identity(tmp_path / "client")
-    world["trust"].trust(client.node_id)
-    client_trust = TrustStore(tmp_path / "client-trust.json")
-    client_trust.trust(world["me"].node_id)
+    client, tls = trusted_client(world, tmp_path)
     server = PeerServer(lib, world["me"], world["trust"])
     await server.start("127.0.0.1", 0)
-    conn = aiohttp.TCPConnector(ssl=client_context(client, client_trust, world["me"].fingerprint))
+    conn = aiohttp.TCPConnector(ssl=tls)
     base = f"https://127.0.0.1:{server.port}"
     hidden_line = b3(split((corpus / A1).read_bytes())[3])
     try:
@@ -456,13 +463,10 @@ async def test_server_streams_a_batch_in_groups(world, tmp_path: Path,
     shown = [b3(ln) for ln in split((corpus / A2).read_bytes())]
     hidden = [b3(ln) for ln in split((corpus / A1).read_bytes()) if b3(ln) not in set(shown)]
     asked = [h for pair in itertools.zip_longest(shown, hidden) for h in pair if h]  # interleaved
-    client = load_or_create_identity(tmp_path / "client")
-    world["trust"].trust(client.node_id)
-    client_trust = TrustStore(tmp_path / "client-trust.json")
-    client_trust.trust(world["me"].node_id)
+    client, tls = trusted_client(world, tmp_path)
     server = PeerServer(lib, world["me"], world["trust"])
     await server.start("127.0.0.1", 0)
-    conn = aiohttp.TCPConnector(ssl=client_context(client, client_trust, world["me"].fingerprint))
+    conn = aiohttp.TCPConnector(ssl=tls)
     try:
         async with aiohttp.ClientSession(connector=conn) as s, \
                 s.post(f"https://127.0.0.1:{server.port}{wire.PATH_BATCH}", data=b"".join(asked)) as r:
@@ -540,18 +544,14 @@ async def test_per_peer_request_limit_and_slow_reader(world, tmp_path: Path) -> 
                     for _ in range(40))  # 24 MB that do not compress: more than the socket buffers hold
     path.write_bytes(header + body)
     big = lib.share(str(path))
-    client = load_or_create_identity(tmp_path / "client")
-    world["trust"].trust(client.node_id)
-    client_trust = TrustStore(tmp_path / "client-trust.json")
-    client_trust.trust(world["me"].node_id)
+    client, tls = trusted_client(world, tmp_path)
     server = PeerServer(lib, world["me"], world["trust"],
                         wire.Limits(max_concurrent_requests=1, slow_reader_timeout=1.5))
     await server.start("127.0.0.1", 0)
     base = f"https://127.0.0.1:{server.port}"
 
     def session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-            ssl=client_context(client, client_trust, world["me"].fingerprint)))
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls))
 
     try:
         async with session() as slow, session() as other:

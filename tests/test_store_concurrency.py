@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,18 @@ class Ack:
     start: int
     end: int
     payload_hash: bytes
+
+
+def run_workers(worker: Callable[[int], None], errors: list[BaseException]) -> None:
+    """worker(0 .. THREADS-1) on as many threads; fails on a hung worker or the first error."""
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    if errors:
+        raise errors[0]
 
 
 def test_16_threads_no_lost_turns_and_linearizable_heads(tmp_path: Path) -> None:
@@ -100,14 +113,7 @@ def test_16_threads_no_lost_turns_and_linearizable_heads(tmp_path: Path) -> None
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    if errors:
-        raise errors[0]
+    run_workers(worker, errors)
 
     def check(s: Store) -> None:
         all_ids = [a.turn_id for per in acks for _, a in per]
@@ -152,13 +158,7 @@ def test_same_new_blob_raced_by_16_writers_is_stored_once(tmp_path: Path) -> Non
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    if errors:
-        raise errors[0]
+    run_workers(worker, errors)
     for c in ctxs:
         assert store.payloads(store.get_last(c, len(payloads))) == payloads
     store.close()

@@ -329,12 +329,14 @@ FILES = ["blobs.pack", "turns.log", "heads.wal", "heads.tbl", "blobs.idx", "turn
 CACHES = ("blobs.idx", "turns.skip")  # rebuildable from the logs: damage must never lose data
 
 
-def _pick(image: Path, prefix: str) -> str:
-    """The file to damage: the newest head WAL generation, else the file of that name."""
+def _target(image: Path, prefix: str) -> tuple[str, bytes, list[tuple[int, int]]]:
+    """The file to damage (the newest head WAL generation, else the file of that name), its
+    bytes and its records' (start, end) offsets."""
     names = sorted(f.name for f in image.iterdir() if f.name == prefix or
                    (prefix == "heads.wal" and f.name.startswith("heads.wal.")))
     assert names and (image / names[-1]).stat().st_size, f"{image.name}: no {prefix} with data"
-    return names[-1]
+    buf = (image / names[-1]).read_bytes()
+    return names[-1], buf, records_of(names[-1], buf)
 
 
 # close() checkpoints the heads into heads.tbl and starts an empty WAL: the closed image has
@@ -346,9 +348,7 @@ CUTS = [(i, f) for i in ("crash", "closed") for f in FILES if (i, f) != ("closed
 def test_truncate_every_offset_of_last_records(pristine, image_name: str, prefix: str) -> None:
     p, root = pristine
     image = root / image_name
-    name = _pick(image, prefix)
-    buf = (image / name).read_bytes()
-    recs = records_of(name, buf)
+    name, buf, recs = _target(image, prefix)
     assert recs, f"{name}: no records found"
     start, end = recs[-2][0] if len(recs) > 1 else recs[-1][0], recs[-1][1]
     cases = [(f"cut at {k}", lambda b, k=k: bytes(b[:k]), k, len(buf)) for k in range(start, end)]
@@ -364,9 +364,8 @@ def test_torn_write_in_preallocated_tail(pristine, prefix: str) -> None:
     zeros: zero the crash image's last record from every offset on.  Must recover."""
     p, root = pristine
     image = root / "crash"
-    name = _pick(image, prefix)
-    buf = (image / name).read_bytes()
-    start, end = records_of(name, buf)[-1]
+    name, buf, recs = _target(image, prefix)
+    start, end = recs[-1]
 
     def zero_from(b: bytearray, k: int) -> bytes:
         b[k:end] = bytes(end - k)
@@ -384,9 +383,7 @@ FLIPS = 24
 def test_bit_flips(pristine, image_name: str, prefix: str) -> None:
     p, root = pristine
     image = root / image_name
-    name = _pick(image, prefix)
-    buf = (image / name).read_bytes()
-    recs = records_of(name, buf)
+    name, buf, recs = _target(image, prefix)
     data_end = recs[-1][1] if recs else len(buf)
     rng = random.Random(f"{image_name}/{name}")
     cases = []
