@@ -301,7 +301,7 @@ class BlobPack:
             old = self._index_entries()
             new = sorted(_entry(h, loc) for h, loc in self._tail.items())
             merged = list(heapq.merge(old, new)) if old else new
-            atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), self.durable)
+            atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), durable=self.durable)
             self._reload_index()
             self._tail.clear()  # only now: a lookup finds a blob in the old tail or the new index
 

@@ -24,7 +24,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """durable=False skips the fsyncs (for caches: a power loss may then leave the old file or
     an empty one, never a torn one on file systems that order rename after data).  The temp
     name carries the pid, so two processes writing the same file never share a temp file."""

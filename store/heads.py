@@ -169,7 +169,7 @@ def write_snapshot(root: Path, snap: Snapshot, durable: bool) -> None:
     """Make snap the newest snapshot; the one it replaces becomes heads.tbl.prev; WAL files
     older than both snapshots' are deleted."""
     tmp = root / (SNAPSHOT + ".tmp")
-    atomic_write(tmp, encode_snapshot(snap), durable)
+    atomic_write(tmp, encode_snapshot(snap), durable=durable)
     current = root / SNAPSHOT
     prev_gen = snap.generation
     if current.exists():

@@ -6,21 +6,29 @@ from pathlib import Path
 
 import pytest
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pi-corpus"
-if not CORPUS.is_dir():  # CI clones main with shared/ beside it; a developer may keep it elsewhere
-    CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "pi-corpus"
+DATA = Path(__file__).resolve().parent / "data"
+CORPUS = DATA / "pi-corpus-0.73.1"  # real files written by pi 0.73.1 (@mariozechner/pi-coding-agent)
+CORPUS_NEW = DATA / "pi-corpus-1.5.2"  # real files written by pi 1.5.2 (@earendil-works/pi-coding-agent)
 
 
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
-    if not (CORPUS / "manifest.json").is_file():
-        pytest.skip(f"the Pi corpus is not at {CORPUS} (shared/ must sit beside the checkout)")
     return CORPUS
 
 
 @pytest.fixture(scope="session")
 def corpus_manifest(corpus_dir: Path) -> dict:
     return json.loads((corpus_dir / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def corpus_new_dir() -> Path:
+    return CORPUS_NEW
+
+
+@pytest.fixture(scope="session")
+def corpus_new_manifest(corpus_new_dir: Path) -> dict:
+    return json.loads((corpus_new_dir / "manifest.json").read_text())
 
 
 @pytest.fixture
