@@ -46,7 +46,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     paths = node_paths(args)
     if node_running(paths):  # it holds the store's lock for as long as it runs
         raise store_in_use(paths, "check the store")
-    if not paths.store.is_dir():
+    if not any(paths.store.iterdir()):  # made empty by node_paths
         raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
     report = fsck(paths.store, full=args.full, repair=args.repair)
     if args.json:
