@@ -552,12 +552,13 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
         return store_in_use(node_paths(args), "open the store")
     if isinstance(exc, PayloadTooLarge):
         return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
-    if isinstance(exc, PermissionError):
-        return InvalidInput(f"permission denied: {_os_error_subject(exc)}")
-    if isinstance(exc, FileNotFoundError):
-        return NotFound(f"no such file or directory: {_os_error_subject(exc)}")
     if isinstance(exc, OSError):
-        return P2PNodeError(f"{exc.strerror or 'system error'}: {_os_error_subject(exc)}")
+        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc)}"
+        if isinstance(exc, FileNotFoundError):
+            return NotFound(text)
+        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError):
+            return InvalidInput(text)  # a path given that cannot be used: another file, or not ours
+        return P2PNodeError(text)
     hint = f" (run with {DEBUG_ENV}=1 for the traceback)" if os.environ.get(DEBUG_ENV) != "1" else ""
     return P2PNodeError(f"unexpected error: {str(exc) or 'no details'}{hint}")
 
