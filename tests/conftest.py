@@ -3,54 +3,27 @@
 Tests that need root carry the marker `lab` (network namespaces) or `root` (device-mapper,
 mount namespaces); run by an ordinary user they are skipped with skips.NEEDS_ROOT, and
 `.ci/run` runs them in its second, root, part.  With P2PNODE_STRICT_SKIPS=1 (set by `.ci/run`)
-a skip that skips.skip_allowed refuses fails the run; developers' runs are unaffected.
+a skip that skips.skip_allowed refuses fails the run; developers' runs are unaffected.  The
+hooks live in tests/skips.py (a plugin of its own, so that they can be tested).
 """
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ordinary import OrdinaryUser, ordinary_user, unusable_reason
-from skips import NEEDS_ROOT, ROOT_MARKERS, STRICT_SKIPS_ENV, skip_allowed
+from skips import (  # noqa: F401  (the hooks: pytest finds them in this module)
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "pi-corpus-0.73.1"  # real files written by pi 0.73.1 (@mariozechner/pi-coding-agent)
 CORPUS_NEW = DATA / "pi-corpus-1.5.2"  # real files written by pi 1.5.2 (@earendil-works/pi-coding-agent)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.geteuid() == 0:
-        return
-    for item in items:
-        if any(item.get_closest_marker(m) for m in ROOT_MARKERS):
-            item.add_marker(pytest.mark.skip(reason=NEEDS_ROOT))
-
-
-_refused_skips: list[str] = []
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if os.environ.get(STRICT_SKIPS_ENV) != "1" or not report.skipped or hasattr(report, "wasxfail"):
-        return
-    assert isinstance(report.longrepr, tuple)  # (file, line, "Skipped: <reason>")
-    reason = report.longrepr[2].removeprefix("Skipped: ")
-    if not skip_allowed(reason):
-        _refused_skips.append(f"{report.nodeid}: {reason}")
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _refused_skips:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _refused_skips:
-        terminalreporter.section(f"skips not allowed with {STRICT_SKIPS_ENV}=1 (the run fails)", red=True)
-        for line in _refused_skips:
-            terminalreporter.line(line)
 
 
 @pytest.fixture(scope="session")
