@@ -71,7 +71,8 @@ def client_context(identity: Identity, trust: TrustStore, expected: bytes | None
         if expected is not None and fp != expected:
             return f"server is {format_node_id(fp)}, expected {format_node_id(expected)}"
         if not trust.is_trusted(fp):
-            return f"server {format_node_id(fp)} is not trusted"
+            node_id = format_node_id(fp)
+            return f"server {node_id} is not trusted here (to allow it: p2pnode trust {node_id})"
         if on_accepted is not None:
             on_accepted(fp)
         return None

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -23,12 +24,35 @@ KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR")
 """What a user's environment keeps of the suite's; everything else is set per node."""
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Python:
+    """An interpreter the user can run, and the PYTHONPATH it needs to find p2pnode and its
+    dependencies (None: it finds them itself, as the venv's own python does)."""
+
+    executable: str
+    path: str | None = None
+
+
+def pythons() -> list[Python]:
+    """This run's interpreter, then a system one of the same version given this run's
+    site-packages: a venv made from a python under a private home (pyenv's in /root) is
+    not runnable by `nobody`, but its packages are readable."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    path = os.pathsep.join([str(REPO), *site.getsitepackages()])
+    return [Python(sys.executable), *(Python(f"{d}/{version}", path) for d in ("/usr/bin", "/usr/local/bin")
+                                      if os.path.exists(f"{d}/{version}"))]
+
+
 @dataclass(frozen=True)
 class OrdinaryUser:
     uid: int
     gid: int
     root: Path
     """A directory this user owns (0700); every node of the test lives under it."""
+    python: Python = Python(sys.executable)
 
     @property
     def dropped(self) -> bool:
@@ -52,6 +76,8 @@ class OrdinaryUser:
             shutil.copytree(sessions, agent / "sessions")
         self.own(base)
         env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
+        if self.python.path:
+            env["PYTHONPATH"] = self.python.path
         return {**env, "HOME": str(base), "P2PNODE_HOME": str(base / "node"),
                 "PI_CODING_AGENT_DIR": str(agent)}
 
@@ -61,11 +87,11 @@ class OrdinaryUser:
     def run(self, env: dict[str, str], *args: str, cwd: Path | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
         """`p2pnode *args` as this user; the caller checks the exit code."""
-        return subprocess.run([sys.executable, "-m", "p2pnode", *args], env=env, cwd=cwd or self.root,
+        return subprocess.run([self.python.executable, "-m", "p2pnode", *args], env=env, cwd=cwd or self.root,
                               capture_output=True, timeout=timeout, **self._as_user())
 
     def popen(self, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "p2pnode", *args], env=env, cwd=self.root,
+        return subprocess.Popen([self.python.executable, "-m", "p2pnode", *args], env=env, cwd=self.root,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **self._as_user())
 
     def start_node(self, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
@@ -95,28 +121,31 @@ class OrdinaryUser:
                               timeout=timeout, **self._as_user())
 
 
-def unusable_reason(user: OrdinaryUser) -> str | None:
-    """Why `nobody` cannot run this suite's interpreter (a venv made from a python under a
-    private home such as /root/.pyenv), or None.  `.ci/run` builds its venv where it can."""
-    if not user.dropped:
-        return None
+def runnable(user: OrdinaryUser, python: Python) -> bool:
+    env = {"PYTHONPATH": python.path} if python.path else {}
     try:
-        probe = subprocess.run([sys.executable, "-c", "import p2pnode"], cwd=user.root, capture_output=True,
-                               timeout=60, **user._as_user())
-        if probe.returncode == 0:
-            return None
+        probe = subprocess.run([python.executable, "-c", "import p2pnode.cli, aiohttp, blake3, zstandard"],
+                               cwd=user.root, env=env, capture_output=True, timeout=60, **user._as_user())
     except PermissionError:
-        pass
-    return f"uid {user.uid} cannot run {sys.executable} with p2pnode: make the venv from a python it can read"
+        return False
+    return probe.returncode == 0
 
 
 @contextmanager
-def ordinary_user() -> Iterator[OrdinaryUser]:
+def ordinary_user() -> Iterator[OrdinaryUser | str]:
+    """The user, or (a str) why no interpreter here can run p2pnode as `nobody`."""
     uid, gid = (NOBODY, NOBODY) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     root = Path(tempfile.mkdtemp(prefix="p2pu-"))
-    user = OrdinaryUser(uid, gid, root)
     try:
+        user = OrdinaryUser(uid, gid, root)
         user.own(root)
+        if user.dropped:
+            usable = [p for p in pythons() if runnable(user, p)]
+            if not usable:
+                version = f"{sys.version_info.major}.{sys.version_info.minor}"
+                yield f"uid {uid} can run neither {sys.executable} nor a system python{version} with p2pnode"
+                return
+            user = OrdinaryUser(uid, gid, root, usable[0])
         yield user
     finally:
         shutil.rmtree(root, ignore_errors=True)

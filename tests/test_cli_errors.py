@@ -188,7 +188,7 @@ def test_a_closed_stdout_ends_quietly(ordinary: OrdinaryUser, corpus_dir: Path) 
     big.write_bytes(session.read_bytes() + b'{"type":"message","text":"%s"}\n' % (b"x" * (1 << 20)))
     ordinary.own(big)
     branch = ordinary.run(env, "share", str(big), "--no-lineage").stdout.decode().strip()
-    p2p = f"'{cli.sys.executable}' -m p2pnode"
+    p2p = f"'{ordinary.python.executable}' -m p2pnode"
     for command in (f"cat {branch}", "ls", "ls --json"):
         proc = ordinary.shell(env, f"{{ {p2p} {command} 2>err; echo $? >rc; }} | head -c 1 >/dev/null")
         err, rc = (ordinary.root / "err").read_text(), int((ordinary.root / "rc").read_text())
