@@ -275,7 +275,7 @@ class _Pool:
 
 def _closed_by_peer(exc: BaseException) -> bool:
     """Connected, then closed by the other side (not: could not connect)."""
-    closed = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+    closed = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError)
     return closed and not isinstance(exc, aiohttp.ClientConnectorError)
 
 
