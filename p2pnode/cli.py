@@ -2,20 +2,24 @@
 
 Each command is a function `cmd_<name>(args) -> int`; library errors (P2PNodeError) are
 reported on stderr as `p2pnode: <message>` with their exit code (see p2pnode/errors.py).
+Nothing else reaches the user as a traceback: `main` turns every other failure into one line
+and an exit code from README.md's table (the traceback only with P2PNODE_DEBUG=1).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
-from p2pnode.errors import P2PNodeError
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.paths import NodePaths
 
 Command = Callable[[argparse.Namespace], int]
@@ -34,9 +38,17 @@ def node_paths(args: argparse.Namespace) -> NodePaths:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
+    """Exit 1 only when the check ran and found problems; a store it could not check (held by the
+    running node, or none yet) is another exit code and says so."""
+    from p2pnode.control import node_running, store_in_use
     from store.fsck import fsck
 
-    report = fsck(node_paths(args).store, full=args.full, repair=args.repair)
+    paths = node_paths(args)
+    if node_running(paths):  # it holds the store's lock for as long as it runs
+        raise store_in_use(paths, "check the store")
+    if not any(paths.store.iterdir()):  # made empty by node_paths
+        raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
+    report = fsck(paths.store, full=args.full, repair=args.repair)
     if args.json:
         print_json(report.as_dict())
     else:
@@ -136,18 +148,13 @@ def add_node_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def open_library(args: argparse.Namespace) -> Any:
-    """The session library on this node's store; a store held by another process is a Conflict."""
+    """The session library: the running node's (read-only) if there is one, else the store itself."""
     from p2pnode.control import NodeLibrary, node_running
-    from p2pnode.errors import Conflict
     from p2pnode.library import Library
-    from store.errors import StoreLocked
 
     if node_running(node_paths(args)):  # the running node holds the store: read through it
         return NodeLibrary(node_paths(args))
-    try:
-        return Library.open(node_paths(args))
-    except StoreLocked as exc:
-        raise Conflict(f"{exc} (is `p2pnode serve` running for another home?)") from None
+    return Library.open(node_paths(args))  # held by another process: StoreLocked, reported by main
 
 
 def _short(h: str | None) -> str:
@@ -440,10 +447,13 @@ def cmd_serve_peers(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    from p2pnode.control import node_running, store_in_use
     from p2pnode.library import Library
     from p2pnode.provider import PeerServer
 
     paths = node_paths(args)
+    if node_running(paths):
+        raise store_in_use(paths, "serve peers")
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -504,14 +514,69 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_ENV = "P2PNODE_DEBUG"
+"""Set to 1 to see the traceback of an unexpected error (the user sees one line otherwise)."""
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`: the reader went away
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    level = args.log_level or getattr(args, "default_log_level", "WARNING")
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Run one command; every failure is one line on stderr and an exit code (README.md)."""
+    args: argparse.Namespace | None = None
     try:
-        return int(args.func(args))
-    except P2PNodeError as exc:
-        print(f"p2pnode: {exc}", file=sys.stderr)
-        return exc.exit_code
+        args = build_parser().parse_args(argv)
+        level = args.log_level or getattr(args, "default_log_level", "WARNING")
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        return _stdout_gone()
     except KeyboardInterrupt:
-        return 130
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as exc:
+        error = _as_node_error(exc, args)
+        if os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        return _fail(str(error), error.exit_code)
+
+
+def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeError:
+    """The P2PNodeError (message and exit code) to report for any exception a command raised."""
+    from p2pnode.control import store_in_use
+    from store.errors import PayloadTooLarge, StoreLocked
+
+    if isinstance(exc, P2PNodeError):
+        return exc
+    if isinstance(exc, StoreLocked) and args is not None:
+        return store_in_use(node_paths(args), "open the store")
+    if isinstance(exc, PayloadTooLarge):
+        return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
+    if isinstance(exc, OSError):
+        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc)}"
+        if isinstance(exc, FileNotFoundError):
+            return NotFound(text)
+        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError):
+            return InvalidInput(text)  # a path given that cannot be used: another file, or not ours
+        return P2PNodeError(text)
+    hint = f" (run with {DEBUG_ENV}=1 for the traceback)" if os.environ.get(DEBUG_ENV) != "1" else ""
+    return P2PNodeError(f"unexpected error: {str(exc) or 'no details'}{hint}")
+
+
+def _os_error_subject(exc: OSError) -> str:
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return " -> ".join(names) or "(no file named)"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"p2pnode: {message}", file=sys.stderr)
+    return code
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`p2pnode ls | head`): stop quietly.  stdout is pointed at
+    /dev/null so that the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.errors import P2PNodeError, PeerUnavailable
+from p2pnode.errors import Conflict, P2PNodeError, PeerUnavailable
 from p2pnode.paths import NodePaths
 
 if TYPE_CHECKING:
@@ -90,6 +90,20 @@ def call_node(paths: NodePaths, op: str, payload: dict[str, Any] | None = None,
     if resp.status != 200:
         raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
     return data
+
+
+def store_in_use(paths: NodePaths, doing: str) -> Conflict:
+    """The error for a node home whose store another process holds: it names the home and,
+    when that process is a running node, the node and its port."""
+    try:
+        status = call_node(paths, "status", timeout=5.0)
+    except P2PNodeError:
+        status = None
+    if status:
+        return Conflict(f"could not {doing}: {paths.home} is in use by the running node {status['node_id']} "
+                        f"(peer port {status['port']}); stop that node first, or use another --home")
+    return Conflict(f"could not {doing}: {paths.home} is in use by another p2pnode process (a node, "
+                    f"`serve-peers`, or a share or fetch still running); wait for it or stop it")
 
 
 class NodeLibrary:

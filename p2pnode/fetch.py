@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -131,7 +132,8 @@ class _Peer:
         host = f"[{addr.host}]" if ":" in addr.host else addr.host
         self.base = f"https://{host}:{addr.port}"
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected), limit=4),
+            connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, self._accepted),
+                                           limit=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout,
                                           sock_read=limits.slow_reader_timeout),
             auto_decompress=False,
@@ -141,7 +143,14 @@ class _Peer:
         self.failure: type[P2PNodeError] = PeerUnavailable
         """What giving it up means: VerificationFailed (it lied), Refused (TLS/trust), PeerUnavailable."""
         self.network_errors = 0
+        self.closed_after_handshake = 0
+        """Network errors that were the peer hanging up on a TLS session we had accepted."""
+        self.accepted: bytes | None = None
+        """The fingerprint of the last server this side accepted in a handshake (tls.client_context)."""
         self.bytes_received = 0
+
+    def _accepted(self, fingerprint: bytes) -> None:
+        self.accepted = fingerprint
 
     async def close(self) -> None:
         await self.session.close()
@@ -230,12 +239,25 @@ class _Pool:
                     self.drop(peer, f"TLS: {exc.certificate_error}", Refused)
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                     peer.network_errors += 1
+                    # a peer that never answered a byte, though we accepted it in the handshake
+                    peer.closed_after_handshake += (peer.accepted is not None and not peer.bytes_received
+                                                    and _closed_by_peer(exc))
                     reason = _describe_network_error(exc, self.me)
                     log.info("peer %s: %s (attempt %d)", peer.addr, reason, peer.network_errors)
                     if peer.network_errors >= MAX_NETWORK_ERRORS:
-                        self.drop(peer, reason, PeerUnavailable)
+                        if peer.closed_after_handshake == peer.network_errors:
+                            self.drop(peer, self._one_sided(peer), Refused)
+                        else:
+                            self.drop(peer, reason, PeerUnavailable)
                     await asyncio.sleep(RETRY_PAUSE)
         raise self._failure(what, not_offered)
+
+    def _one_sided(self, peer: _Peer) -> str:
+        """We accepted the peer in the handshake and it hung up, unanswered, each time: it refused
+        our certificate (a TLS 1.3 server checks the client's after the client is done)."""
+        them = format_node_id(peer.accepted) if peer.accepted else peer.addr.node_id or "the peer"
+        return (f"{them} closed every connection right after the TLS handshake: it does not trust this node "
+                f"{self.me}; ask them to run: p2pnode trust {self.me}")
 
     def _failure(self, what: str, not_offered: set[_Peer]) -> P2PNodeError:
         reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
@@ -251,12 +273,22 @@ class _Pool:
         return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
 
 
+def _closed_by_peer(exc: BaseException) -> bool:
+    """Connected, then closed by the other side (not: could not connect)."""
+    closed = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError)
+    return closed and not isinstance(exc, aiohttp.ClientConnectorError)
+
+
 def _describe_network_error(exc: BaseException, me: str) -> str:
-    closed = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
-    if closed and not isinstance(exc, aiohttp.ClientConnectorError):  # connected, then closed
-        return (f"connection closed by the peer (cut link, or it does not trust this node {me}): "
-                f"{type(exc).__name__}")
-    return f"{type(exc).__name__}: {exc}"
+    """One line for the user: no exception class names, no Python tuples (asyncio's texts have them)."""
+    if _closed_by_peer(exc):
+        return f"connection closed by the peer (cut link, or it does not trust this node {me})"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(os_error, OSError) and os_error.errno:
+        return f"cannot connect: {os.strerror(os_error.errno).lower()}"
+    return str(exc) or "network error"
 
 
 def split_lines(data: bytes) -> list[bytes]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from p2pnode.control import READ_CALLS, control_socket, socket_answers
+from p2pnode.control import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.discovery import Discovery, Peer, local_ipv4_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.fetch import PeerAddress, fetch_branch, get_catalog
@@ -91,7 +91,7 @@ class Node:
 
     async def _start(self) -> None:
         if socket_answers(control_socket(self.paths)):  # before waiting on the store's lock
-            raise P2PNodeError(f"a node is already running for {self.paths.home}")
+            raise await asyncio.to_thread(store_in_use, self.paths, "start a node")
         self.identity = load_or_create_identity(self.paths.identity)
         self.trust = TrustStore(self.paths.trust)
         self.lib = await asyncio.to_thread(Library.open, self.paths, self.config.agent_dir)
@@ -132,7 +132,8 @@ class Node:
             except OSError as exc:
                 await server.close()
                 if exc.errno != errno.EADDRINUSE or port != DEFAULT_PORT:
-                    raise P2PNodeError(f"cannot listen on {host}:{port}: {exc}") from exc
+                    why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # no asyncio tuple
+                    raise P2PNodeError(f"cannot listen on {host}:{port}: {why}") from exc
                 log.warning("port %d is taken; listening on a free port instead", DEFAULT_PORT)
                 port = 0
 
@@ -322,8 +323,9 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
                                   "exit_code": exc.exit_code}, status=400)
     except Exception as exc:  # a bug or a store error: logged here, reported there
         log.exception("control %s failed", request.path)
-        return web.json_response({"error": type(exc).__name__, "message": f"{type(exc).__name__}: {exc}",
-                                  "exit_code": 1}, status=500)
+        return web.json_response({"error": type(exc).__name__, "exit_code": 1, "message":
+                                  f"the node failed: {exc or 'no details'} (its log has the traceback)"},
+                                 status=500)
 
 
 def _json_handler(fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:

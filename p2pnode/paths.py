@@ -48,5 +48,8 @@ class NodePaths:
         return self.home / "trust.json"
 
     def ensure(self) -> NodePaths:
+        """Home and store dir 0700: sessions and keys are the user's alone (the store would
+        make its dir with the umask's mode)."""
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.store.mkdir(exist_ok=True, mode=0o700)
         return self

@@ -230,6 +230,9 @@ class _Importer:
 
     def _line(self, line: bytes) -> None:
         self.lines_seen += 1
+        if len(line) > (limit := self.store.config.max_payload):  # one line is one turn payload
+            raise InvalidInput(f"{self.where}: line {self.lines_seen} is {len(line)} bytes, over the store's "
+                               f"limit of {limit} bytes per line")
         if self.check_json and not _is_json(line):
             self.warnings.append(f"{self.where}: line {self.lines_seen} is not JSON (shared verbatim anyway)")
         if b'"session_info"' in line or (self.first_user is None and b'"role":"user"' in line):

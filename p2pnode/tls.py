@@ -59,14 +59,22 @@ def server_context(identity: Identity, trust: TrustStore) -> ssl.SSLContext:
     return _context(ssl.PROTOCOL_TLS_SERVER, identity, check)
 
 
-def client_context(identity: Identity, trust: TrustStore, expected: bytes | None) -> ssl.SSLContext:
-    """Accepts only a trusted server, and only the expected one when `expected` is given."""
+def client_context(identity: Identity, trust: TrustStore, expected: bytes | None,
+                   on_accepted: Callable[[bytes], None] | None = None) -> ssl.SSLContext:
+    """Accepts only a trusted server, and only the expected one when `expected` is given.
+    `on_accepted(fingerprint)` hears of each server this side accepted: if that server then
+    closes the connection unanswered, it is the server that refused us (one-sided trust)."""
 
     def check(fp: bytes | None) -> str | None:
         if fp is None:
             return "the server presented no certificate"
         if expected is not None and fp != expected:
             return f"server is {format_node_id(fp)}, expected {format_node_id(expected)}"
-        return None if trust.is_trusted(fp) else f"server {format_node_id(fp)} is not trusted"
+        if not trust.is_trusted(fp):
+            node_id = format_node_id(fp)
+            return f"server {node_id} is not trusted here (to allow it: p2pnode trust {node_id})"
+        if on_accepted is not None:
+            on_accepted(fp)
+        return None
 
     return _context(ssl.PROTOCOL_TLS_CLIENT, identity, check)

@@ -108,7 +108,7 @@ class StoreConfig:
     """False: no fsync at all (bulk import).  A process crash loses nothing; a power loss or
     OS crash can lose recent writes.  close() still syncs everything."""
     zstd_level: int = 3
-    max_payload: int = 64 << 20
+    max_payload: int = 256 << 20  # one Pi line: the peer protocol's max_blob (docs/PROTOCOL.md)
     turn_cache_entries: int = 100_000
     blob_cache_bytes: int = 64 << 20
     lock_timeout: float = 10.0

@@ -82,9 +82,9 @@ SEND_BUFFER = 2 * MiB
 class ServiceLimits:
     """What one connection may cost the server; all but write_buffer are announced in HELLO."""
 
-    max_payload: int = 64 * MiB
+    max_payload: int = 256 * MiB
     """Largest turn payload or blob (the engine's own default limit)."""
-    max_frame: int = 64 * MiB + 64 * 1024
+    max_frame: int = 256 * MiB + 64 * 1024
     """Largest frame payload in either direction: one max_payload plus room for the headers."""
     max_in_flight: int = 128
     """Requests one connection may have unanswered; more get TOO_MANY_IN_FLIGHT."""

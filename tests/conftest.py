@@ -1,10 +1,25 @@
-"""Fixtures shared by every test module."""
+"""Fixtures shared by every test module, and the suite's rules on root and on skips.
+
+Tests that need root carry the marker `lab` (network namespaces) or `root` (device-mapper,
+mount namespaces); run by an ordinary user they are skipped with skips.NEEDS_ROOT, and
+`.ci/run` runs them in its second, root, part.  With P2PNODE_STRICT_SKIPS=1 (set by `.ci/run`)
+a skip that skips.skip_allowed refuses fails the run; developers' runs are unaffected.  The
+hooks live in tests/skips.py (a plugin of its own, so that they can be tested).
+"""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ordinary import OrdinaryUser, ordinary_user
+from skips import (  # noqa: F401  (the hooks: pytest finds them in this module)
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "pi-corpus-0.73.1"  # real files written by pi 0.73.1 (@mariozechner/pi-coding-agent)
@@ -40,6 +55,15 @@ def node_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("P2PNODE_HOME", str(home))
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(agent))
     return home
+
+
+@pytest.fixture
+def ordinary() -> Iterator[OrdinaryUser]:
+    """An ordinary user for `p2pnode` processes (tests/ordinary.py): `nobody` when run as root."""
+    with ordinary_user() as user:
+        if isinstance(user, str):
+            pytest.skip(user)
+        yield user
 
 
 # --- LAN lab (tests/lab.py): one namespace lab per test session -------------------------

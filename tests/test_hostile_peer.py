@@ -22,7 +22,7 @@ import zstandard
 from aiohttp import web
 
 from p2pnode import wire
-from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, Refused, VerificationFailed
+from p2pnode.errors import InvalidInput, NotFound, Refused, VerificationFailed
 from p2pnode.fetch import FetchResult, LineageError, PeerAddress, _Fetch, fetch_branch
 from p2pnode.identity import Identity, load_or_create_identity
 from p2pnode.library import Library
@@ -492,7 +492,7 @@ async def test_server_refuses_untrusted_client_and_untrust_cuts_live(world, tmp_
     try:
         with Library.open(other_home, tmp_path / "client-agent") as other:
             peer = PeerAddress(world["me"].node_id, "127.0.0.1", server.port)
-            with pytest.raises(PeerUnavailable, match=f"does not trust this node {client.node_id}"):
+            with pytest.raises(Refused, match=f"ask them to run: p2pnode trust {client.node_id}"):
                 await fetch_branch(other, branch, [peer], client, client_trust)
             assert other.branches(include_unshared=True) == []
             world["trust"].trust(client.node_id)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from skips import KERNEL_LIMITATION
 
 from p2pnode.hashing import hash_file
 from p2pnode.library import Library
@@ -147,13 +148,14 @@ def test_concurrent_shares_leave_a_valid_manifest(env: dict[str, str]) -> None:
     assert {str(f) for f in files} <= set(manifest.values())
 
 
+@pytest.mark.root
 def test_original_agent_dir_layout_gives_the_same_branches(env: dict[str, str], tmp_path: Path,
                                                            corpus_dir: Path) -> None:
     """The corpus at /tmp/pi-harness/agent as on the machine that wrote it, in a private mount
     namespace (a tmp dir bound over /tmp/pi-harness), so the real /tmp/pi-harness is never
-    touched; the mount point is made, and removed again, only if it does not exist."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    touched; the mount point is made, and removed again, only if it does not exist.  Root
+    (marker `root`): only root may make a mount namespace; unshare(1) is in util-linux, which
+    every Linux CI machine has."""
     harness = tmp_path / "harness"
     shutil.copytree(corpus_dir / "sessions", harness / "agent" / "sessions")
     node = tmp_path / "inner-node"
@@ -171,7 +173,8 @@ def test_original_agent_dir_layout_gives_the_same_branches(env: dict[str, str], 
         if made:
             mount_point.rmdir()
     if proc.returncode != 0 and b"mount" in proc.stderr and b"p2pnode" not in proc.stderr:
-        pytest.skip(f"private mount namespaces are unavailable here: {proc.stderr.decode().strip()}")
+        pytest.skip(f"{KERNEL_LIMITATION}private mount namespaces are unavailable here: "
+                    f"{proc.stderr.decode().strip()}")
     assert proc.returncode == 0, proc.stderr.decode()
     original = json.loads(proc.stdout)
     assert original["path"] == target and (node / "manifest.json").is_file()
