@@ -217,19 +217,27 @@ def test_a_huge_announced_frame_is_not_allocated_before_its_bytes_come() -> None
 
 def test_decoder_refuses_an_oversized_frame_from_its_header_alone() -> None:
     dec = FrameDecoder(100)
-    assert dec.feed(encode_frame(1, 5, b"x" * 100)) != []
-    with pytest.raises(FrameTooLarge) as info:
-        dec.feed(struct.pack("<IHHQ", 101, 1, 0, 77))  # no payload sent: refused before buffering it
-    assert info.value.req_id == 77 and info.value.arg0 == 101 and info.value.arg1 == 100
-    assert "101 bytes exceeds the limit of 100" in str(info.value)
+    good = encode_frame(1, 5, b"x" * 100)
+    # the good frames of the same read are handed over; the error waits in dec.error
+    assert dec.feed(good + struct.pack("<IHHQ", 101, 1, 0, 77)) == [Frame(1, 0, 5, b"x" * 100)]
+    assert isinstance(dec.error, FrameTooLarge)  # no payload sent: refused before buffering it
+    assert dec.error.req_id == 77 and dec.error.arg0 == 101 and dec.error.arg1 == 100
+    assert "101 bytes exceeds the limit of 100" in str(dec.error)
     with pytest.raises(FrameTooLarge):  # the stream has lost its framing: it stays failed
         dec.feed(encode_frame(1, 6, b""))
 
 
-def test_decoder_refuses_unknown_flag_bits() -> None:
-    with pytest.raises(MalformedFrame, match="unknown flag bits 0x0002") as info:
-        FrameDecoder(100).feed(encode_frame(1, 9, b"", flags=0x0002))
-    assert info.value.req_id == 9
+@pytest.mark.parametrize("copy", [True, False])
+def test_decoder_refuses_unknown_flag_bits_after_the_frames_before_them(copy: bool) -> None:
+    dec = FrameDecoder(100, copy=copy)
+    good = [Frame(1, 0, i, bytes([i]) * i) for i in range(1, 4)]
+    stream = b"".join(encode_frame(f.msg_type, f.req_id, bytes(f.payload)) for f in good)
+    got = dec.feed(stream + encode_frame(1, 9, b"", flags=0x0002) + encode_frame(1, 10, b""))
+    assert [f._replace(payload=bytes(f.payload)) for f in got] == good
+    assert isinstance(dec.error, MalformedFrame) and dec.error.req_id == 9
+    assert "unknown flag bits 0x0002" in str(dec.error)
+    with pytest.raises(MalformedFrame):
+        dec.get_buffer()
 
 
 # --- messages -----------------------------------------------------------------------------

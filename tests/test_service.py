@@ -348,24 +348,34 @@ async def test_bad_hello(server: StoreServer, frames: list, code: ErrorCode) -> 
 
 
 @pytest.mark.parametrize(
-    ("msg_type", "payload", "flags", "code"),
+    ("msg_type", "payload", "flags", "code", "closes"),
     [
-        (m.MsgType.GET_HEAD, b"\0" * 9, 0, ErrorCode.MALFORMED),
-        (m.MsgType.GET_LAST, m.GetLast(1, 1, 8).encode(), 0, ErrorCode.MALFORMED),
-        (m.MsgType.GET_HEAD, b"\0" * 8, FLAG_REPLY, ErrorCode.MALFORMED),
-        (m.MsgType.GET_HEAD, b"\0" * 8, 0x8000, ErrorCode.MALFORMED),
-        (4242, b"", 0, ErrorCode.UNKNOWN_MESSAGE),
-        (m.MsgType.HELLO, m.Hello().encode(), 0, ErrorCode.BAD_SEQUENCE),
+        (m.MsgType.GET_HEAD, b"\0" * 9, 0, ErrorCode.MALFORMED, False),
+        (m.MsgType.GET_LAST, m.GetLast(1, 1, 8).encode(), 0, ErrorCode.MALFORMED, False),
+        (m.MsgType.GET_HEAD, b"\0" * 8, FLAG_REPLY, ErrorCode.MALFORMED, False),
+        (4242, b"", 0, ErrorCode.UNKNOWN_MESSAGE, False),
+        (m.MsgType.GET_HEAD, b"\0" * 8, 0x8000, ErrorCode.MALFORMED, True),  # the framing is lost
+        (m.MsgType.HELLO, m.Hello().encode(), 0, ErrorCode.BAD_SEQUENCE, True),
     ],
 )
 async def test_protocol_violations_close_only_their_connection(
-    server: StoreServer, client: StoreClient, msg_type: int, payload: bytes, flags: int, code: ErrorCode
+    server: StoreServer, client: StoreClient, msg_type: int, payload: bytes, flags: int, code: ErrorCode,
+    closes: bool,
 ) -> None:
+    """A bad request whose frame is intact gets its ERROR and the connection carries on; one
+    that loses the framing or the sequence ends that connection alone."""
     raw = await Raw.open(server)
     raw.send(msg_type, 9, payload, flags)
     req_id, err = await raw.recv_error()
     assert (req_id, err.code) == (9, code) and err.message
-    assert await raw.closed_by_server()
+    if closes:
+        assert await raw.closed_by_server()
+    else:
+        ctx = (await client.create_context()).context_id
+        raw.send(m.MsgType.GET_HEAD, 10, m.GetHead(ctx).encode())
+        reply = await raw.recv()
+        assert (reply.req_id, m.decode_context_head(reply.payload).context_id) == (10, ctx)
+        raw.close()
     assert (await client.create_context()).head_turn_id == 0
 
 
