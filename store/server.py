@@ -156,6 +156,12 @@ def error_reply(exc: BaseException) -> m.ErrorReply:
 # --- request handlers: engine call in, reply payload out ---------------------------------
 
 
+def _older_than(turns: list[Turn]) -> int:
+    """A TurnList's next_cursor: the oldest turn returned, which GET_BEFORE takes to page
+    on to older turns; 0 when there are none (the root was reached, or nothing returned)."""
+    return turns[0].turn_id if turns and turns[0].parent_turn_id else 0
+
+
 class _Handlers:
     """One method per request type; each returns the reply payload or raises."""
 
@@ -225,12 +231,8 @@ class _Handlers:
     def get_last(self, r: m.GetLast) -> Reply:
         self._limit(r.limit)
         turns = self.store.get_last(r.context_id, r.limit)
-        if turns:
-            head_depth = turns[-1].depth
-            cursor = turns[0].turn_id if turns[0].parent_turn_id else 0
-        else:
-            head_depth, cursor = self.store.get_head(r.context_id).head_depth, 0
-        return self._turn_list(turns, r.opts, cursor, head_depth)
+        head_depth = turns[-1].depth if turns else self.store.get_head(r.context_id).head_depth
+        return self._turn_list(turns, r.opts, _older_than(turns), head_depth)
 
     def get_before(self, r: m.GetBefore) -> Reply:
         self._limit(r.limit)
@@ -242,7 +244,7 @@ class _Handlers:
         self._limit(r.limit)
         head_depth = self.store.get_head(r.context_id).head_depth
         turns = self.store.range_by_depth(r.context_id, r.start_depth, r.limit)
-        return self._turn_list(turns, r.opts, 0, head_depth)
+        return self._turn_list(turns, r.opts, _older_than(turns), head_depth)
 
     def get_chain(self, r: m.GetChain) -> Reply:
         turns = self.store.chain(r.turn_id)
@@ -601,8 +603,8 @@ class StoreServer:
     ) -> None:
         if socket_path is None and tcp is None:
             raise ValueError("StoreServer needs a socket path or a TCP address")
-        if tcp is not None and not ipaddress.ip_address(tcp[0]).is_loopback:
-            raise ValueError(f"TCP address {tcp[0]} is not loopback; the service has no authentication")
+        if tcp is not None:
+            _check_loopback(tcp[0])
         self.store = store
         self.socket_path = Path(socket_path) if socket_path is not None else None
         self.tcp = tcp
@@ -754,6 +756,25 @@ class StoreServer:
                 self.socket_path.unlink()
 
 
+def _check_loopback(host: str) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        raise ValueError(f"TCP address {host!r} is not an IP address (use 127.0.0.1 or ::1)") from None
+    if not loopback:
+        raise ValueError(f"TCP address {host} is not loopback; the service has no authentication")
+
+
+def loopback_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:PORT` for IPv6) parsed and checked: a loopback IP and a port."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not port.isdigit() or int(port) > 0xFFFF:
+        raise ValueError(f"{text!r} is not HOST:PORT with a port 0..65535")
+    _check_loopback(host)
+    return host, int(port)
+
+
 def _bind_unix(path: Path) -> socket.socket:
     """A listening-ready Unix socket at path with mode 0600.
 
@@ -784,7 +805,7 @@ def _bind_unix(path: Path) -> socket.socket:
 
 
 def run_service(
-    store_path: str | os.PathLike[str], socket_path: str | None = None, tcp: str | None = None
+    store_path: str | os.PathLike[str], socket_path: str | None = None, tcp: tuple[str, int] | None = None
 ) -> int:
     """`python -m store serve`: open the store, serve it until SIGINT/SIGTERM, close both.
 
@@ -793,17 +814,13 @@ def run_service(
     from store.engine import Store
 
     sock = Path(socket_path) if socket_path else Path(f"{os.fspath(store_path)}.sock")
-    address = None
-    if tcp:
-        host, _, port = tcp.rpartition(":")
-        address = (host.strip("[]"), int(port))
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with StoreServer(store, sock, address) as server:
+        async with StoreServer(store, sock, tcp) as server:
             tcp_text = ":".join(map(str, server.tcp_address)) if server.tcp_address else "-"
             print(f"listening unix={sock} tcp={tcp_text}", flush=True)
             await stop.wait()
