@@ -312,8 +312,8 @@ def test_tcp_must_be_loopback(store: Store, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("address", "complaint"),
     [("10.1.2.3:5000", "not loopback"), ("[2001:db8::1]:1", "not loopback"),
-     ("localhost:1", "not an IP address"), ("127.0.0.1:http", "not HOST:PORT"), ("127.0.0.1", "not HOST:PORT"),
-     ("127.0.0.1:70000", "not HOST:PORT")],
+     ("localhost:1", "not an IP address"), ("127.0.0.1:http", "not HOST:PORT"),
+     ("127.0.0.1", "not HOST:PORT"), ("127.0.0.1:70000", "not HOST:PORT")],
 )  # fmt: skip
 def test_python_m_store_serve_refuses_a_bad_tcp_address_with_one_line(
     tmp_path: Path, address: str, complaint: str
