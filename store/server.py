@@ -414,14 +414,14 @@ class _Connection(asyncio.BufferedProtocol):
                 self.hello(req_id, self.request(frame))
                 return
         except ProtocolError as exc:
-            self.end_after_answers(exc, req_id)
+            self.end_after_answers(exc, req_id, drop_backlog=True)
             return
         try:
             req = self.request(frame)
             if isinstance(req, m.Hello):
                 raise BadSequence("HELLO was already done on this connection")
         except BadSequence as exc:
-            self.end_after_answers(exc, req_id)
+            self.end_after_answers(exc, req_id, drop_backlog=True)
             return
         except ProtocolError as exc:  # the framing is intact: this request's reply is an ERROR
             self.send_error(req_id, exc)
@@ -472,15 +472,17 @@ class _Connection(asyncio.BufferedProtocol):
     def send_error(self, req_id: int, exc: BaseException) -> None:
         self.send(req_id, m.MsgType.ERROR, error_reply(exc).encode())
 
-    def end_after_answers(self, exc: ServiceError, req_id: int) -> None:
-        """The connection broke the protocol or timed out: read and start nothing more, answer
-        every request already running (waiting at most drain_timeout), then send exc as an
-        ERROR and close.  The ERROR names req_id only if no other reply carries it, else 0."""
+    def end_after_answers(self, exc: ServiceError, req_id: int, drop_backlog: bool = False) -> None:
+        """The connection broke the protocol or timed out: read nothing more, answer every
+        request received before (waiting at most drain_timeout), then send exc as an ERROR
+        and close.  The ERROR names req_id only if no other reply carries it, else 0.
+        drop_backlog: the violation is a frame, and those after it are not requests."""
+        if drop_backlog:
+            self.backlog.clear()
         if self.ending is not None or self.closing:
             return
         log.info("ending store connection: %s", exc)
         self.ending = (exc, req_id if req_id and req_id not in self.in_flight else 0)
-        self.backlog.clear()  # frames after the violation are not requests: no replies
         self.partial_since = None
         if self.transport is not None:
             self.transport.pause_reading()
@@ -492,6 +494,7 @@ class _Connection(asyncio.BufferedProtocol):
             log.warning("store connection: %d replies still running after %s s; closing without them",
                         len(self.in_flight), self.limits.drain_timeout)
             self.in_flight.clear()
+            self.backlog.clear()
             self.close_when_answered()
 
     def close(self) -> None:

@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import random
 import struct
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +219,49 @@ async def test_replies_of_writes_running_in_worker_threads_come_before_the_close
                                         HEADER.pack(2 * BIG + 1, APPEND_TURN, 0, 99))
             received = await exchange(srv.socket_path, splits(s.data, how, rng))
             check(store, ctx, s, received)
+
+
+class HeldStore:
+    """The real store, except that an append whose payload starts with b"held" waits for
+    `release`.  The one stand-in of this file: a write that stays in a worker thread for as
+    long as a test needs cannot be had from a real disk on demand."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def append_turn(self, context_id: int, payload: bytes, *args: Any, **kwargs: Any) -> Any:
+        if payload.startswith(b"held"):
+            self.release.wait(60)
+        return self._store.append_turn(context_id, payload, *args, **kwargs)
+
+
+@pytest.mark.parametrize("expires", [False, True])
+async def test_a_connection_error_waits_for_the_writes_running_but_not_forever(
+    store: Store, tmp_path: Path, expires: bool
+) -> None:
+    """A write still running in a worker when the bad header comes: its reply precedes the
+    ERROR; past drain_timeout the connection closes without it (and the write still lands)."""
+    held = HeldStore(store)
+    ctx = store.create_context().context_id
+    limits = ServiceLimits(max_frame=2 * BIG, drain_timeout=0.2 if expires else 60)
+    held_payload = b"held" + bytes(BIG)  # big: it runs in the thread pool
+    data = b"".join([
+        frame(HELLO, 1, struct.pack("<HH", 1, 1)),
+        append(ctx, 2, b"quick"),
+        append(ctx, 3, held_payload),
+        HEADER.pack(2 * BIG + 1, APPEND_TURN, 0, 99),
+    ])  # fmt: skip
+    async with StoreServer(held, tmp_path / "held.sock", limits=limits) as srv:
+        assert srv.socket_path is not None
+        if not expires:  # let the write finish a while after the bad header has arrived
+            asyncio.get_running_loop().call_later(0.3, held.release.set)
+        replies = parse(await exchange(srv.socket_path, iter([data])))
+        held.release.set()
+    answered = [req_id for _t, req_id, _p in replies]
+    assert sorted(answered[:-1]) == ([1, 2] if expires else [1, 2, 3]) and answered[-1] == 99
+    assert replies[-1][0] == ERROR and ERROR_REPLY.unpack_from(replies[-1][2])[0] == FRAME_TOO_LARGE
+    assert store.payloads(store.get_last(ctx, 10)) in ([b"quick", held_payload], [held_payload, b"quick"])
