@@ -32,9 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import run_service
+    from .server import loopback_address, run_service
 
-    return run_service(args.path, args.socket, args.tcp)
+    try:
+        tcp = loopback_address(args.tcp) if args.tcp is not None else None
+    except ValueError as exc:  # a usage error: one line, exit 2, before the store is opened
+        print(f"python -m store serve: --tcp: {exc}", file=sys.stderr)
+        return 2
+    return run_service(args.path, args.socket, tcp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,6 +131,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                 if frame.msg_type != req.MSG_TYPE:
                     raise MalformedFrame(f"reply msg_type {frame.msg_type} to a {req.MSG_TYPE.name} request")
                 self._settle(frame.req_id, result=req.decode_reply(frame.payload))
+            if self.decoder.error is not None:  # after the replies before the bad header
+                raise self.decoder.error
         except ProtocolError as exc:
             self.closed = exc
             if self.transport is not None:

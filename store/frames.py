@@ -3,14 +3,16 @@
 A frame is a 16-byte little-endian header `len u32, msg_type u16, flags u16, req_id u64`
 followed by `len` payload bytes (docs/PROTOCOL.md, "Store service").  The decoder refuses
 a frame whose announced length exceeds its limit before buffering it, so a hostile peer
-cannot make a connection hold more than one maximum-size frame.
+cannot make a connection hold more than one maximum-size frame.  A bad header does not
+swallow the good frames before it: the decoder hands those over and keeps the error for
+its caller (`FrameDecoder.error`), who answers them first.
 """
 
 from __future__ import annotations
 
 import struct
 from enum import IntEnum
-from typing import ClassVar, NamedTuple, NoReturn
+from typing import ClassVar, NamedTuple
 
 from store.errors import StoreError
 
@@ -155,8 +157,10 @@ class FrameDecoder:
     call to the decoder: for a caller that decodes each frame at once (the client), which
     saves copying a big reply twice.
 
-    After it raises a ProtocolError the stream has lost its framing; it raises again on
-    every later call.
+    A bad header (unknown flag bits, `len` over the limit) loses the stream's framing.  The
+    call that meets it still returns the complete frames before it and records the error in
+    `error`, for the caller to act on once it has handled those frames; every later call
+    raises that error.
     """
 
     def __init__(self, max_frame: int, copy: bool = True) -> None:
@@ -168,6 +172,12 @@ class FrameDecoder:
         self._end = 0  # end of the bytes received
         self._need = HEADER_SIZE  # bytes from _start that the next frame needs in full
         self._failed: ProtocolError | None = None
+
+    @property
+    def error(self) -> ProtocolError | None:
+        """Why the stream lost its framing, once it has: nothing after the frames returned
+        so far can be decoded."""
+        return self._failed
 
     @property
     def buffered(self) -> int:
@@ -187,17 +197,22 @@ class FrameDecoder:
         return self._view[self._end :]
 
     def buffer_updated(self, n: int) -> list[Frame]:
-        """n bytes were written at the start of the last get_buffer(): the frames now complete."""
+        """n bytes were written at the start of the last get_buffer(): the frames now complete
+        (those before a bad header, which then sets `error`)."""
+        if self._failed is not None:
+            raise self._failed
         self._end += n
         return self._decode()
 
     def feed(self, data: bytes) -> list[Frame]:
+        """The frames that data completes; like buffer_updated, it returns those before a bad
+        header and sets `error`."""
         if self._failed is not None:
             raise self._failed
         frames: list[Frame] = []
         with memoryview(data) as src:
             pos = 0
-            while pos < len(src):
+            while pos < len(src) and self._failed is None:
                 room = self.get_buffer()
                 n = min(len(room), len(src) - pos)
                 room[:n] = src[pos : pos + n]
@@ -227,13 +242,13 @@ class FrameDecoder:
         while end - pos >= HEADER_SIZE:
             length, msg_type, flags, req_id = HEADER.unpack_from(buf, pos)
             if flags & ~KNOWN_FLAGS:
-                self._fail(MalformedFrame(
+                return self._fail(frames, MalformedFrame(
                     f"frame req_id={req_id} msg_type={msg_type}: "
                     f"unknown flag bits 0x{flags & ~KNOWN_FLAGS:04x}",
                     req_id,
                 ))  # fmt: skip
             if length > self.max_frame:
-                self._fail(FrameTooLarge(
+                return self._fail(frames, FrameTooLarge(
                     f"frame req_id={req_id} msg_type={msg_type}: payload of {length} bytes "
                     f"exceeds the limit of {self.max_frame} bytes",
                     req_id, length, self.max_frame,
@@ -253,7 +268,9 @@ class FrameDecoder:
         self._start, self._end, self._need = pos, end, need
         return frames
 
-    def _fail(self, exc: ProtocolError) -> NoReturn:
+    def _fail(self, frames: list[Frame], exc: ProtocolError) -> list[Frame]:
+        """Keep exc for the caller and hand over the frames decoded before the bad header.
+        Their payloads are copies, or views of a buffer that is no longer written to."""
         self._failed = exc
         self._start = self._end = 0
-        raise exc
+        return frames

@@ -1,7 +1,10 @@
 """Payload layouts of every store-service message, sans-IO (docs/PROTOCOL.md, "Store service").
 
 Each request is a dataclass whose fields mirror its wire layout; it encodes itself, decodes
-itself strictly (exact length, no unknown option bits) and decodes its own reply.  They are
+itself strictly (exact length, no unknown option bits) and decodes its own reply.  The
+thirteen of one fixed layout share that code (_Fixed) and differ only in a table of
+ClassVars (layout, reply decoder, option bits); the four with variable-length parts
+(APPEND_TURN, APPEND_BATCH, PUT_BLOB, PATCH) keep their own.  They are
 not frozen: each request builds one on both ends, and a frozen dataclass's __init__ costs
 five times as much.  The
 server answers with the same msg_type and FLAG_REPLY set, or with an ERROR frame.
@@ -10,9 +13,11 @@ server answers with the same msg_type and FLAG_REPLY set, or with an ERROR frame
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Generic, TypeVar
+from operator import attrgetter
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from store.frames import ErrorCode, MalformedFrame, UnknownMessage
 from store.types import ContextHead, Patch, Turn, TurnInput
@@ -340,21 +345,53 @@ class Request(Generic[R]):
         raise NotImplementedError
 
 
-@dataclass(slots=True)
-class Hello(Request[HelloReply]):
-    MSG_TYPE = MsgType.HELLO
-    min_version: int = MIN_VERSION
-    max_version: int = MAX_VERSION
+class _Fixed(Request[R]):
+    """A request of one fixed layout whose fields are the dataclass's, in wire order: the
+    table of ClassVars below says all that differs between them."""
+
+    __slots__ = ()
+    LAYOUT: ClassVar[struct.Struct]
+    REPLY: ClassVar[Callable[..., Any]]
+    """Decodes the reply payload (a staticmethod)."""
+    OPTS: ClassVar[int | None] = None
+    """The option bits the `opts` field may carry; None: the request has no `opts`."""
+    WHAT: ClassVar[str]
+    VALUES: ClassVar[Callable[..., tuple]]
+    """The field values in wire order, as a tuple."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "MSG_TYPE" in cls.__dict__:  # not on _Read, which is a kind, not a request
+            cls.WHAT = cls.MSG_TYPE.name
+            fields = tuple(cls.__annotations__)  # the dataclass fields, in wire order
+            get = attrgetter(*fields)
+            cls.VALUES = staticmethod(get if len(fields) > 1 else lambda req: (get(req),))
 
     def encode(self) -> bytes:
-        return HELLO.pack(self.min_version, self.max_version)
+        return self.LAYOUT.pack(*self.VALUES(self))
 
     @classmethod
-    def decode(cls, payload: Buffer) -> Hello:
-        return cls(*_fixed(HELLO, payload, "HELLO"))
+    def decode(cls, payload: Buffer) -> Request[Any]:
+        req = cls(*_fixed(cls.LAYOUT, payload, cls.WHAT))
+        req.check()
+        return req
 
-    def decode_reply(self, payload: Buffer) -> HelloReply:
-        return HelloReply.decode(payload)
+    def check(self) -> None:
+        """Refuse option bits (and fields they govern) that the request does not know."""
+        if self.OPTS is not None:
+            _check_opts(getattr(self, "opts"), self.OPTS, self.WHAT)  # noqa: B009 - only some have opts
+
+    def decode_reply(self, payload: Buffer) -> R:
+        return cast(R, self.REPLY(payload))
+
+
+@dataclass(slots=True)
+class Hello(_Fixed[HelloReply]):
+    MSG_TYPE = MsgType.HELLO
+    LAYOUT = HELLO
+    REPLY = staticmethod(HelloReply.decode)
+    min_version: int = MIN_VERSION
+    max_version: int = MAX_VERSION
 
     def negotiate(self) -> int | None:
         """The highest version both sides speak, or None."""
@@ -363,83 +400,43 @@ class Hello(Request[HelloReply]):
 
 
 @dataclass(slots=True)
-class CtxCreate(Request[ContextHead]):
+class CtxCreate(_Fixed[ContextHead]):
     MSG_TYPE = MsgType.CTX_CREATE
+    LAYOUT = U64
+    REPLY = staticmethod(decode_context_head)
     base_turn_id: int = 0
 
-    def encode(self) -> bytes:
-        return U64.pack(self.base_turn_id)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> CtxCreate:
-        return cls(*_fixed(U64, payload, "CTX_CREATE"))
-
-    def decode_reply(self, payload: Buffer) -> ContextHead:
-        return decode_context_head(payload)
-
 
 @dataclass(slots=True)
-class CtxFork(Request[ContextHead]):
+class CtxFork(_Fixed[ContextHead]):
     MSG_TYPE = MsgType.CTX_FORK
+    LAYOUT = U64
+    REPLY = staticmethod(decode_context_head)
     turn_id: int
-
-    def encode(self) -> bytes:
-        return U64.pack(self.turn_id)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> CtxFork:
-        return cls(*_fixed(U64, payload, "CTX_FORK"))
-
-    def decode_reply(self, payload: Buffer) -> ContextHead:
-        return decode_context_head(payload)
 
 
 @dataclass(slots=True)
-class GetHead(Request[ContextHead]):
+class GetHead(_Fixed[ContextHead]):
     MSG_TYPE = MsgType.GET_HEAD
+    LAYOUT = U64
+    REPLY = staticmethod(decode_context_head)
     context_id: int
-
-    def encode(self) -> bytes:
-        return U64.pack(self.context_id)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetHead:
-        return cls(*_fixed(U64, payload, "GET_HEAD"))
-
-    def decode_reply(self, payload: Buffer) -> ContextHead:
-        return decode_context_head(payload)
 
 
 @dataclass(slots=True)
-class CtxDelete(Request[None]):
+class CtxDelete(_Fixed[None]):
     MSG_TYPE = MsgType.CTX_DELETE
+    LAYOUT = U64
+    REPLY = staticmethod(decode_empty)
     context_id: int
-
-    def encode(self) -> bytes:
-        return U64.pack(self.context_id)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> CtxDelete:
-        return cls(*_fixed(U64, payload, "CTX_DELETE"))
-
-    def decode_reply(self, payload: Buffer) -> None:
-        return decode_empty(payload)
 
 
 @dataclass(slots=True)
-class GetTurn(Request[Turn]):
+class GetTurn(_Fixed[Turn]):
     MSG_TYPE = MsgType.GET_TURN
+    LAYOUT = U64
+    REPLY = staticmethod(decode_turn)
     turn_id: int
-
-    def encode(self) -> bytes:
-        return U64.pack(self.turn_id)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetTurn:
-        return cls(*_fixed(U64, payload, "GET_TURN"))
-
-    def decode_reply(self, payload: Buffer) -> Turn:
-        return decode_turn(payload)
 
 
 @dataclass(slots=True)
@@ -507,110 +504,65 @@ class AppendBatch(Request[TurnList]):
         return TurnList.decode(payload)
 
 
-def _check_read_opts(opts: int, what: str) -> None:
-    _check_opts(opts, READ_PAYLOADS | READ_PATCHED, what)
-    if opts & READ_PATCHED and not opts & READ_PAYLOADS:
-        raise MalformedMessage(f"{what}: READ_PATCHED without READ_PAYLOADS")
+class _Read(_Fixed[TurnList]):
+    """GET_LAST, GET_BEFORE, GET_RANGE_BY_DEPTH, GET_CHAIN: read options, a TurnList back."""
+
+    __slots__ = ()
+    REPLY = staticmethod(TurnList.decode)
+    OPTS = READ_PAYLOADS | READ_PATCHED
+    opts: int  # each subclass's last field
+
+    def check(self) -> None:
+        _Fixed.check(self)
+        if self.opts & READ_PATCHED and not self.opts & READ_PAYLOADS:
+            raise MalformedMessage(f"{self.WHAT}: READ_PATCHED without READ_PAYLOADS")
 
 
 @dataclass(slots=True)
-class GetLast(Request[TurnList]):
+class GetLast(_Read):
     MSG_TYPE = MsgType.GET_LAST
+    LAYOUT = GET_LAST
     context_id: int
     limit: int
     opts: int = 0
 
-    def encode(self) -> bytes:
-        return GET_LAST.pack(self.context_id, self.limit, self.opts)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetLast:
-        req = cls(*_fixed(GET_LAST, payload, "GET_LAST"))
-        _check_read_opts(req.opts, "GET_LAST")
-        return req
-
-    def decode_reply(self, payload: Buffer) -> TurnList:
-        return TurnList.decode(payload)
-
 
 @dataclass(slots=True)
-class GetBefore(Request[TurnList]):
+class GetBefore(_Read):
     MSG_TYPE = MsgType.GET_BEFORE
+    LAYOUT = GET_BEFORE
     context_id: int
     before_turn_id: int
     limit: int
     opts: int = 0
 
-    def encode(self) -> bytes:
-        return GET_BEFORE.pack(self.context_id, self.before_turn_id, self.limit, self.opts)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetBefore:
-        req = cls(*_fixed(GET_BEFORE, payload, "GET_BEFORE"))
-        _check_read_opts(req.opts, "GET_BEFORE")
-        return req
-
-    def decode_reply(self, payload: Buffer) -> TurnList:
-        return TurnList.decode(payload)
-
 
 @dataclass(slots=True)
-class GetRangeByDepth(Request[TurnList]):
+class GetRangeByDepth(_Read):
     MSG_TYPE = MsgType.GET_RANGE_BY_DEPTH
+    LAYOUT = GET_RANGE
     context_id: int
     start_depth: int
     limit: int
     opts: int = 0
 
-    def encode(self) -> bytes:
-        return GET_RANGE.pack(self.context_id, self.start_depth, self.limit, self.opts)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetRangeByDepth:
-        req = cls(*_fixed(GET_RANGE, payload, "GET_RANGE_BY_DEPTH"))
-        _check_read_opts(req.opts, "GET_RANGE_BY_DEPTH")
-        return req
-
-    def decode_reply(self, payload: Buffer) -> TurnList:
-        return TurnList.decode(payload)
-
 
 @dataclass(slots=True)
-class GetChain(Request[TurnList]):
+class GetChain(_Read):
     MSG_TYPE = MsgType.GET_CHAIN
+    LAYOUT = GET_CHAIN
     turn_id: int
     opts: int = 0
 
-    def encode(self) -> bytes:
-        return GET_CHAIN.pack(self.turn_id, self.opts)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetChain:
-        req = cls(*_fixed(GET_CHAIN, payload, "GET_CHAIN"))
-        _check_read_opts(req.opts, "GET_CHAIN")
-        return req
-
-    def decode_reply(self, payload: Buffer) -> TurnList:
-        return TurnList.decode(payload)
-
 
 @dataclass(slots=True)
-class GetBlob(Request[bytes]):
+class GetBlob(_Fixed[bytes]):
     MSG_TYPE = MsgType.GET_BLOB
+    LAYOUT = GET_BLOB
+    REPLY = staticmethod(decode_blob)
+    OPTS = VERIFY_HASH
     blob_hash: bytes
     opts: int = 0
-
-    def encode(self) -> bytes:
-        return GET_BLOB.pack(self.blob_hash, self.opts)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetBlob:
-        req = cls(*_fixed(GET_BLOB, payload, "GET_BLOB"))
-        _check_opts(req.opts, VERIFY_HASH, "GET_BLOB")
-        return req
-
-    def decode_reply(self, payload: Buffer) -> bytes:
-        return decode_blob(payload)
 
 
 @dataclass(slots=True)
@@ -655,40 +607,26 @@ class PatchTurn(Request[Patch]):
 
 
 @dataclass(slots=True)
-class Tombstone(Request[Patch]):
+class Tombstone(_Fixed[Patch]):
     MSG_TYPE = MsgType.TOMBSTONE
+    LAYOUT = U64
+    REPLY = staticmethod(decode_patch)
     target_turn_id: int
-
-    def encode(self) -> bytes:
-        return U64.pack(self.target_turn_id)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> Tombstone:
-        return cls(*_fixed(U64, payload, "TOMBSTONE"))
-
-    def decode_reply(self, payload: Buffer) -> Patch:
-        return decode_patch(payload)
 
 
 @dataclass(slots=True)
-class GetPayload(Request[bytes | None]):
+class GetPayload(_Fixed[bytes | None]):
     MSG_TYPE = MsgType.GET_PAYLOAD
+    LAYOUT = GET_PAYLOAD
+    REPLY = staticmethod(decode_maybe_payload)
+    OPTS = AS_OF
     turn_id: int
     as_of_seq: int = 0
     opts: int = 0
 
-    def encode(self) -> bytes:
-        return GET_PAYLOAD.pack(self.turn_id, self.as_of_seq, self.opts)
-
-    @classmethod
-    def decode(cls, payload: Buffer) -> GetPayload:
-        req = cls(*_fixed(GET_PAYLOAD, payload, "GET_PAYLOAD"))
-        _check_opts(req.opts, AS_OF, "GET_PAYLOAD")
-        _check_unused(req.as_of_seq, req.opts, AS_OF, "as_of_seq", "GET_PAYLOAD")
-        return req
-
-    def decode_reply(self, payload: Buffer) -> bytes | None:
-        return decode_maybe_payload(payload)
+    def check(self) -> None:
+        _Fixed.check(self)  # not super(): a slots dataclass is a new class, without its cell
+        _check_unused(self.as_of_seq, self.opts, AS_OF, "as_of_seq", self.WHAT)
 
 
 REQUESTS: dict[int, type[Request]] = {

@@ -9,8 +9,12 @@ reads are answered on the event loop, where a cache hit costs no thread hand-off
 straight into the frame decoder's buffer (asyncio.BufferedProtocol), and a reply of many
 payloads is written in pieces, never joined into one big copy.
 
-Limits (ServiceLimits) are announced in the HELLO reply.  A protocol violation gets an
-ERROR and the connection is closed; every other failure is an ERROR reply to its request.
+Limits (ServiceLimits) are announced in the HELLO reply.  Every request that is carried
+out gets exactly one reply, whatever follows it on the stream: a request the server cannot
+carry out but whose frame is intact gets an ERROR reply under its req_id and the connection
+carries on; a violation that leaves no request to answer (lost framing, req_id 0 or one in
+flight, a bad HELLO, a timeout) ends the connection, but only after every request received
+before it has been answered (_Connection.end_after_answers).
 """
 
 from __future__ import annotations
@@ -96,6 +100,9 @@ class ServiceLimits:
     """Seconds a started frame may take to arrive completely."""
     write_buffer: int = 1 * MiB
     """Queued reply bytes above which the server stops reading from that connection."""
+    drain_timeout: float = 30.0
+    """Seconds a connection that is being ended waits for the replies of its requests still
+    running before it closes without them (not announced)."""
 
     def __post_init__(self) -> None:
         announced = {
@@ -108,8 +115,9 @@ class ServiceLimits:
                 raise ValueError(
                     f"ServiceLimits.{name} = {value} is outside 1..{0xFFFF_FFFF} (a u32 in HELLO)"
                 )
-        if self.write_buffer <= 0:
-            raise ValueError(f"ServiceLimits.write_buffer = {self.write_buffer} must be positive")
+        for name, value in (("write_buffer", self.write_buffer), ("drain_timeout", self.drain_timeout)):
+            if value <= 0:
+                raise ValueError(f"ServiceLimits.{name} = {value} must be positive")
 
     def hello(self, version: int) -> m.HelloReply:
         return m.HelloReply(
@@ -146,6 +154,12 @@ def error_reply(exc: BaseException) -> m.ErrorReply:
 
 
 # --- request handlers: engine call in, reply payload out ---------------------------------
+
+
+def _older_than(turns: list[Turn]) -> int:
+    """A TurnList's next_cursor: the oldest turn returned, which GET_BEFORE takes to page
+    on to older turns; 0 when there are none (the root was reached, or nothing returned)."""
+    return turns[0].turn_id if turns and turns[0].parent_turn_id else 0
 
 
 class _Handlers:
@@ -217,12 +231,8 @@ class _Handlers:
     def get_last(self, r: m.GetLast) -> Reply:
         self._limit(r.limit)
         turns = self.store.get_last(r.context_id, r.limit)
-        if turns:
-            head_depth = turns[-1].depth
-            cursor = turns[0].turn_id if turns[0].parent_turn_id else 0
-        else:
-            head_depth, cursor = self.store.get_head(r.context_id).head_depth, 0
-        return self._turn_list(turns, r.opts, cursor, head_depth)
+        head_depth = turns[-1].depth if turns else self.store.get_head(r.context_id).head_depth
+        return self._turn_list(turns, r.opts, _older_than(turns), head_depth)
 
     def get_before(self, r: m.GetBefore) -> Reply:
         self._limit(r.limit)
@@ -234,7 +244,7 @@ class _Handlers:
         self._limit(r.limit)
         head_depth = self.store.get_head(r.context_id).head_depth
         turns = self.store.range_by_depth(r.context_id, r.start_depth, r.limit)
-        return self._turn_list(turns, r.opts, 0, head_depth)
+        return self._turn_list(turns, r.opts, _older_than(turns), head_depth)
 
     def get_chain(self, r: m.GetChain) -> Reply:
         turns = self.store.chain(r.turn_id)
@@ -298,8 +308,12 @@ class _Connection(asyncio.BufferedProtocol):
         self.last_activity = self.loop.time()
         self.partial_since: float | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.backlog: deque[Frame] = deque()
+        self.drain_timer: asyncio.TimerHandle | None = None
+        self.backlog: deque[Frame | ProtocolError] = deque()
+        """Received and not yet handled, in stream order; a ProtocolError where the framing broke."""
         self.eof = False
+        self.ending: tuple[ServiceError, int] | None = None
+        """The ERROR (and its req_id) to send once every request received is answered, then close."""
 
     # transport callbacks
 
@@ -314,8 +328,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self.timer is not None:
-            self.timer.cancel()
+        for timer in (self.timer, self.drain_timer):
+            if timer is not None:
+                timer.cancel()
         self.server.connections.discard(self)
         self.server.connection_gone.set()
 
@@ -329,7 +344,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.write_paused = False
         self.last_activity = self.loop.time()  # the client is reading
         self.run_backlog()
-        if self.transport is not None and not self.closing and not self.write_paused:
+        reading = not (self.closing or self.write_paused or self.ending or self.decoder.error)
+        if self.transport is not None and reading:
             self.transport.resume_reading()
             if self.partial_since is not None:
                 self.partial_since = self.loop.time()
@@ -341,7 +357,14 @@ class _Connection(asyncio.BufferedProtocol):
         return True  # keep the transport open for the replies
 
     def close_when_answered(self) -> None:
-        if self.eof and not self.in_flight and not self.backlog:
+        """Once nothing received is unanswered: end with the pending ERROR, or close after EOF."""
+        if self.closing or self.in_flight or self.backlog:
+            return
+        if self.ending is not None:
+            exc, req_id = self.ending
+            self.send_error(req_id, exc)
+            self.close()
+        elif self.eof:
             self.close()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -351,50 +374,71 @@ class _Connection(asyncio.BufferedProtocol):
             return memoryview(bytearray(HEADER.size))
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self.closing:
-            return
+        if self.closing or self.ending is not None or self.decoder.error is not None:
+            return  # reading was paused; bytes still in the socket's last read are dropped
         now = self.last_activity = self.loop.time()
-        try:
-            frames = self.decoder.buffer_updated(nbytes)
-        except ProtocolError as exc:
-            self.fail(exc, exc.req_id)
-            return
+        frames = self.decoder.buffer_updated(nbytes)
         if frames or self.partial_since is None:
             self.partial_since = now if self.decoder.buffered else None
         self.backlog.extend(frames)
+        if self.decoder.error is not None:  # the frames before the bad header come first
+            self.backlog.append(self.decoder.error)
+            self.partial_since = None
+            if self.transport is not None:
+                self.transport.pause_reading()
         self.run_backlog()
 
     def run_backlog(self) -> None:
         """Handle received frames until none are left or the reply buffer is full."""
         while self.backlog and not self.write_paused and not self.closing:
-            self.on_frame(self.backlog.popleft())
+            item = self.backlog.popleft()
+            if isinstance(item, ProtocolError):
+                self.end_after_answers(item, item.req_id)
+            else:
+                self.on_frame(item)
         self.server.writes_ready(self)
         self.close_when_answered()
 
     # requests and replies
 
     def on_frame(self, frame: Frame) -> None:
+        """Exactly one reply for the frame, or the end of the connection if it names no
+        request that could be answered (req_id 0 or one in flight) or HELLO failed."""
+        req_id = frame.req_id
         try:
-            if frame.flags & FLAG_REPLY:
-                raise MalformedFrame(f"request req_id={frame.req_id} has the reply flag set")
-            req = m.decode_request(frame.msg_type, frame.payload)
-            if isinstance(req, m.Hello) or not self.version:
-                self.hello(frame.req_id, req)
+            if not req_id:
+                raise MalformedFrame("req_id 0 is reserved for the server's connection errors")
+            if req_id in self.in_flight:
+                raise MalformedFrame(f"req_id {req_id} is already in flight")
+            if not self.version:
+                self.hello(req_id, self.request(frame))
                 return
-            if frame.req_id in self.in_flight:
-                raise MalformedFrame(f"req_id {frame.req_id} is already in flight")
         except ProtocolError as exc:
-            self.fail(exc, frame.req_id)
+            self.end_after_answers(exc, req_id, drop_backlog=True)
+            return
+        try:
+            req = self.request(frame)
+            if isinstance(req, m.Hello):
+                raise BadSequence("HELLO was already done on this connection")
+        except BadSequence as exc:
+            self.end_after_answers(exc, req_id, drop_backlog=True)
+            return
+        except ProtocolError as exc:  # the framing is intact: this request's reply is an ERROR
+            self.send_error(req_id, exc)
             return
         if len(self.in_flight) >= self.limits.max_in_flight:
             limit = self.limits.max_in_flight
-            self.send_error(frame.req_id, TooManyInFlight(f"{limit} requests already in flight", 0, limit))
+            self.send_error(req_id, TooManyInFlight(f"{limit} requests already in flight", 0, limit))
             return
-        self.server.dispatch(self, frame.req_id, req)
+        self.server.dispatch(self, req_id, req)
+
+    @staticmethod
+    def request(frame: Frame) -> m.Request:
+        if frame.flags & FLAG_REPLY:
+            raise MalformedFrame(f"request req_id={frame.req_id} has the reply flag set")
+        return m.decode_request(frame.msg_type, frame.payload)
 
     def hello(self, req_id: int, req: m.Request) -> None:
-        if self.version:
-            raise BadSequence("HELLO was already done on this connection")
         if not isinstance(req, m.Hello):
             raise BadSequence(f"the first request must be HELLO, not {req.MSG_TYPE.name}")
         version = req.negotiate()
@@ -428,11 +472,30 @@ class _Connection(asyncio.BufferedProtocol):
     def send_error(self, req_id: int, exc: BaseException) -> None:
         self.send(req_id, m.MsgType.ERROR, error_reply(exc).encode())
 
-    def fail(self, exc: ServiceError, req_id: int) -> None:
-        """ERROR, then close: the connection broke the protocol or timed out."""
-        log.info("closing store connection: %s", exc)
-        self.send_error(req_id, exc)
-        self.close()
+    def end_after_answers(self, exc: ServiceError, req_id: int, drop_backlog: bool = False) -> None:
+        """The connection broke the protocol or timed out: read nothing more, answer every
+        request received before (waiting at most drain_timeout), then send exc as an ERROR
+        and close.  The ERROR names req_id only if no other reply carries it, else 0.
+        drop_backlog: the violation is a frame, and those after it are not requests."""
+        if drop_backlog:
+            self.backlog.clear()
+        if self.ending is not None or self.closing:
+            return
+        log.info("ending store connection: %s", exc)
+        self.ending = (exc, req_id if req_id and req_id not in self.in_flight else 0)
+        self.partial_since = None
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.drain_timer = self.loop.call_later(self.limits.drain_timeout, self._drain_expired)
+        self.close_when_answered()
+
+    def _drain_expired(self) -> None:
+        if not self.closing:
+            log.warning("store connection: %d replies still running after %s s; closing without them",
+                        len(self.in_flight), self.limits.drain_timeout)
+            self.in_flight.clear()
+            self.backlog.clear()
+            self.close_when_answered()
 
     def close(self) -> None:
         self.closing = True
@@ -445,16 +508,16 @@ class _Connection(asyncio.BufferedProtocol):
         self.timer = self.loop.call_later(max(delay, 0.001), self._check_timeouts)
 
     def _check_timeouts(self) -> None:
-        if self.closing:
+        if self.closing or self.ending is not None:
             return
         now = self.loop.time()
         lim = self.limits
         started = self.partial_since
         if started is not None and not self.write_paused and now - started >= lim.read_timeout:
-            self.fail(ReadTimeout(f"a frame took longer than {lim.read_timeout} s to arrive"), 0)
+            self.end_after_answers(ReadTimeout(f"a frame took longer than {lim.read_timeout} s to arrive"), 0)
             return
         if not self.in_flight and now - self.last_activity >= lim.idle_timeout:
-            self.fail(IdleTimeout(f"idle for {lim.idle_timeout} s"), 0)
+            self.end_after_answers(IdleTimeout(f"idle for {lim.idle_timeout} s"), 0)
             return
         deadline = self.last_activity + lim.idle_timeout if not self.in_flight else now + lim.idle_timeout
         if started is not None:
@@ -543,8 +606,8 @@ class StoreServer:
     ) -> None:
         if socket_path is None and tcp is None:
             raise ValueError("StoreServer needs a socket path or a TCP address")
-        if tcp is not None and not ipaddress.ip_address(tcp[0]).is_loopback:
-            raise ValueError(f"TCP address {tcp[0]} is not loopback; the service has no authentication")
+        if tcp is not None:
+            _check_loopback(tcp[0])
         self.store = store
         self.socket_path = Path(socket_path) if socket_path is not None else None
         self.tcp = tcp
@@ -696,6 +759,25 @@ class StoreServer:
                 self.socket_path.unlink()
 
 
+def _check_loopback(host: str) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        raise ValueError(f"TCP address {host!r} is not an IP address (use 127.0.0.1 or ::1)") from None
+    if not loopback:
+        raise ValueError(f"TCP address {host} is not loopback; the service has no authentication")
+
+
+def loopback_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:PORT` for IPv6) parsed and checked: a loopback IP and a port."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not port.isdigit() or int(port) > 0xFFFF:
+        raise ValueError(f"{text!r} is not HOST:PORT with a port 0..65535")
+    _check_loopback(host)
+    return host, int(port)
+
+
 def _bind_unix(path: Path) -> socket.socket:
     """A listening-ready Unix socket at path with mode 0600.
 
@@ -726,7 +808,7 @@ def _bind_unix(path: Path) -> socket.socket:
 
 
 def run_service(
-    store_path: str | os.PathLike[str], socket_path: str | None = None, tcp: str | None = None
+    store_path: str | os.PathLike[str], socket_path: str | None = None, tcp: tuple[str, int] | None = None
 ) -> int:
     """`python -m store serve`: open the store, serve it until SIGINT/SIGTERM, close both.
 
@@ -735,17 +817,13 @@ def run_service(
     from store.engine import Store
 
     sock = Path(socket_path) if socket_path else Path(f"{os.fspath(store_path)}.sock")
-    address = None
-    if tcp:
-        host, _, port = tcp.rpartition(":")
-        address = (host.strip("[]"), int(port))
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with StoreServer(store, sock, address) as server:
+        async with StoreServer(store, sock, tcp) as server:
             tcp_text = ":".join(map(str, server.tcp_address)) if server.tcp_address else "-"
             print(f"listening unix={sock} tcp={tcp_text}", flush=True)
             await stop.wait()

@@ -137,6 +137,13 @@ VECTORS: dict[str, Vector] = {
         13,
         m.GetRangeByDepth(7, 2, 10, 1),
     ),
+    "get_range_by_depth_reply": reply(
+        "GET_RANGE_BY_DEPTH reply: turns 41 ('hi') and 42 ('ok') at depths 2, 3; next cursor 41",
+        13,
+        m.GetRangeByDepth(7, 2, 10, 1),
+        m.TurnList([T41, T42], [b"hi", b"ok"], 41, 3),
+        m.TurnList([T41, T42], [b"hi", b"ok"], 41, 3).encode(),
+    ),  # fmt: skip
     "get_chain_request": request("GET_CHAIN of turn 42, metadata only", 14, m.GetChain(42)),
     "get_blob_request": request("GET_BLOB 000102..1f, re-hashed", 15, m.GetBlob(HASH_A, m.VERIFY_HASH)),
     "get_blob_reply": reply("GET_BLOB reply: 'hello'", 15, m.GetBlob(HASH_A), b"hello", b"\x05\0\0\0hello"),
@@ -144,13 +151,20 @@ VECTORS: dict[str, Vector] = {
     "put_blob_reply": reply("PUT_BLOB reply: the 32-byte hash", 16, m.PutBlob(b""), HASH_A, HASH_A),
     "patch_request": request("PATCH turn 42 with 'fixed'", 17, m.PatchTurn(42, b"fixed")),
     "patch_reply": reply(
-        "Patch reply (PATCH, TOMBSTONE): target 42, new hash 2021..3f, flags 0, seq 5",
+        "Patch reply to PATCH: target 42, new hash 2021..3f, flags 1 (replace), seq 5",
         17,
         m.PatchTurn(42, b""),
-        Patch(42, HASH_B, 0, 5),
-        m.encode_patch(Patch(42, HASH_B, 0, 5)),
+        Patch(42, HASH_B, 1, 5),
+        m.encode_patch(Patch(42, HASH_B, 1, 5)),
     ),  # fmt: skip
     "tombstone_request": request("TOMBSTONE turn 42", 18, m.Tombstone(42)),
+    "tombstone_reply": reply(
+        "Patch reply to TOMBSTONE: target 42, hash all zero, flags 2 (tombstone), seq 6",
+        18,
+        m.Tombstone(42),
+        Patch(42, bytes(32), 2, 6),
+        m.encode_patch(Patch(42, bytes(32), 2, 6)),
+    ),  # fmt: skip
     "get_payload_request": request(
         "GET_PAYLOAD of turn 42 as of patch seq 4", 19, m.GetPayload(42, 4, m.AS_OF)
     ),
@@ -217,19 +231,27 @@ def test_a_huge_announced_frame_is_not_allocated_before_its_bytes_come() -> None
 
 def test_decoder_refuses_an_oversized_frame_from_its_header_alone() -> None:
     dec = FrameDecoder(100)
-    assert dec.feed(encode_frame(1, 5, b"x" * 100)) != []
-    with pytest.raises(FrameTooLarge) as info:
-        dec.feed(struct.pack("<IHHQ", 101, 1, 0, 77))  # no payload sent: refused before buffering it
-    assert info.value.req_id == 77 and info.value.arg0 == 101 and info.value.arg1 == 100
-    assert "101 bytes exceeds the limit of 100" in str(info.value)
+    good = encode_frame(1, 5, b"x" * 100)
+    # the good frames of the same read are handed over; the error waits in dec.error
+    assert dec.feed(good + struct.pack("<IHHQ", 101, 1, 0, 77)) == [Frame(1, 0, 5, b"x" * 100)]
+    assert isinstance(dec.error, FrameTooLarge)  # no payload sent: refused before buffering it
+    assert dec.error.req_id == 77 and dec.error.arg0 == 101 and dec.error.arg1 == 100
+    assert "101 bytes exceeds the limit of 100" in str(dec.error)
     with pytest.raises(FrameTooLarge):  # the stream has lost its framing: it stays failed
         dec.feed(encode_frame(1, 6, b""))
 
 
-def test_decoder_refuses_unknown_flag_bits() -> None:
-    with pytest.raises(MalformedFrame, match="unknown flag bits 0x0002") as info:
-        FrameDecoder(100).feed(encode_frame(1, 9, b"", flags=0x0002))
-    assert info.value.req_id == 9
+@pytest.mark.parametrize("copy", [True, False])
+def test_decoder_refuses_unknown_flag_bits_after_the_frames_before_them(copy: bool) -> None:
+    dec = FrameDecoder(100, copy=copy)
+    good = [Frame(1, 0, i, bytes([i]) * i) for i in range(1, 4)]
+    stream = b"".join(encode_frame(f.msg_type, f.req_id, bytes(f.payload)) for f in good)
+    got = dec.feed(stream + encode_frame(1, 9, b"", flags=0x0002) + encode_frame(1, 10, b""))
+    assert [f._replace(payload=bytes(f.payload)) for f in got] == good
+    assert isinstance(dec.error, MalformedFrame) and dec.error.req_id == 9
+    assert "unknown flag bits 0x0002" in str(dec.error)
+    with pytest.raises(MalformedFrame):
+        dec.get_buffer()
 
 
 # --- messages -----------------------------------------------------------------------------

@@ -309,6 +309,25 @@ def test_tcp_must_be_loopback(store: Store, tmp_path: Path) -> None:
         StoreServer(store, None, tcp=("0.0.0.0", 0))
 
 
+@pytest.mark.parametrize(
+    ("address", "complaint"),
+    [("10.1.2.3:5000", "not loopback"), ("[2001:db8::1]:1", "not loopback"),
+     ("localhost:1", "not an IP address"), ("127.0.0.1:http", "not HOST:PORT"),
+     ("127.0.0.1", "not HOST:PORT"), ("127.0.0.1:70000", "not HOST:PORT")],
+)  # fmt: skip
+def test_python_m_store_serve_refuses_a_bad_tcp_address_with_one_line(
+    tmp_path: Path, address: str, complaint: str
+) -> None:
+    """A usage error (exit 2, one line, no traceback), before the store is even created."""
+    done = subprocess.run(
+        [sys.executable, "-m", "store", "serve", str(tmp_path / "store"), "--tcp", address],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and complaint in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "store").exists()
+
+
 # --- protocol violations and limits ----------------------------------------------------------
 
 
@@ -348,24 +367,34 @@ async def test_bad_hello(server: StoreServer, frames: list, code: ErrorCode) -> 
 
 
 @pytest.mark.parametrize(
-    ("msg_type", "payload", "flags", "code"),
+    ("msg_type", "payload", "flags", "code", "closes"),
     [
-        (m.MsgType.GET_HEAD, b"\0" * 9, 0, ErrorCode.MALFORMED),
-        (m.MsgType.GET_LAST, m.GetLast(1, 1, 8).encode(), 0, ErrorCode.MALFORMED),
-        (m.MsgType.GET_HEAD, b"\0" * 8, FLAG_REPLY, ErrorCode.MALFORMED),
-        (m.MsgType.GET_HEAD, b"\0" * 8, 0x8000, ErrorCode.MALFORMED),
-        (4242, b"", 0, ErrorCode.UNKNOWN_MESSAGE),
-        (m.MsgType.HELLO, m.Hello().encode(), 0, ErrorCode.BAD_SEQUENCE),
+        (m.MsgType.GET_HEAD, b"\0" * 9, 0, ErrorCode.MALFORMED, False),
+        (m.MsgType.GET_LAST, m.GetLast(1, 1, 8).encode(), 0, ErrorCode.MALFORMED, False),
+        (m.MsgType.GET_HEAD, b"\0" * 8, FLAG_REPLY, ErrorCode.MALFORMED, False),
+        (4242, b"", 0, ErrorCode.UNKNOWN_MESSAGE, False),
+        (m.MsgType.GET_HEAD, b"\0" * 8, 0x8000, ErrorCode.MALFORMED, True),  # the framing is lost
+        (m.MsgType.HELLO, m.Hello().encode(), 0, ErrorCode.BAD_SEQUENCE, True),
     ],
 )
 async def test_protocol_violations_close_only_their_connection(
-    server: StoreServer, client: StoreClient, msg_type: int, payload: bytes, flags: int, code: ErrorCode
+    server: StoreServer, client: StoreClient, msg_type: int, payload: bytes, flags: int, code: ErrorCode,
+    closes: bool,
 ) -> None:
+    """A bad request whose frame is intact gets its ERROR and the connection carries on; one
+    that loses the framing or the sequence ends that connection alone."""
     raw = await Raw.open(server)
     raw.send(msg_type, 9, payload, flags)
     req_id, err = await raw.recv_error()
     assert (req_id, err.code) == (9, code) and err.message
-    assert await raw.closed_by_server()
+    if closes:
+        assert await raw.closed_by_server()
+    else:
+        ctx = (await client.create_context()).context_id
+        raw.send(m.MsgType.GET_HEAD, 10, m.GetHead(ctx).encode())
+        reply = await raw.recv()
+        assert (reply.req_id, m.decode_context_head(reply.payload).context_id) == (10, ctx)
+        raw.close()
     assert (await client.create_context()).head_turn_id == 0
 
 
@@ -570,3 +599,31 @@ def test_python_m_store_serve_and_sigkill_loses_no_acknowledged_append(tmp_path:
         for turn_id, payload in acked:
             assert turn_id in on_chain
             assert s.payloads([s.get_turn(turn_id)]) == [payload]
+
+
+# --- what PROTOCOL.md's vectors show, from the live server ---------------------------------
+
+
+async def test_patch_replies_carry_the_flags_of_their_vectors(client: StoreClient) -> None:
+    """PATCH answers flags 1 (replace), TOMBSTONE flags 2 and the zero hash (PROTOCOL.md)."""
+    ctx = (await client.create_context()).context_id
+    turn = await client.append_turn(ctx, b"typo")
+    patched = await client.patch(turn.turn_id, b"fixed")
+    assert (patched.target_turn_id, patched.flags) == (turn.turn_id, 1)
+    gone = await client.tombstone(turn.turn_id)
+    assert (gone.flags, gone.new_payload_hash, gone.seq) == (2, bytes(32), patched.seq + 1)
+
+
+async def test_range_by_depth_gives_the_cursor_to_older_turns(client: StoreClient) -> None:
+    """next_cursor is the oldest turn returned unless it is the root; GET_BEFORE takes it."""
+    ctx = (await client.create_context()).context_id
+    turns = [await client.append_turn(ctx, b"turn %d" % i) for i in range(6)]
+    page = await client.range_by_depth(ctx, 3, 2)
+    assert [t.depth for t in page.turns] == [3, 4] and page.head_depth == 5
+    assert page.next_cursor == turns[3].turn_id
+    older = await client.get_before(ctx, page.next_cursor, 10)
+    assert older.turns == turns[:3] and older.next_cursor == 0
+    assert (await client.range_by_depth(ctx, 0, 2)).next_cursor == 0  # the root: nothing older
+    assert (await client.range_by_depth(ctx, 9, 2)).next_cursor == 0  # beyond the head: nothing
+    last = await client.get_last(ctx, 2)
+    assert last.next_cursor == turns[4].turn_id  # the same rule as GET_LAST

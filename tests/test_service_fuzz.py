@@ -123,6 +123,8 @@ def test_hundreds_of_thousands_of_mutated_frames_at_the_decoders() -> None:
                 req = m.decode_request(frame.msg_type, frame.payload)
                 counts["requests"] += 1
                 assert req.encode() == frame.payload  # strict decoding: one encoding per message
+            if dec.error is not None:  # a bad header after the frames handed over
+                raise dec.error
         except ProtocolError:
             counts["refused"] += 1
         if counts["inputs"] % 8 == 0:  # the client's reply decoders get the same treatment
