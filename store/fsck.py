@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import blake3
-import zstandard
-
 from . import heads as headfiles
 from .blobpack import INDEX, PACK, BlobPack, scan_pack
+from .codec import DecodeError, blob_hash, decode_stored
 from .engine import DAMAGE, LOCK, Store, StoreConfig
 from .errors import CorruptRecord, StoreLocked, UnknownTurn
 from .fileio import lock_with_timeout
 from .patches import PatchLog, patches_lost
-from .records import BLOB_HEADER, CODEC_ZSTD, PATCH_REPLACE, TURN_SIZE, BlobHeader
+from .records import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
 from .turnlog import LOG, TurnLog
 from .types import NO_TURN, RecoveryNotes
 
@@ -123,7 +121,6 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> N
     if not size:
         report.stats["blobs"] = 0
         return
-    dctx = zstandard.ZstdDecompressor()
     with open(root / PACK, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
         scan = scan_pack(mm)
         by_offset = dict(scan.records)
@@ -131,9 +128,14 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> N
             if pack.locate(hdr.hash) is None:
                 report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} is not in {INDEX}")
             if full:
-                _rehash(mm, off, hdr, dctx, report)
+                _rehash(mm, off, hdr, report)
+        damaged = dict(scan.damaged)
+        for off, hdr in scan.damaged:
+            report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC (damaged)")
         for h in pack.hashes():
             loc = pack.locate(h)
+            if loc is not None and loc.offset in damaged:
+                continue  # reported above
             rec = by_offset.get(loc.offset) if loc else None
             if loc is None or rec is None or (rec.hash, rec.stored_len, rec.raw_len, rec.codec) != (
                     h, loc.stored_len, loc.raw_len, loc.codec):
@@ -142,15 +144,14 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> N
     report.stats["pack_bytes"] = scan.end
 
 
-def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, dctx: zstandard.ZstdDecompressor,
-            report: FsckReport) -> None:
+def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, report: FsckReport) -> None:
     stored = mm[off + BLOB_HEADER.size : off + BLOB_HEADER.size + hdr.stored_len]
     try:
-        data = dctx.decompress(stored, max_output_size=hdr.raw_len) if hdr.codec == CODEC_ZSTD else stored
-    except zstandard.ZstdError as exc:
+        data = decode_stored(hdr.codec, stored, hdr.raw_len)
+    except DecodeError as exc:
         report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} does not decode: {exc}")
         return
-    if len(data) != hdr.raw_len or blake3.blake3(data).digest() != hdr.hash:
+    if blob_hash(data) != hdr.hash:
         report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} fails its hash")
 
 
@@ -192,7 +193,8 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
     def readable(tid: int) -> bool:
         return 0 < tid < len(depths) and depths[tid] >= 0
 
-    r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None)
+    r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None,
+                         pack.damage_of)
     lost = patches_lost(patches.seq, loaded.snapshot)
     if lost:
         report.errors.append(lost)
@@ -212,12 +214,14 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
             reachable.add(tid)
             tid = log.read(tid).parent_turn_id
     missing = 0
-    for tid in reachable:
+    for tid in sorted(reachable):
         h = log.read(tid).payload_hash
         if pack.locate(h) is None and h not in r.blobs:  # (the next open restores those from the WAL)
             missing += 1
             if missing <= 20:
-                report.errors.append(f"turn {tid} (reachable from a head): its blob is missing")
+                why = pack.damage_of(h) or (r.damaged[h][1] if h in r.damaged else "missing")
+                report.errors.append(
+                    f"turn {tid} (reachable from a head): payload blob {h.hex()} is damaged: {why}")
     for p in patches.all():
         try:
             log.read(p.target_turn_id)
