@@ -629,10 +629,9 @@ class Store:
         gone although a live head reaches the turn (GC keeps those), is DamagedPayload naming both."""
         try:
             return self._load_blob(h)
-        except DamagedPayload:
-            raise
         except CorruptRecord as exc:
-            raise DamagedPayload(turn.turn_id, h, exc.reason, exc.file, exc.offset) from None
+            why = self._damaged.get(h, exc.reason)
+            raise DamagedPayload(turn.turn_id, h, why, exc.file, exc.offset) from None
         except UnknownBlob:
             if h != turn.payload_hash or self._on_live_chain(turn):
                 raise DamagedPayload(turn.turn_id, h, "lost: neither blobs.pack nor the head WAL holds it",

@@ -107,20 +107,21 @@ def _check(root: Path, full: bool, report: FsckReport) -> None:
         if (root / DAMAGE).exists():
             report.errors += [f"found when opened: {line} (fsck --repair acknowledges)"
                               for line in (root / DAMAGE).read_text().splitlines()]
-        _check_pack(root, pack, full, report)
+        damaged = _check_pack(root, pack, full, report)
         depths = _check_turns(root, log, report)
-        _check_heads(root, log, pack, patches, depths, report)
+        _check_heads(root, log, pack, patches, depths, damaged, report)
     finally:
         pack.close()
         log.close()
         patches.close()
 
 
-def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> None:
+def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> dict[bytes, str]:
+    """Checks the whole pack; returns the blobs whose only record is damaged, and how."""
     size = os.path.getsize(root / PACK)
     if not size:
         report.stats["blobs"] = 0
-        return
+        return {}
     with open(root / PACK, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
         scan = scan_pack(mm)
         by_offset = dict(scan.records)
@@ -142,6 +143,9 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> N
                 report.errors.append(f"{INDEX}: blob {h.hex()} has no matching record in {PACK}")
     report.stats["blobs"] = len(scan.records)
     report.stats["pack_bytes"] = scan.end
+    good = {hdr.hash for _, hdr in scan.records}
+    return {hdr.hash: f"its record at offset {off} of {PACK} failed its CRC"
+            for off, hdr in scan.damaged if hdr.hash not in good}
 
 
 def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, report: FsckReport) -> None:
@@ -186,7 +190,7 @@ def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> list[int]:
 
 
 def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, depths: list[int],
-                 report: FsckReport) -> None:
+                 damaged: dict[bytes, str], report: FsckReport) -> None:
     notes = RecoveryNotes()
     loaded = headfiles.load(root, notes, lambda snap: log.count < snap.checkpoint_turn_id)
 
@@ -194,7 +198,7 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
         return 0 < tid < len(depths) and depths[tid] >= 0
 
     r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None,
-                         pack.damage_of)
+                         damaged.get)
     lost = patches_lost(patches.seq, loaded.snapshot)
     if lost:
         report.errors.append(lost)
@@ -216,10 +220,11 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
     missing = 0
     for tid in sorted(reachable):
         h = log.read(tid).payload_hash
-        if pack.locate(h) is None and h not in r.blobs:  # (the next open restores those from the WAL)
+        if h in damaged or (pack.locate(h) is None and h not in r.blobs):  # (the WAL's copies are restored)
             missing += 1
             if missing <= 20:
-                why = pack.damage_of(h) or (r.damaged[h][1] if h in r.damaged else "missing")
+                why = damaged.get(h) or (r.damaged[h][1] if h in r.damaged else
+                                         "lost: neither blobs.pack nor the head WAL holds it")
                 report.errors.append(
                     f"turn {tid} (reachable from a head): payload blob {h.hex()} is damaged: {why}")
     for p in patches.all():

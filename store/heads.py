@@ -74,6 +74,11 @@ def read_wal(path: Path, problems: RecoveryNotes) -> WalScan:
     records, damaged, end = scan_wal(data, path.name)
     for off in damaged:
         problems.add(f"{path.name} at offset {off}: damaged head WAL record skipped", damage=True)
+    for off, r in records:
+        if r.damaged_copy and r.turn is not None:
+            tid = r.turn.turn_id
+            problems.add(f"{path.name} at offset {off}: the blob copy of turn {tid} failed its CRC",
+                         damage=True)
     if data[end:].count(b"\0") != len(data) - end:
         problems.append(f"{path.name}: torn record at offset {end} dropped")
     return WalScan([r for _, r in records], end, bool(damaged))
