@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from store import DamagedPayload, Store
+from store import CorruptRecord, DamagedPayload, Store
 from store.blobpack import scan_pack
+from store.client import StoreClient
 from store.codec import blob_hash
 from store.engine import DAMAGE
 from store.fsck import fsck
 from store.records import BLOB_HEADER, CODEC_ZSTD, WAL_SIZE, scan_wal
+from store.server import ServiceLimits, StoreServer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -215,3 +217,31 @@ def test_a_damaged_blob_with_a_good_wal_copy_is_restored(tmp_path: Path) -> None
         assert any("restored from its copy" in n for n in s.recovery_notes.damage), list(s.recovery_notes)
         assert s.payloads([s.get_turn(victim.turn_id)]) == [payload(102, "small")]
         assert s.payloads(s.get_last(ctx, 100))[-5:] == [payload(100 + i, "small") for i in range(5)]
+
+
+async def test_the_service_reports_a_damaged_payload_by_turn_and_blob(tmp_path: Path) -> None:
+    """GET_LAST / GET_CHAIN / GET_PAYLOAD with payloads: ERROR DAMAGED_PAYLOAD (arg0 the turn,
+    the message the blob), which the client raises as DamagedPayload; without payloads the
+    turn records still come."""
+    path = tmp_path / "s"
+    run = writer(path, "raw,small", 10, close=True)
+    victim = [a for a in run["acked"] if a[3] == "raw"][2]
+    h = blob_hash(payload(victim[2], "raw"))
+    flip_in_pack(path, h, 99)
+    ctx = victim[1]
+    with Store.open(path) as s:
+        async with StoreServer(s, tmp_path / "sock", limits=ServiceLimits()) as srv:
+            assert srv.socket_path is not None
+            c = await StoreClient.connect(srv.socket_path)
+            try:
+                turns = (await c.get_last(ctx, 100)).turns
+                assert victim[0] in [t.turn_id for t in turns]
+                for call in (c.get_last(ctx, 100, payloads=True), c.chain(victim[0], payloads=True),
+                             c.payload_of(victim[0]), c.get_last(ctx, 100, payloads=True, patched=True)):
+                    with pytest.raises(DamagedPayload) as ei:
+                        await call
+                    assert (ei.value.turn_id, ei.value.blob_hash) == (victim[0], h)
+                with pytest.raises(CorruptRecord):
+                    await c.get_blob(h)
+            finally:
+                await c.close()
