@@ -177,7 +177,7 @@ class BlobPack:
         for off, hdr in scan.records:
             self._tail[hdr.hash] = BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
         for off, hdr in scan.damaged:
-            if hdr.hash not in self._tail:
+            if self.locate(hdr.hash) is None:  # no good copy elsewhere
                 self.damaged[hdr.hash] = f"its record at offset {off} of {PACK} failed its CRC"
             self.problems.add(f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC (damaged, kept)",
                               damage=True)
@@ -255,9 +255,13 @@ class BlobPack:
     # --- lookups -------------------------------------------------------------------------------
 
     def locate(self, h: bytes) -> BlobLocation | None:
+        """Where blob h's record is; None when the pack has no record of it, or only a damaged
+        one (then an append of the same bytes stores a good copy, which reads then find)."""
         loc = self._tail.get(h)
         if loc is not None:
             return loc
+        if self.damaged and h in self.damaged:
+            return None
         idx = self._index
         mm = idx.mm
         if mm is None or len(h) != 32:
@@ -278,6 +282,10 @@ class BlobPack:
                 _, pack_off, raw_len, stored_len, codec, _ = IDX_ENTRY.unpack_from(mm, off)
                 return BlobLocation(pack_off, raw_len, stored_len, codec)
         return None
+
+    def mark_damaged(self, h: bytes, reason: str) -> None:
+        """A read found blob h's record damaged: lookups stop finding it (see locate)."""
+        self.damaged[h] = reason
 
     def damage_of(self, h: bytes) -> str | None:
         """What is wrong with blob h, if the pack holds it only damaged (as far as opening saw)."""
@@ -330,6 +338,7 @@ class BlobPack:
             loc = BlobLocation(off, raw_len, hdr.stored_len, codec)
             self._tail[h] = loc
             self._last = (off, h)
+            self.damaged.pop(h, None)  # a good copy now
         return loc
 
     def sync(self) -> None:
@@ -338,7 +347,7 @@ class BlobPack:
     def write_index(self) -> None:
         """Fold the tail into a new blobs.idx (temp file + rename)."""
         with self._lock:
-            old = self._index_entries()
+            old = [e for e in self._index_entries() if e[:32] not in self._tail]  # a new copy wins
             new = sorted(_entry(h, loc) for h, loc in self._tail.items())
             merged = list(heapq.merge(old, new)) if old else new
             atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), durable=self.durable)

@@ -610,19 +610,30 @@ class Store:
             waiting = self._pending.get(h)
             if waiting is not None:
                 return waiting
-            lost = self._damaged.get(h)
+            lost = self._damaged.get(h) or self._pack.damage_of(h)
             if lost is not None:
                 raise CorruptRecord(PACK, -1, f"blob {h.hex()} is damaged: {lost}")
             raise UnknownBlob(h)
-        stored = self._pack.read(h, loc)
         try:
-            data = decode_stored(loc.codec, stored, loc.raw_len)
+            data = decode_stored(loc.codec, self._pack.read(h, loc), loc.raw_len)
+            if blob_hash(data) != h:
+                raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not hash to its name")
         except DecodeError as exc:
+            self._found_damaged(h, f"its record at offset {loc.offset} of {PACK} does not decode: {exc}")
             raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not decode: {exc}") from None
-        if blob_hash(data) != h:
-            raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not hash to its name")
+        except CorruptRecord as exc:
+            self._found_damaged(h, f"{exc.file} at offset {exc.offset}: {exc.reason}")
+            raise
         self._blob_cache.put(h, data)
         return data
+
+    def _found_damaged(self, h: bytes, reason: str) -> None:
+        """A read found blob h damaged: lookups stop finding that record (an append of the same
+        bytes stores a good copy), and damage.log keeps it for fsck."""
+        if self._pack.damage_of(h) is None:
+            self._pack.mark_damaged(h, reason)
+            log.warning("%s: blob %s is damaged: %s", self.root, h.hex(), reason)
+            record_damage(self.root, [f"blob {h.hex()} found damaged when read: {reason}"])
 
     def _payload(self, turn: Turn, h: bytes) -> bytes:
         """Caller holds the gate.  Blob h as the payload of turn: a damaged blob, or one that is
@@ -630,7 +641,7 @@ class Store:
         try:
             return self._load_blob(h)
         except CorruptRecord as exc:
-            why = self._damaged.get(h, exc.reason)
+            why = self._damaged.get(h) or self._pack.damage_of(h) or exc.reason
             raise DamagedPayload(turn.turn_id, h, why, exc.file, exc.offset) from None
         except UnknownBlob:
             if h != turn.payload_hash or self._on_live_chain(turn):

@@ -131,8 +131,13 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> d
             if full:
                 _rehash(mm, off, hdr, report)
         damaged = dict(scan.damaged)
+        good = {hdr.hash: off for off, hdr in scan.records}
         for off, hdr in scan.damaged:
-            report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC (damaged)")
+            where = f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC"
+            if hdr.hash in good:  # stored again since: harmless, GC drops it
+                report.warnings.append(f"{where} (a good copy is at offset {good[hdr.hash]})")
+            else:
+                report.errors.append(f"{where} (damaged)")
         for h in pack.hashes():
             loc = pack.locate(h)
             if loc is not None and loc.offset in damaged:
@@ -143,7 +148,6 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> d
                 report.errors.append(f"{INDEX}: blob {h.hex()} has no matching record in {PACK}")
     report.stats["blobs"] = len(scan.records)
     report.stats["pack_bytes"] = scan.end
-    good = {hdr.hash for _, hdr in scan.records}
     return {hdr.hash: f"its record at offset {off} of {PACK} failed its CRC"
             for off, hdr in scan.damaged if hdr.hash not in good}
 

@@ -136,7 +136,7 @@ def error_reply(exc: BaseException) -> m.ErrorReply:
     if isinstance(exc, DamagedPayload):
         return m.ErrorReply(ErrorCode.DAMAGED_PAYLOAD, str(exc), exc.turn_id)
     if isinstance(exc, CorruptRecord):
-        return m.ErrorReply(ErrorCode.CORRUPT, str(exc), exc.offset)
+        return m.ErrorReply(ErrorCode.CORRUPT, str(exc), max(exc.offset, 0))  # -1: no record to point at
     if isinstance(exc, TurnNotInContext):
         return m.ErrorReply(ErrorCode.TURN_NOT_IN_CONTEXT, str(exc), exc.context_id, exc.turn_id)
     if isinstance(exc, StoreClosed):

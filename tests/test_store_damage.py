@@ -123,8 +123,7 @@ def check_everything_acknowledged(path: Path, acked: list, damaged_tid: int,
     report = fsck(path)
     h = blob_hash(by_tid[damaged_tid][1]).hex()
     assert not report.ok and any(h in e and "damaged" in e for e in report.errors), report.summary()
-    if noticed_at_open:
-        assert h in (path / DAMAGE).read_text()
+    assert h in (path / DAMAGE).read_text()  # found at open, or when first read
 
 
 @pytest.mark.parametrize("which", ["middle", "last"])
@@ -245,3 +244,25 @@ async def test_the_service_reports_a_damaged_payload_by_turn_and_blob(tmp_path: 
                     await c.get_blob(h)
             finally:
                 await c.close()
+
+
+def test_storing_the_same_bytes_again_heals_a_damaged_blob(tmp_path: Path) -> None:
+    """Dedup must not make a new append point at the damaged record: once a read found it
+    damaged, appending the same payload stores a good copy, which every turn of that blob reads."""
+    path = tmp_path / "s"
+    run = writer(path, "raw,small", 10, close=True)
+    victim = [a for a in run["acked"] if a[3] == "raw"][1]
+    data = payload(victim[2], "raw")
+    flip_in_pack(path, blob_hash(data), 1234)
+    with Store.open(path) as s:
+        old = s.get_turn(victim[0])
+        with pytest.raises(DamagedPayload):
+            s.payloads([old])
+        with pytest.raises(CorruptRecord):
+            s.get_blob(old.payload_hash)
+        again = s.append_turn(victim[1], data)
+        assert s.payloads([again, old]) == [data, data]
+    with Store.open(path) as s:  # the new copy is what blobs.idx names now
+        assert s.payloads([s.get_turn(victim[0])]) == [data]
+    report = fsck(path, repair=True)
+    assert report.ok, report.summary()
