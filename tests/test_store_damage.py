@@ -10,9 +10,9 @@ it, and new appends get TurnIDs never handed out before.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -45,36 +45,49 @@ def payload(i: int, kind: str) -> bytes:
 
 CHILD = "import random\n" + inspect.getsource(payload) + textwrap.dedent(
     """
-    import json, os, signal, sys
+    import itertools, os, sys
     from store import Store
-    path, kinds, n, first_close = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4] == "1"
+    path, kinds, n, close = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4] == "1"
     s = Store.open(path)
     ctxs = [h.context_id for h in s.list_contexts()] or [s.create_context().context_id for _ in range(2)]
-    acked = []
     start = s.turn_count
-    for i in range(start, start + n):
+    for i in itertools.count(start):  # until killed (or n turns, then close)
+        if close and i == start + n:
+            s.close()
+            break
         if i == start + n // 2:
             ctxs.append(s.create_context().context_id)  # a context created among the appends
         kind = kinds[i % len(kinds)]
         ctx = ctxs[i % len(ctxs)]
         t = s.append_turn(ctx, payload(i, kind))
-        acked.append([t.turn_id, ctx, i, kind])
-    print(json.dumps({"acked": acked, "ctxs": ctxs}), flush=True)
-    if first_close:
-        s.close()
-        sys.exit(0)
-    os.kill(os.getpid(), signal.SIGKILL)
+        os.write(1, b"%d %d %d %s\\n" % (t.turn_id, ctx, i, kind.encode()))  # after the ack
     """
 )
 
 
-def writer(path: Path, kinds: str, n: int, close: bool = False) -> dict:
-    """A writer process that appends n acknowledged turns, then closes the store (close) or
-    dies by SIGKILL without closing it."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), kinds, str(n), "1" if close else "0"],
-                          cwd=REPO, capture_output=True, timeout=120)
-    assert proc.returncode == (0 if close else -9), proc.stderr.decode()
-    return json.loads(proc.stdout)
+def writer(path: Path, kinds: str, n: int, close: bool = False) -> list[list]:
+    """A writer process that appends durably: unless close, it is SIGKILLed while appending,
+    once n turns were acknowledged.  Returns [turn_id, ctx, i, kind] of each acknowledged turn."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), kinds, str(n), "1" if close else "0"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    acked: list[list] = []
+    try:
+        for line in proc.stdout:
+            if not line.endswith(b"\n"):
+                break  # cut short by the kill: not an acknowledgement
+            tid, ctx, i, kind = line.split()
+            acked.append([int(tid), int(ctx), int(i), kind.decode()])
+            if len(acked) == n and not close:
+                os.kill(proc.pid, signal.SIGKILL)  # the writer is appending the next turn by now
+    finally:
+        if proc.poll() is None and not close:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode == (0 if close else -signal.SIGKILL), err
+    assert len(acked) >= n
+    return acked
 
 
 def flip_in_pack(path: Path, h: bytes, at: int) -> None:
@@ -88,8 +101,9 @@ def flip_in_pack(path: Path, h: bytes, at: int) -> None:
 
 def check_everything_acknowledged(path: Path, acked: list, damaged_tid: int,
                                   noticed_at_open: bool = True) -> None:
-    """Reopen twice: every acknowledged turn and head is there, the damaged turn's payload is
-    DamagedPayload naming it and its blob, every other payload reads back, new ids are fresh."""
+    """Reopen twice: every acknowledged turn is there, each context's head is its last
+    acknowledged turn or one the killed writer had in flight after it, the damaged turn's payload
+    is DamagedPayload naming it and its blob, every other payload reads back, new ids are fresh."""
     by_tid = {tid: (ctx, payload(i, kind)) for tid, ctx, i, kind in acked}
     last = {ctx: tid for tid, ctx, _, _ in acked}
     top = max(by_tid)
@@ -97,12 +111,16 @@ def check_everything_acknowledged(path: Path, acked: list, damaged_tid: int,
         with Store.open(path) as s:
             if round_ == 0 and noticed_at_open:
                 assert s.recovery_notes.damage, list(s.recovery_notes)
-            assert {h.context_id: h.head_turn_id for h in s.list_contexts()} == last
-            for ctx, head in last.items():
+            assert set(last) <= {h.context_id for h in s.list_contexts()}
+            for ctx, tid in last.items():
                 chain = s.get_last(ctx, 1000)
-                assert chain[-1].turn_id == head and [t.depth for t in chain] == list(range(len(chain)))
-                ids = {t.turn_id for t in chain}
-                assert ids == {tid for tid, (c, _) in by_tid.items() if c == ctx}
+                assert [t.depth for t in chain] == list(range(len(chain)))
+                ids = [t.turn_id for t in chain]
+                assert tid in ids and all(i > top for i in ids[ids.index(tid) + 1 :]), (ctx, tid, ids)
+                assert {i for i in ids if i <= top} == {t for t, (c, _) in by_tid.items() if c == ctx}
+            if damaged_tid not in by_tid:  # the turn in flight at the kill, whose record made it
+                with pytest.raises(DamagedPayload, match=f"turn {damaged_tid}:"):
+                    s.payloads([s.get_turn(damaged_tid)])
             for tid, (_ctx, data) in by_tid.items():
                 t = s.get_turn(tid)
                 if tid == damaged_tid:
@@ -115,8 +133,10 @@ def check_everything_acknowledged(path: Path, acked: list, damaged_tid: int,
                 else:
                     assert s.payloads([t]) == [data], f"turn {tid}"
             ctx = next(iter(last))
+            count = s.turn_count
+            assert count >= top
             fresh = s.append_turn(ctx, b"after the damage, round %d" % round_)
-            assert fresh.turn_id > top, f"TurnID {fresh.turn_id} handed out again"
+            assert fresh.turn_id == count + 1, f"TurnID {fresh.turn_id} after {count}"
             top = fresh.turn_id
             last[ctx] = fresh.turn_id
             by_tid[fresh.turn_id] = (ctx, b"after the damage, round %d" % round_)
@@ -133,12 +153,12 @@ def test_bit_flip_in_a_raw_blob_right_after_the_crash(tmp_path: Path, which: str
     blob is the pack's last record (the small ones wait in the WAL for the packer)."""
     path = tmp_path / "s"
     run = writer(path, "raw,small,small,small", 48)
-    raw = [a for a in run["acked"] if a[3] == "raw"]
+    raw = [a for a in run if a[3] == "raw"]
     victim = raw[3] if which == "middle" else raw[-1]
     h = blob_hash(payload(victim[2], "raw"))
     size_before = os.path.getsize(path / "turns.log")
     flip_in_pack(path, h, 777)
-    check_everything_acknowledged(path, run["acked"], victim[0])
+    check_everything_acknowledged(path, run, victim[0])
     assert os.path.getsize(path / "turns.log") >= size_before  # nothing truncated away
 
 
@@ -147,7 +167,7 @@ def test_bit_flip_in_a_raw_blob_found_only_when_read(tmp_path: Path) -> None:
     the next crash's recovery must not be disturbed by it."""
     path = tmp_path / "s"
     run = writer(path, "raw,small,small", 30, close=True)
-    victim = [a for a in run["acked"] if a[3] == "raw"][2]
+    victim = [a for a in run if a[3] == "raw"][2]
     run2 = writer(path, "raw,small,small", 12)
     h = blob_hash(payload(victim[2], "raw"))
     flip_in_pack(path, h, 50_000)
@@ -155,18 +175,18 @@ def test_bit_flip_in_a_raw_blob_found_only_when_read(tmp_path: Path) -> None:
         t = s.get_turn(victim[0])
         with pytest.raises(DamagedPayload, match=h.hex()):
             s.payloads([t])
-    check_everything_acknowledged(path, run["acked"] + run2["acked"], victim[0], noticed_at_open=False)
+    check_everything_acknowledged(path, run + run2, victim[0], noticed_at_open=False)
 
 
 def test_bit_flip_in_a_compressed_blob(tmp_path: Path) -> None:
     path = tmp_path / "s"
     run = writer(path, "zstd,small", 20)
-    victim = [a for a in run["acked"] if a[3] == "zstd"][4]
+    victim = [a for a in run if a[3] == "zstd"][4]
     h = blob_hash(payload(victim[2], "zstd"))
     flip_in_pack(path, h, 20_000)
-    check_everything_acknowledged(path, run["acked"], victim[0])
+    check_everything_acknowledged(path, run, victim[0])
     with Store.open(path) as s:
-        assert s.get_stored_blob(blob_hash(payload(run["acked"][0][2], "zstd"))).codec == CODEC_ZSTD
+        assert s.get_stored_blob(blob_hash(payload(run[0][2], "zstd"))).codec == CODEC_ZSTD
 
 
 def test_bit_flip_in_a_blob_copy_in_the_head_wal(tmp_path: Path) -> None:
@@ -181,7 +201,7 @@ def test_bit_flip_in_a_blob_copy_in_the_head_wal(tmp_path: Path) -> None:
     assert rec.turn is not None
     buf[off + WAL_SIZE + BLOB_HEADER.size + 5] ^= 0x01
     wal.write_bytes(bytes(buf))
-    check_everything_acknowledged(path, run["acked"], rec.turn.turn_id)
+    check_everything_acknowledged(path, run, rec.turn.turn_id)
 
 
 def test_bit_flip_in_the_last_wal_copy_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
@@ -190,10 +210,10 @@ def test_bit_flip_in_the_last_wal_copy_is_damage_not_a_torn_tail(tmp_path: Path)
     wal = sorted(path.glob("heads.wal.*"))[-1]
     buf = bytearray(wal.read_bytes())
     off, rec = scan_wal(bytes(buf), wal.name)[0][-1]
-    assert rec.turn is not None and rec.turn.turn_id == run["acked"][-1][0]
+    assert rec.turn is not None and rec.turn.turn_id >= run[-1][0]  # or the turn in flight at the kill
     buf[off + WAL_SIZE + BLOB_HEADER.size + 2] ^= 0x40
     wal.write_bytes(bytes(buf))
-    check_everything_acknowledged(path, run["acked"], rec.turn.turn_id)
+    check_everything_acknowledged(path, run, rec.turn.turn_id)
 
 
 def test_a_damaged_blob_with_a_good_wal_copy_is_restored(tmp_path: Path) -> None:
@@ -203,7 +223,7 @@ def test_a_damaged_blob_with_a_good_wal_copy_is_restored(tmp_path: Path) -> None
     run = writer(path, "small", 8)
     image = tmp_path / "image"
     with Store.open(path) as s:  # pack the appends' blobs, then copy what a crash would leave
-        ctx = run["ctxs"][0]
+        ctx = run[0][1]
         more = [s.append_turn(ctx, payload(100 + i, "small")) for i in range(5)]
         s.pack_pending()
         image.mkdir()
@@ -224,7 +244,7 @@ async def test_the_service_reports_a_damaged_payload_by_turn_and_blob(tmp_path: 
     turn records still come."""
     path = tmp_path / "s"
     run = writer(path, "raw,small", 10, close=True)
-    victim = [a for a in run["acked"] if a[3] == "raw"][2]
+    victim = [a for a in run if a[3] == "raw"][2]
     h = blob_hash(payload(victim[2], "raw"))
     flip_in_pack(path, h, 99)
     ctx = victim[1]
@@ -251,7 +271,7 @@ def test_storing_the_same_bytes_again_heals_a_damaged_blob(tmp_path: Path) -> No
     damaged, appending the same payload stores a good copy, which every turn of that blob reads."""
     path = tmp_path / "s"
     run = writer(path, "raw,small", 10, close=True)
-    victim = [a for a in run["acked"] if a[3] == "raw"][1]
+    victim = [a for a in run if a[3] == "raw"][1]
     data = payload(victim[2], "raw")
     flip_in_pack(path, blob_hash(data), 1234)
     with Store.open(path) as s:
