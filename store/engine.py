@@ -224,7 +224,8 @@ class Store:
         self._turn_cache: LRU[int, Turn] = LRU(config.turn_cache_entries)
         self._blob_cache: LRU[bytes, bytes] = LRU(config.blob_cache_bytes, len)
         self._damaged: dict[bytes, str] = {}
-        """Blobs that recovery found damaged or lost (no good copy anywhere): what is wrong."""
+        """Blobs of replayed turns that recovery found lost or damaged: what is wrong (the pack
+        knows its own damaged records: BlobPack.damage_of)."""
         remove_leftovers(root)
         notes = self.recovery_notes
         self._pack = BlobPack(root, config.durable, notes)
@@ -284,7 +285,7 @@ class Store:
             self._pack.append(self._repacked(rec))
         for t in r.writes:
             log.write(t)
-        self._damaged = {**self._pack.damaged, **{h: why for h, (_, why) in r.damaged.items()}}
+        self._damaged = {h: why for h, (_, why) in r.damaged.items()}
         end = self._log_end(r.end, loaded.wal_damaged)
         if os.path.getsize(self.root / "turns.log") != end * TURN_SIZE:
             log.truncate(end)  # drops a torn tail; zero slots for ids lost everywhere

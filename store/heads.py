@@ -235,6 +235,7 @@ def replay(loaded: LoadedHeads, log_count: int, slot_ok: Callable[[Turn], bool],
     snap = loaded.snapshot
     r = Replayed({e[0]: e[1:] for e in snap.heads}, snap.next_context_id, snap.checkpoint_turn_id,
                  [], {}, 0, RecoveryNotes())
+    checkpointed = r.end
     for rec in loaded.older_turns:  # repairs a turns.log damaged behind the last checkpoint
         t = rec.turn
         if t is not None and t.turn_id <= r.end and not slot_ok(t):
@@ -242,9 +243,11 @@ def replay(loaded: LoadedHeads, log_count: int, slot_ok: Callable[[Turn], bool],
     if r.writes:
         r.notes.add(f"turns.log: {len(r.writes)} turn records rewritten from the older head WAL", damage=True)
     count = max([log_count, *(t.turn_id for t in r.writes)])
-    if count < r.end:
-        r.notes.add(f"turns.log ends at turn {count} but turns up to {r.end} were checkpointed: "
-                    f"turns {count + 1}..{r.end} are lost (their ids are not handed out again)", damage=True)
+    if count < checkpointed:
+        r.notes.add(f"turns.log ends at turn {count} but turns up to {checkpointed} were checkpointed: "
+                    f"turns {count + 1}..{checkpointed} are lost (their ids are not handed out again)",
+                    damage=True)
+    r.end = max([r.end, *(head for head, _, _, _ in r.logged.values())])
     held: list[WalRecord] = []
     for rec in loaded.replay:
         if rec.turn is not None and not _blob_found(r, rec, has_blob, damaged_blob):
