@@ -72,7 +72,7 @@ def frame_size(data: bytes | memoryview) -> int:
     if len(data) < 6 or _BLOCK.unpack_from(data, 0)[0] != ZSTD_MAGIC:
         raise DecodeError("corrupt zstd frame: bad magic")
     try:
-        pos = zstandard.frame_header_size(bytes(data[:18]))
+        pos = zstandard.frame_header_size(data)
     except zstandard.ZstdError as exc:
         raise DecodeError(f"corrupt zstd frame header ({exc})") from None
     checksum = data[4] & 0x04
@@ -100,7 +100,7 @@ def decode_bounded(data: bytes | memoryview, expected_len: int) -> bytes:
     end = frame_size(data)
     if end != len(data):
         raise DecodeError(f"{len(data) - end} bytes after the zstd frame")
-    declared = zstandard.frame_content_size(bytes(data[:18]))
+    declared = zstandard.frame_content_size(data)
     try:
         if declared != -1:  # -1: the header declares no size (zstandard.frame_content_size)
             if declared != expected_len:
