@@ -13,21 +13,17 @@ Endpoints (all under the version prefix, see docs/PROTOCOL.md):
 from __future__ import annotations
 
 import base64
-import io
 import ipaddress
 import json
 import re
 import struct
-import threading
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import blake3
-import zstandard
-
 from p2pnode.errors import InvalidInput, VerificationFailed
 from p2pnode.sidecar import is_hash_hex
+from store.codec import DecodeError, blob_hash, decode_stored
 from store.types import StoredBlob
 
 PROTOCOL_VERSION = 1
@@ -94,10 +90,6 @@ class BlobMismatch(WireError):
 class InvalidTicket(InvalidInput):
     def __init__(self, text: str, reason: str) -> None:
         super().__init__(f"invalid ticket {text[:24]!r}...: {reason}")
-
-
-def blake3_hash(data: bytes) -> bytes:
-    return blake3.blake3(data, max_threads=blake3.blake3.AUTO if len(data) > 1 << 20 else 1).digest()
 
 
 def check_hex_hash(text: str, what: str = "hash") -> str:
@@ -338,42 +330,16 @@ class BatchDecoder:
 
 
 def decode_blob(blob: BatchBlob) -> bytes:
-    """The raw bytes of a received blob, decompressed with a hard output limit of its
-    declared length (a zstd bomb stops there) and verified against its hash."""
-    if blob.codec == CODEC_RAW:
-        raw = blob.stored
-    else:
-        try:
-            raw = _zstd_bounded(blob.stored, blob.raw_len)
-        except zstandard.ZstdError as exc:
-            raise WireError(f"blob {blob.hash.hex()}: zstd data is corrupt ({exc})") from exc
-    if len(raw) != blob.raw_len:
-        more = "more than" if len(raw) > blob.raw_len else f"{len(raw)}, not"
-        raise WireError(f"blob {blob.hash.hex()}: decompresses to {more} its declared {blob.raw_len} bytes")
-    got = blake3_hash(raw)
+    """The raw bytes of a received blob, decoded by the store's bounded decoder (never more
+    than its declared length, whatever the zstd frame claims) and verified against its hash."""
+    try:
+        raw = decode_stored(blob.codec, blob.stored, blob.raw_len)
+    except DecodeError as exc:
+        raise WireError(f"blob {blob.hash.hex()}: {exc}") from None
+    got = blob_hash(raw)
     if got != blob.hash:
         raise BlobMismatch(blob.hash, got, "line blob")
     return raw
-
-
-_local = threading.local()
-
-
-def _zstd_bounded(stored: bytes, raw_len: int) -> bytes:
-    """At most raw_len + 1 bytes of output, whatever the frame claims.
-
-    `decompress(max_output_size=...)` alone is not enough: it allocates the size written in
-    the frame header.  So a frame must declare exactly raw_len (then one fixed buffer of that
-    size, and zstd stops if the data would overflow it) or nothing (then a bounded read)."""
-    dctx = getattr(_local, "dctx", None) or zstandard.ZstdDecompressor()
-    _local.dctx = dctx
-    declared = zstandard.frame_content_size(stored)
-    if declared == raw_len:
-        return dctx.decompress(stored, max_output_size=raw_len)
-    if declared != -1:  # -1: size not in the header
-        raise zstandard.ZstdError(f"the frame declares {declared} bytes, not {raw_len}")
-    with dctx.stream_reader(io.BytesIO(stored)) as reader:
-        return reader.read(raw_len + 1)
 
 
 # --- Range ------------------------------------------------------------------------------

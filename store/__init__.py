@@ -9,6 +9,7 @@ from .engine import GCStats, Store, StoreConfig
 from .errors import (
     BlobMismatch,
     CorruptRecord,
+    DamagedPayload,
     ParentConflict,
     PayloadTooLarge,
     StoreClosed,
@@ -22,7 +23,8 @@ from .errors import (
 from .types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, TurnBlobRef, TurnInput
 
 __all__ = [
-    "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "GCStats", "Page", "ParentConflict", "Patch",
+    "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "DamagedPayload", "GCStats", "Page",
+    "ParentConflict", "Patch",
     "PayloadTooLarge", "Store", "StoreClosed", "StoreConfig", "StoreError", "StoreLocked",
     "StoredBlob", "Turn", "TurnBlobRef", "TurnInput", "TurnNotInContext", "UnknownBlob", "UnknownContext",
     "UnknownTurn",

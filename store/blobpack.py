@@ -20,6 +20,7 @@ from pathlib import Path
 from .errors import CorruptRecord
 from .fileio import TMP_SUFFIX, atomic_write, fsync_dir
 from .records import (
+    BLOB_CRC,
     BLOB_HEADER,
     BLOB_MAGIC_BYTES,
     IDX_ENTRY,
@@ -47,6 +48,9 @@ class PackScan:
     """What a walk over pack bytes found."""
 
     records: list[tuple[int, BlobHeader]] = field(default_factory=list)
+    damaged: list[tuple[int, BlobHeader]] = field(default_factory=list)
+    """Whole records that fail their CRC, whose header still names their blob: written once,
+    damaged since (kept in place and reported, never truncated away)."""
     corrupt: list[tuple[int, str]] = field(default_factory=list)
     end: int = 0
     """Where valid data stops; beyond it the file holds only zeros or a torn tail."""
@@ -60,6 +64,23 @@ def _valid_at(buf: mmap.mmap | bytes, pos: int) -> BlobHeader | None:
     return hdr if blob_record_ok(memoryview(buf)[pos : pos + hdr.record_len]) else None
 
 
+def _damaged_at(buf: mmap.mmap | bytes, pos: int) -> BlobHeader | None:
+    """A record at pos that fails its CRC but whose header is plausible and whose bytes are all
+    there, ending where a valid record starts or where the data ends.  At the end of the data,
+    zeros where its CRC belongs mean a write cut short (a torn tail), not damage."""
+    hdr = decode_blob_header(memoryview(buf), pos)
+    if hdr is None:
+        return None
+    end = pos + hdr.record_len
+    if end > len(buf):
+        return None
+    if _valid_at(buf, end) is not None:
+        return hdr
+    if buf[end:].count(b"\0") != len(buf) - end:
+        return None
+    return None if buf[end - BLOB_CRC.size : end] == bytes(BLOB_CRC.size) else hdr
+
+
 def _next_valid(buf: mmap.mmap | bytes, pos: int) -> int | None:
     while True:
         pos = buf.find(BLOB_MAGIC_BYTES, pos)
@@ -71,14 +92,20 @@ def _next_valid(buf: mmap.mmap | bytes, pos: int) -> int | None:
 
 
 def scan_pack(buf: mmap.mmap | bytes, start: int = 0) -> PackScan:
-    """Walk records from start.  A bad record followed by a good one is reported as corrupt
-    and skipped; a bad record with nothing good after it is a torn tail."""
+    """Walk records from start.  A whole record that fails its CRC is damaged (kept, with the
+    hash its header names); other bad bytes followed by a good record are reported as corrupt
+    and skipped; bad bytes with nothing good after them are a torn tail."""
     scan = PackScan()
     pos, n = start, len(buf)
     while pos < n:
         hdr = _valid_at(buf, pos)
         if hdr is not None:
             scan.records.append((pos, hdr))
+            pos += hdr.record_len
+            continue
+        hdr = _damaged_at(buf, pos)
+        if hdr is not None:
+            scan.damaged.append((pos, hdr))
             pos += hdr.record_len
             continue
         nxt = _next_valid(buf, pos + 1)
@@ -135,6 +162,8 @@ class BlobPack:
         self._lock = threading.Lock()
         self._fd = os.open(root / PACK, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT, 0o644)
         self._tail: dict[bytes, BlobLocation] = {}
+        self.damaged: dict[bytes, str] = {}
+        """Blobs whose only record in the scanned part of the pack failed its CRC: what is wrong."""
         self._index = _Index()
         self._file_size = os.fstat(self._fd).st_size
         self._last: tuple[int, bytes] | None = None
@@ -147,7 +176,14 @@ class BlobPack:
         scan = self._scan(covered or 0)
         for off, hdr in scan.records:
             self._tail[hdr.hash] = BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
-            self._last = (off, hdr.hash)
+        for off, hdr in scan.damaged:
+            if self.locate(hdr.hash) is None:  # no good copy elsewhere
+                self.damaged[hdr.hash] = f"its record at offset {off} of {PACK} failed its CRC"
+            self.problems.add(f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC (damaged, kept)",
+                              damage=True)
+        last = max([*scan.records, *scan.damaged], default=None, key=lambda r: r[0])
+        if last is not None:
+            self._last = (last[0], last[1].hash)  # blobs.idx names the last record, good or not
         for off, reason in scan.corrupt:
             self.problems.add(f"{PACK} at offset {off}: {reason} (blobs there are unreadable)", damage=True)
         if scan.torn:
@@ -219,9 +255,13 @@ class BlobPack:
     # --- lookups -------------------------------------------------------------------------------
 
     def locate(self, h: bytes) -> BlobLocation | None:
+        """Where blob h's record is; None when the pack has no record of it, or only a damaged
+        one (then an append of the same bytes stores a good copy, which reads then find)."""
         loc = self._tail.get(h)
         if loc is not None:
             return loc
+        if self.damaged and h in self.damaged:
+            return None
         idx = self._index
         mm = idx.mm
         if mm is None or len(h) != 32:
@@ -242,6 +282,14 @@ class BlobPack:
                 _, pack_off, raw_len, stored_len, codec, _ = IDX_ENTRY.unpack_from(mm, off)
                 return BlobLocation(pack_off, raw_len, stored_len, codec)
         return None
+
+    def mark_damaged(self, h: bytes, reason: str) -> None:
+        """A read found blob h's record damaged: lookups stop finding it (see locate)."""
+        self.damaged[h] = reason
+
+    def damage_of(self, h: bytes) -> str | None:
+        """What is wrong with blob h, if the pack holds it only damaged (as far as opening saw)."""
+        return self.damaged.get(h)
 
     def read(self, h: bytes, loc: BlobLocation) -> bytes:
         """The stored bytes of blob h, CRC-checked."""
@@ -290,6 +338,7 @@ class BlobPack:
             loc = BlobLocation(off, raw_len, hdr.stored_len, codec)
             self._tail[h] = loc
             self._last = (off, h)
+            self.damaged.pop(h, None)  # a good copy now
         return loc
 
     def sync(self) -> None:
@@ -298,7 +347,7 @@ class BlobPack:
     def write_index(self) -> None:
         """Fold the tail into a new blobs.idx (temp file + rename)."""
         with self._lock:
-            old = self._index_entries()
+            old = [e for e in self._index_entries() if e[:32] not in self._tail]  # a new copy wins
             new = sorted(_entry(h, loc) for h, loc in self._tail.items())
             merged = list(heapq.merge(old, new)) if old else new
             atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), durable=self.durable)
@@ -312,7 +361,8 @@ class BlobPack:
             self._tail = {hdr.hash: BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
                           for off, hdr in reversed(scan.records)}  # the first copy of a blob wins
             self._index = _Index()
-            self._last = (scan.records[-1][0], scan.records[-1][1].hash) if scan.records else None
+            last = max([*scan.records, *scan.damaged], default=None, key=lambda r: r[0])
+            self._last = (last[0], last[1].hash) if last else None
         self.write_index()
 
     def _reload_index(self) -> None:

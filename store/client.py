@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
@@ -18,6 +19,7 @@ from store import aio
 from store import messages as m
 from store.errors import (
     CorruptRecord,
+    DamagedPayload,
     ParentConflict,
     PayloadTooLarge,
     StoreClosed,
@@ -62,7 +64,17 @@ _STORE_ERRORS: dict[int, Callable[[m.ErrorReply, m.Request], StoreError]] = {
     ErrorCode.STORE_CLOSED: lambda e, r: StoreClosed(),
     ErrorCode.STORE_ERROR: lambda e, r: StoreError(e.message),
     ErrorCode.TURN_NOT_IN_CONTEXT: lambda e, r: TurnNotInContext(e.arg0, e.arg1),
+    ErrorCode.DAMAGED_PAYLOAD: lambda e, r: _damaged_payload(e),
 }
+_DAMAGED = re.compile(r"payload blob ([0-9a-f]{64}) is damaged: (.*)", re.DOTALL)
+
+
+def _damaged_payload(err: m.ErrorReply) -> DamagedPayload:
+    """arg0 is the turn; the message names the blob (as DamagedPayload's own text does)."""
+    found = _DAMAGED.search(err.message)
+    if found is None:
+        return DamagedPayload(err.arg0, b"", err.message)
+    return DamagedPayload(err.arg0, bytes.fromhex(found.group(1)), found.group(2))
 
 
 def exception_from(err: m.ErrorReply, req: m.Request | None, req_id: int) -> StoreError:

@@ -38,16 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import blake3
-import zstandard
-
 from . import heads as headfiles
 from .blobpack import PACK, BlobPack, remove_leftovers
 from .cache import LRU
+from .codec import DecodeError, blob_hash, compressor, decode_stored
 from .commit import GroupCommit
 from .errors import (
     BlobMismatch,
     CorruptRecord,
+    DamagedPayload,
     ParentConflict,
     PayloadTooLarge,
     StoreClosed,
@@ -166,17 +165,6 @@ class _Gate:
                 self._cond.notify_all()
 
 
-_codecs = threading.local()
-
-
-def _zstd(level: int) -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
-    pair = getattr(_codecs, "pair", None)
-    if pair is None or pair[2] != level:
-        pair = (zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor(), level)
-        _codecs.pair = pair
-    return pair[0], pair[1]
-
-
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """A payload hashed and (unless already stored) compressed, before any lock is taken."""
@@ -235,6 +223,9 @@ class Store:
         self._pending_lock = threading.Lock()
         self._turn_cache: LRU[int, Turn] = LRU(config.turn_cache_entries)
         self._blob_cache: LRU[bytes, bytes] = LRU(config.blob_cache_bytes, len)
+        self._damaged: dict[bytes, str] = {}
+        """Blobs of replayed turns that recovery found lost or damaged: what is wrong (the pack
+        knows its own damaged records: BlobPack.damage_of)."""
         remove_leftovers(root)
         notes = self.recovery_notes
         self._pack = BlobPack(root, config.durable, notes)
@@ -278,37 +269,38 @@ class Store:
     # --- recovery ----------------------------------------------------------------------------
 
     def _recover(self, loaded: headfiles.LoadedHeads) -> headfiles.HeadWal:
+        """Replay the head WAL onto turns.log and the pack.  Nothing acknowledged is dropped:
+        a turn whose blob is damaged or lost is kept (its payload reads as DamagedPayload), and
+        no TurnID that turns.log, the WAL or a head ever held is handed out again."""
         log = self._turns
         r = headfiles.replay(loaded, log.count, log.slot_ok, self._slot_readable,
-                             lambda h: self._pack.locate(h) is not None)
-        self.recovery_notes.merge(r.notes)
+                             lambda h: self._pack.locate(h) is not None, self._pack.damage_of)
+        notes = self.recovery_notes
+        notes.merge(r.notes)
         patch_loss = patches_lost(self._patches.seq, loaded.snapshot)
         if patch_loss:
-            self.recovery_notes.add(patch_loss, damage=True)
+            notes.add(patch_loss, damage=True)
             self._patches.seq = loaded.snapshot.patch_seq  # a seq is never handed out twice
         for rec in r.blobs.values():
             self._pack.append(self._repacked(rec))
         for t in r.writes:
             log.write(t)
-        if log.count > r.end:
-            # turns.log is written after the WAL: a good record beyond the replayed WAL means the
-            # WAL lost records it had (damage), not that a writer died between the two writes
-            lost = r.complete and self._slot_readable(r.end + 1)
-            self.recovery_notes.add(
-                f"turns.log: turns {r.end + 1}..{log.count} dropped: " +
-                ("the head WAL lost their records; their heads are not restored" if lost
-                 else "never acknowledged"), damage=lost)
-        if os.path.getsize(self.root / "turns.log") != r.end * TURN_SIZE:
-            log.truncate(r.end)
-        for tid in range(log.skips_valid_upto() + 1, r.end + 1):
-            log.set_jump(tid, log.compute_jump(log.read(tid), self._read_turn))
+        self._damaged = {h: why for h, (_, why) in r.damaged.items()}
+        end = self._log_end(r.end, loaded.wal_damaged)
+        if os.path.getsize(self.root / "turns.log") != end * TURN_SIZE:
+            log.truncate(end)  # drops a torn tail; zero slots for ids lost everywhere
+        for tid in range(log.skips_valid_upto() + 1, end + 1):
+            try:
+                log.set_jump(tid, log.compute_jump(log.read(tid), self._read_turn))
+            except (CorruptRecord, UnknownTurn):
+                continue  # a damaged record (or one its chain needs): reads walk by parent there
         self._logged = r.logged
         self._next_ctx = r.next_context_id
         self._heads = {c: ContextHead(c, head, depth, created, flags)
                        for c, (head, depth, flags, created) in r.logged.items()}
-        self._commit.set_durable_turn_id(r.end)
-        if self.recovery_notes.damage:
-            record_damage(self.root, self.recovery_notes.damage)
+        self._commit.set_durable_turn_id(end)
+        if notes.damage:
+            record_damage(self.root, notes.damage)
         snap_gen = loaded.snapshot.generation
         if r.replayed or r.writes or loaded.damaged or loaded.fresh:
             top = max([snap_gen, *headfiles.wal_generations(self.root)])
@@ -316,6 +308,24 @@ class Store:
             self._checkpoint()  # the next WAL generation starts empty
             return self._wal
         return headfiles.HeadWal(self.root, snap_gen, self.config.durable)
+
+    def _log_end(self, end: int, wal_damaged: bool) -> int:
+        """Where turns.log ends after recovery: after every id the WAL, a head or the snapshot
+        names (end), and after every valid record beyond that too.  Records beyond the WAL's
+        are kept without a head (the WAL lost them, or they were never acknowledged): their
+        ids may have been seen, so they are never reused.  Only damaged records past all of
+        that, a crash's torn tail, are dropped."""
+        last = self._turns.count
+        while last > end and not self._slot_readable(last):
+            last -= 1
+        if last > end:
+            self.recovery_notes.add(
+                f"turns.log: turns {end + 1}..{last} have no head WAL record: kept, no head moved to them"
+                + (" (the head WAL lost their records)" if wal_damaged else " (never acknowledged)"),
+                damage=wal_damaged)
+        elif self._turns.count > end:
+            self.recovery_notes.append(f"turns.log: torn tail after turn {end} dropped")
+        return max(end, last)
 
     def _repacked(self, rec: bytes) -> bytes:
         """A blob's WAL copy as the pack should hold it: compressed, if an append left it raw."""
@@ -464,7 +474,7 @@ class Store:
         n = len(payload)
         if n > self.config.max_payload:
             raise PayloadTooLarge(n, self.config.max_payload)
-        h = blake3.blake3(payload).digest()
+        h = blob_hash(payload)
         if self._pack.locate(h) is not None or h in self._pending:
             return _Prepared(h, n)
         if (defer and self.config.durable and n + BLOB_OVERHEAD <= headfiles.EMBED_MAX
@@ -475,7 +485,7 @@ class Store:
     def _compress(self, h: bytes, payload: bytes) -> _Prepared:
         """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
         payloads (images) without compressing all of them."""
-        cctx, _ = _zstd(self.config.zstd_level)
+        cctx = compressor(self.config.zstd_level)
         n = len(payload)
         if n > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97:
             return _Prepared(h, n, CODEC_RAW, payload)
@@ -576,40 +586,69 @@ class Store:
         return p.hash
 
     def get_blob(self, h: bytes, verify: bool = False) -> bytes:
+        """The blob's bytes, checked against its hash when read from the pack (the cache holds
+        only checked bytes); verify re-hashes cached bytes too.  CorruptRecord when damaged."""
         self._check_open()
         data = self._blob_cache.get(h)
         if data is None:
             with self._gate.shared():
                 data = self._load_blob(h)
-        if verify and blake3.blake3(data).digest() != h:
+        if verify and blob_hash(data) != h:
             self._blob_cache.discard_if(lambda k: k == h)
             loc = self._pack.locate(h)
             raise CorruptRecord(PACK, loc.offset if loc else -1, f"blob {h.hex()} does not hash to its name")
         return data
 
     def _load_blob(self, h: bytes) -> bytes:
+        """Caller holds the gate.  From the cache, the pending blobs or the pack; bytes read
+        from the pack pass their CRC, their decoding and their BLAKE3 before they are cached
+        or returned (a CRC alone cannot tell a record written wrong, or forged, from a good one)."""
         cached = self._blob_cache.get(h)
         if cached is not None:
             return cached
         loc = self._pack.locate(h)
         if loc is None:
             waiting = self._pending.get(h)
-            if waiting is None:
-                raise UnknownBlob(h)
-            return waiting
-        stored = self._pack.read(h, loc)
-        if loc.codec == CODEC_ZSTD:
-            try:
-                data = _zstd(self.config.zstd_level)[1].decompress(stored, max_output_size=loc.raw_len)
-            except zstandard.ZstdError as exc:
-                raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not decompress: {exc}") from None
-        else:
-            data = stored
-        if len(data) != loc.raw_len:
-            got = len(data)
-            raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} decodes to {got} bytes, not {loc.raw_len}")
+            if waiting is not None:
+                return waiting
+            lost = self._damaged.get(h) or self._pack.damage_of(h)
+            if lost is not None:
+                raise CorruptRecord(PACK, -1, f"blob {h.hex()} is damaged: {lost}")
+            raise UnknownBlob(h)
+        try:
+            data = decode_stored(loc.codec, self._pack.read(h, loc), loc.raw_len)
+            if blob_hash(data) != h:
+                raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not hash to its name")
+        except DecodeError as exc:
+            self._found_damaged(h, f"its record at offset {loc.offset} of {PACK} does not decode: {exc}")
+            raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not decode: {exc}") from None
+        except CorruptRecord as exc:
+            self._found_damaged(h, f"{exc.file} at offset {exc.offset}: {exc.reason}")
+            raise
         self._blob_cache.put(h, data)
         return data
+
+    def _found_damaged(self, h: bytes, reason: str) -> None:
+        """A read found blob h damaged: lookups stop finding that record (an append of the same
+        bytes stores a good copy), and damage.log keeps it for fsck."""
+        if self._pack.damage_of(h) is None:
+            self._pack.mark_damaged(h, reason)
+            log.warning("%s: blob %s is damaged: %s", self.root, h.hex(), reason)
+            record_damage(self.root, [f"blob {h.hex()} found damaged when read: {reason}"])
+
+    def _payload(self, turn: Turn, h: bytes) -> bytes:
+        """Caller holds the gate.  Blob h as the payload of turn: a damaged blob, or one that is
+        gone although a live head reaches the turn (GC keeps those), is DamagedPayload naming both."""
+        try:
+            return self._load_blob(h)
+        except CorruptRecord as exc:
+            why = self._damaged.get(h) or self._pack.damage_of(h) or exc.reason
+            raise DamagedPayload(turn.turn_id, h, why, exc.file, exc.offset) from None
+        except UnknownBlob:
+            if h != turn.payload_hash or self._on_live_chain(turn):
+                raise DamagedPayload(turn.turn_id, h, "lost: neither blobs.pack nor the head WAL holds it",
+                                     PACK, -1) from None
+            raise
 
     def put_stored_blob(self, blob: StoredBlob) -> bytes:
         """Store a blob received in stored form (e.g. from a peer) without recompressing it.
@@ -638,18 +677,11 @@ class Store:
         h = blob.hash
         if blob.raw_len > self.config.max_payload:
             raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
-        if blob.codec == CODEC_ZSTD:
-            try:
-                data = _zstd(self.config.zstd_level)[1].decompress(blob.stored, max_output_size=blob.raw_len)
-            except zstandard.ZstdError as exc:
-                raise BlobMismatch(h, f"its zstd bytes do not decode ({exc})") from None
-        elif blob.codec == CODEC_RAW:
-            data = blob.stored
-        else:
-            raise BlobMismatch(h, f"unknown codec {blob.codec}")
-        if len(data) != blob.raw_len:
-            raise BlobMismatch(h, f"it decodes to {len(data)} bytes, not {blob.raw_len}")
-        if blake3.blake3(data).digest() != h:
+        try:
+            data = decode_stored(blob.codec, blob.stored, blob.raw_len)
+        except DecodeError as exc:
+            raise BlobMismatch(h, f"its stored bytes do not decode: {exc}") from None
+        if blob_hash(data) != h:
             raise BlobMismatch(h, "its bytes hash to a different BLAKE3")
 
     def get_stored_blob(self, h: bytes) -> StoredBlob:
@@ -690,19 +722,29 @@ class Store:
     def _check_reachable(self, base: Turn) -> None:
         """GC keeps the chains of live heads only: a deleted context's turns stay in the log
         without their payloads.  A new head on such a turn is refused (UnknownBlob).  A turn
-        on a live head's chain is fine: found in O(contexts × log depth) reads, usually the
-        first; any other turn gets its whole chain's payloads checked."""
-        heads = list(self._heads.values())
-        if any(h.head_turn_id == base.turn_id for h in heads):
+        on a live head's chain is fine; any other turn gets its whole chain's payloads checked."""
+        if self._on_live_chain(base):
             return
-        for h in heads:
-            if h.head_depth > base.depth:
-                top = self._read_turn(h.head_turn_id)
-                if self._turns.ancestor_at_depth(top, base.depth, self._read_turn).turn_id == base.turn_id:
-                    return
         for t in self._walk(base.turn_id, base.depth + 1):
             if self._pack.locate(t.payload_hash) is None:
                 raise UnknownBlob(t.payload_hash)
+
+    def _on_live_chain(self, turn: Turn) -> bool:
+        """Whether a live head reaches turn: O(contexts × log depth) reads, usually the first.
+        A head whose chain cannot be read (damaged turn records) does not count."""
+        heads = list(self._heads.values())
+        if any(h.head_turn_id == turn.turn_id for h in heads):
+            return True
+        for h in heads:
+            if h.head_depth > turn.depth:
+                try:
+                    top = self._read_turn(h.head_turn_id)
+                    at = self._turns.ancestor_at_depth(top, turn.depth, self._read_turn)
+                    if at.turn_id == turn.turn_id:
+                        return True
+                except (CorruptRecord, UnknownTurn):
+                    continue
+        return False
 
     def fork(self, turn_id: int) -> ContextHead:
         """O(1): a new context whose head is an existing turn; no history is copied.  A turn
@@ -905,7 +947,7 @@ class Store:
         with self._gate.shared():
             for t in turns:
                 data = self._blob_cache.get(t.payload_hash)
-                out.append(data if data is not None else self._load_blob(t.payload_hash))
+                out.append(data if data is not None else self._payload(t, t.payload_hash))
         return out
 
     # --- patches -----------------------------------------------------------------------------
@@ -931,12 +973,16 @@ class Store:
 
     def payload_of(self, turn: Turn, as_of_seq: int | None = None) -> bytes | None:
         """The turn's payload with the patches up to as_of_seq (None: all); None if tombstoned."""
+        self._check_open()
         p = self._patches.effective(turn.turn_id, as_of_seq)
-        if p is None:
-            return self.get_blob(turn.payload_hash)
-        if p.flags == PATCH_TOMBSTONE:
+        if p is not None and p.flags == PATCH_TOMBSTONE:
             return None
-        return self.get_blob(p.new_payload_hash)
+        h = turn.payload_hash if p is None else p.new_payload_hash
+        data = self._blob_cache.get(h)
+        if data is not None:
+            return data
+        with self._gate.shared():
+            return self._payload(turn, h)
 
     def patches(self) -> list[Patch]:
         return self._patches.all()

@@ -64,6 +64,19 @@ class CorruptRecord(StoreError):
         self.reason = reason
 
 
+class DamagedPayload(CorruptRecord):
+    """A turn's payload blob is damaged (its record failed its CRC, decoding or BLAKE3) or lost
+    (nowhere, though a live head reaches the turn or the head WAL covers it).  The turn itself is
+    kept and readable; its payload is never returned.  fsck and damage.log report it."""
+
+    def __init__(self, turn_id: int, blob_hash: bytes, reason: str, file: str = "blobs.pack",
+                 offset: int = -1) -> None:
+        super().__init__(file, offset, reason)
+        self.args = (f"turn {turn_id}: payload blob {blob_hash.hex()} is damaged: {reason}",)
+        self.turn_id = turn_id
+        self.blob_hash = blob_hash
+
+
 class TurnNotInContext(StoreError):
     """A cursor or turn named for a context is not on that context's chain."""
 

@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import blake3
-import zstandard
-
 from . import heads as headfiles
 from .blobpack import INDEX, PACK, BlobPack, scan_pack
+from .codec import DecodeError, blob_hash, decode_stored
 from .engine import DAMAGE, LOCK, Store, StoreConfig
 from .errors import CorruptRecord, StoreLocked, UnknownTurn
 from .fileio import lock_with_timeout
 from .patches import PatchLog, patches_lost
-from .records import BLOB_HEADER, CODEC_ZSTD, PATCH_REPLACE, TURN_SIZE, BlobHeader
+from .records import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
 from .turnlog import LOG, TurnLog
 from .types import NO_TURN, RecoveryNotes
 
@@ -109,21 +107,21 @@ def _check(root: Path, full: bool, report: FsckReport) -> None:
         if (root / DAMAGE).exists():
             report.errors += [f"found when opened: {line} (fsck --repair acknowledges)"
                               for line in (root / DAMAGE).read_text().splitlines()]
-        _check_pack(root, pack, full, report)
+        damaged = _check_pack(root, pack, full, report)
         depths = _check_turns(root, log, report)
-        _check_heads(root, log, pack, patches, depths, report)
+        _check_heads(root, log, pack, patches, depths, damaged, report)
     finally:
         pack.close()
         log.close()
         patches.close()
 
 
-def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> None:
+def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> dict[bytes, str]:
+    """Checks the whole pack; returns the blobs whose only record is damaged, and how."""
     size = os.path.getsize(root / PACK)
     if not size:
         report.stats["blobs"] = 0
-        return
-    dctx = zstandard.ZstdDecompressor()
+        return {}
     with open(root / PACK, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
         scan = scan_pack(mm)
         by_offset = dict(scan.records)
@@ -131,26 +129,37 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> N
             if pack.locate(hdr.hash) is None:
                 report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} is not in {INDEX}")
             if full:
-                _rehash(mm, off, hdr, dctx, report)
+                _rehash(mm, off, hdr, report)
+        damaged = dict(scan.damaged)
+        good = {hdr.hash: off for off, hdr in scan.records}
+        for off, hdr in scan.damaged:
+            where = f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC"
+            if hdr.hash in good:  # stored again since: harmless, GC drops it
+                report.warnings.append(f"{where} (a good copy is at offset {good[hdr.hash]})")
+            else:
+                report.errors.append(f"{where} (damaged)")
         for h in pack.hashes():
             loc = pack.locate(h)
+            if loc is not None and loc.offset in damaged:
+                continue  # reported above
             rec = by_offset.get(loc.offset) if loc else None
             if loc is None or rec is None or (rec.hash, rec.stored_len, rec.raw_len, rec.codec) != (
                     h, loc.stored_len, loc.raw_len, loc.codec):
                 report.errors.append(f"{INDEX}: blob {h.hex()} has no matching record in {PACK}")
     report.stats["blobs"] = len(scan.records)
     report.stats["pack_bytes"] = scan.end
+    return {hdr.hash: f"its record at offset {off} of {PACK} failed its CRC"
+            for off, hdr in scan.damaged if hdr.hash not in good}
 
 
-def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, dctx: zstandard.ZstdDecompressor,
-            report: FsckReport) -> None:
+def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, report: FsckReport) -> None:
     stored = mm[off + BLOB_HEADER.size : off + BLOB_HEADER.size + hdr.stored_len]
     try:
-        data = dctx.decompress(stored, max_output_size=hdr.raw_len) if hdr.codec == CODEC_ZSTD else stored
-    except zstandard.ZstdError as exc:
+        data = decode_stored(hdr.codec, stored, hdr.raw_len)
+    except DecodeError as exc:
         report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} does not decode: {exc}")
         return
-    if len(data) != hdr.raw_len or blake3.blake3(data).digest() != hdr.hash:
+    if blob_hash(data) != hdr.hash:
         report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} fails its hash")
 
 
@@ -185,14 +194,15 @@ def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> list[int]:
 
 
 def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, depths: list[int],
-                 report: FsckReport) -> None:
+                 damaged: dict[bytes, str], report: FsckReport) -> None:
     notes = RecoveryNotes()
     loaded = headfiles.load(root, notes, lambda snap: log.count < snap.checkpoint_turn_id)
 
     def readable(tid: int) -> bool:
         return 0 < tid < len(depths) and depths[tid] >= 0
 
-    r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None)
+    r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None,
+                         damaged.get)
     lost = patches_lost(patches.seq, loaded.snapshot)
     if lost:
         report.errors.append(lost)
@@ -212,12 +222,15 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
             reachable.add(tid)
             tid = log.read(tid).parent_turn_id
     missing = 0
-    for tid in reachable:
+    for tid in sorted(reachable):
         h = log.read(tid).payload_hash
-        if pack.locate(h) is None and h not in r.blobs:  # (the next open restores those from the WAL)
+        if h in damaged or (pack.locate(h) is None and h not in r.blobs):  # (the WAL's copies are restored)
             missing += 1
             if missing <= 20:
-                report.errors.append(f"turn {tid} (reachable from a head): its blob is missing")
+                why = damaged.get(h) or (r.damaged[h][1] if h in r.damaged else
+                                         "lost: neither blobs.pack nor the head WAL holds it")
+                report.errors.append(
+                    f"turn {tid} (reachable from a head): payload blob {h.hex()} is damaged: {why}")
     for p in patches.all():
         try:
             log.read(p.target_turn_id)

@@ -63,6 +63,8 @@ class WalScan:
     records: list[WalRecord] = field(default_factory=list)
     end: int = 0
     """Where valid records stop: the next record goes here."""
+    damaged: bool = False
+    """A damaged region with valid records after it was skipped."""
 
 
 def read_wal(path: Path, problems: RecoveryNotes) -> WalScan:
@@ -72,9 +74,14 @@ def read_wal(path: Path, problems: RecoveryNotes) -> WalScan:
     records, damaged, end = scan_wal(data, path.name)
     for off in damaged:
         problems.add(f"{path.name} at offset {off}: damaged head WAL record skipped", damage=True)
+    for off, r in records:
+        if r.damaged_copy and r.turn is not None:
+            tid = r.turn.turn_id
+            problems.add(f"{path.name} at offset {off}: the blob copy of turn {tid} failed its CRC",
+                         damage=True)
     if data[end:].count(b"\0") != len(data) - end:
         problems.append(f"{path.name}: torn record at offset {end} dropped")
-    return WalScan([r for _, r in records], end)
+    return WalScan([r for _, r in records], end, bool(damaged))
 
 
 @dataclass
@@ -88,6 +95,8 @@ class LoadedHeads:
     """Something was rebuilt or skipped: the engine checkpoints right after recovery."""
     fresh: bool
     """A new store: no snapshot and no WAL yet."""
+    wal_damaged: bool = False
+    """A WAL generation being replayed had a damaged region: it may have lost records."""
 
 
 def load(root: Path, problems: RecoveryNotes, need_older: Callable[[Snapshot], bool]) -> LoadedHeads:
@@ -118,12 +127,15 @@ def load(root: Path, problems: RecoveryNotes, need_older: Callable[[Snapshot], b
         snap = Snapshot(gens[0] if gens else 1, 1, 0, 0, [])
     replay: list[WalRecord] = []
     older: list[WalRecord] = []
+    wal_damaged = False
     for gen in gens:
         if gen >= snap.generation:
-            replay.extend(read_wal(root / wal_name(gen), problems).records)
+            scan = read_wal(root / wal_name(gen), problems)
+            replay.extend(scan.records)
+            wal_damaged = wal_damaged or scan.damaged
         elif gen == snap.generation - 1 and need_older(snap):
             older.extend(read_wal(root / wal_name(gen), problems).records)
-    return LoadedHeads(snap, replay, older, damaged, fresh=not snaps and not gens)
+    return LoadedHeads(snap, replay, older, damaged, fresh=not snaps and not gens, wal_damaged=wal_damaged)
 
 
 class HeadWal:
@@ -194,22 +206,36 @@ class Replayed:
     """context_id -> (head_turn_id, head_depth, flags, created_at_unix_ms)"""
     next_context_id: int
     end: int
-    """The last TurnID that stays; later records in turns.log were never acknowledged."""
+    """The highest TurnID that the snapshot, a WAL record or a head names: no id up to here
+    is handed out again, whatever was lost."""
     writes: list[Turn]
     """Turn records that turns.log lost and the WAL still holds: recovery rewrites them."""
     blobs: dict[bytes, bytes]
-    """BlobRecords that blobs.pack lost and the WAL holds copies of: recovery appends them."""
+    """BlobRecords that blobs.pack lost (or holds damaged) and the WAL holds copies of:
+    recovery appends them."""
     replayed: int
     notes: RecoveryNotes
-    complete: bool = True
-    """Every WAL record was replayed (no record ended the replay early)."""
+    damaged: dict[bytes, tuple[int, str]] = field(default_factory=dict)
+    """Blobs of replayed turns that are damaged or lost: hash -> (first turn, what is wrong).
+    Their turns are kept; reading their payload is DamagedPayload."""
+    unacknowledged: list[int] = field(default_factory=list)
+    """Turns of the WAL's last records whose blobs never reached the pack: their heads are not
+    moved (their ids stay taken)."""
 
 
 def replay(loaded: LoadedHeads, log_count: int, slot_ok: Callable[[Turn], bool],
-           readable: Callable[[int], bool], has_blob: Callable[[bytes], bool]) -> Replayed:
+           readable: Callable[[int], bool], has_blob: Callable[[bytes], bool],
+           damaged_blob: Callable[[bytes], str | None]) -> Replayed:
+    """Apply the WAL records to the snapshot.  A record with a valid CRC is never dropped
+    because of what it references, with one exception: the last records of the WAL whose blobs
+    are nowhere (no pack record, not even a damaged one, no copy) were never acknowledged
+    (the pack is synced before the WAL for such blobs; a crash between the two leaves exactly
+    this).  The same record followed by any other record was acknowledged: its blob is lost
+    (damage), its turn and head are kept."""
     snap = loaded.snapshot
     r = Replayed({e[0]: e[1:] for e in snap.heads}, snap.next_context_id, snap.checkpoint_turn_id,
                  [], {}, 0, RecoveryNotes())
+    checkpointed = r.end
     for rec in loaded.older_turns:  # repairs a turns.log damaged behind the last checkpoint
         t = rec.turn
         if t is not None and t.turn_id <= r.end and not slot_ok(t):
@@ -217,37 +243,84 @@ def replay(loaded: LoadedHeads, log_count: int, slot_ok: Callable[[Turn], bool],
     if r.writes:
         r.notes.add(f"turns.log: {len(r.writes)} turn records rewritten from the older head WAL", damage=True)
     count = max([log_count, *(t.turn_id for t in r.writes)])
-    if count < r.end:
-        r.notes.add(f"turns.log ends at turn {count} but turns up to {r.end} were checkpointed", damage=True)
-        r.end = count
+    if count < checkpointed:
+        r.notes.add(f"turns.log ends at turn {count} but turns up to {checkpointed} were checkpointed: "
+                    f"turns {count + 1}..{checkpointed} are lost (their ids are not handed out again)",
+                    damage=True)
+    r.end = max([r.end, *(head for head, _, _, _ in r.logged.values())])
+    held: list[WalRecord] = []
     for rec in loaded.replay:
+        if rec.turn is not None and not _blob_found(r, rec, has_blob, damaged_blob):
+            held.append(rec)  # acknowledged or not: decided by whether any record follows
+            continue
+        for h in held:
+            assert h.turn is not None
+            _damage(r, h.turn, "lost: neither blobs.pack nor the head WAL holds it")
+            _apply(r, h, log_count, slot_ok, readable)
+        held = []
+        _apply(r, rec, log_count, slot_ok, readable)
+    for rec in held:
         t = rec.turn
-        if t is not None:
-            if t.turn_id > r.end + 1 and not all(readable(i) for i in range(r.end + 1, t.turn_id)):
-                r.notes.add(f"head WAL: turns {r.end + 1}..{t.turn_id - 1} missing: stop", damage=True)
-                r.complete = False
-                break
-            h = t.payload_hash
-            if not has_blob(h) and h not in r.blobs:
-                if not rec.blob_record:
-                    r.notes.add(f"head WAL: turn {t.turn_id} has no blob (never acknowledged): stop")
-                    r.complete = False
-                    break
-                r.blobs[h] = rec.blob_record
-            if t.turn_id > log_count or not slot_ok(t):
-                r.writes.append(t)
-            r.end = max(r.end, t.turn_id)
-        elif rec.head_turn_id > r.end:
-            r.notes.add(f"head WAL: context {rec.context_id} names turn {rec.head_turn_id} beyond the log",
-                        damage=True)
-            r.complete = False
-            break
-        if rec.kind == WAL_DELETE:
-            r.logged.pop(rec.context_id, None)
-        else:
-            r.logged[rec.context_id] = (rec.head_turn_id, rec.head_depth, rec.ctx_flags, rec.ctx_created_ms)
-        r.next_context_id = max(r.next_context_id, rec.context_id + 1)
-        r.replayed += 1
+        assert t is not None
+        r.unacknowledged.append(t.turn_id)
+        if t.turn_id > log_count or not slot_ok(t):
+            r.writes.append(t)  # kept as a turn without a head: its id is never handed out again
+        r.end = max(r.end, t.turn_id)
+    if r.unacknowledged:
+        first, last = r.unacknowledged[0], r.unacknowledged[-1]
+        r.notes.append(f"head WAL: turns {first}..{last} at its end name blobs that never reached the pack: "
+                       "never acknowledged, their heads not moved (the turns stay, without payload)")
     if r.blobs:
         r.notes.add(f"blobs.pack: {len(r.blobs)} blobs restored from their copies in the head WAL")
     return r
+
+
+def _blob_found(r: Replayed, rec: WalRecord, has_blob: Callable[[bytes], bool],
+                damaged_blob: Callable[[bytes], str | None]) -> bool:
+    """Whether the turn's blob is accounted for: in the pack, restorable from this record's
+    copy, or known damaged (then recorded as such)."""
+    t = rec.turn
+    assert t is not None
+    h = t.payload_hash
+    if h in r.blobs or h in r.damaged or has_blob(h):
+        return True
+    bad = damaged_blob(h)
+    if rec.blob_record:
+        r.blobs[h] = rec.blob_record
+        if bad is not None:
+            r.notes.add(f"blob {h.hex()} ({bad}) restored from its copy in the head WAL", damage=True)
+        return True
+    if bad is None and rec.damaged_copy:
+        bad = "its only copy, in the head WAL, failed its CRC"
+    if bad is None:
+        return False
+    _damage(r, t, bad)
+    return True
+
+
+def _damage(r: Replayed, t: Turn, reason: str) -> None:
+    r.damaged.setdefault(t.payload_hash, (t.turn_id, reason))
+    r.notes.add(f"turn {t.turn_id}: payload blob {t.payload_hash.hex()} is damaged ({reason}); "
+                "the turn is kept, its payload cannot be read", damage=True)
+
+
+def _apply(r: Replayed, rec: WalRecord, log_count: int, slot_ok: Callable[[Turn], bool],
+           readable: Callable[[int], bool]) -> None:
+    t = rec.turn
+    if t is not None:
+        if t.turn_id > r.end + 1 and not all(readable(i) for i in range(r.end + 1, t.turn_id)):
+            r.notes.add(f"turns {r.end + 1}..{t.turn_id - 1}: records damaged or missing in turns.log "
+                        "and the head WAL (their ids are not handed out again)", damage=True)
+        if t.turn_id > log_count or not slot_ok(t):
+            r.writes.append(t)
+        r.end = max(r.end, t.turn_id)
+    elif rec.head_turn_id > r.end and not readable(rec.head_turn_id):
+        r.notes.add(f"head WAL: context {rec.context_id} names turn {rec.head_turn_id}, which neither "
+                    "turns.log nor the head WAL holds", damage=True)
+    r.end = max(r.end, rec.head_turn_id)
+    if rec.kind == WAL_DELETE:
+        r.logged.pop(rec.context_id, None)
+    else:
+        r.logged[rec.context_id] = (rec.head_turn_id, rec.head_depth, rec.ctx_flags, rec.ctx_created_ms)
+    r.next_context_id = max(r.next_context_id, rec.context_id + 1)
+    r.replayed += 1

@@ -143,10 +143,13 @@ class WalRecord:
     turn: Turn | None
     blob_record: bytes = b""
     """A whole BlobRecord (as in blobs.pack) that the pack may not have durably yet, or b''."""
+    damaged_copy: int = 0
+    """Length of a blob copy that failed its own CRC (then blob_record is b''): the record's
+    fixed part, with its own CRC, still holds the turn and the head."""
 
     @property
     def size(self) -> int:
-        return WAL_SIZE + len(self.blob_record)
+        return WAL_SIZE + len(self.blob_record) + self.damaged_copy
 
 
 def encode_wal(r: WalRecord) -> bytes:
@@ -159,7 +162,8 @@ def encode_wal(r: WalRecord) -> bytes:
 
 
 def decode_wal(buf: bytes, offset: int, file: str) -> WalRecord:
-    """The record at offset (fixed part, then its embedded BlobRecord, each CRC-checked)."""
+    """The record at offset: its fixed part must pass its CRC; a blob copy that fails its own
+    (whole in the buffer) is reported in damaged_copy, a cut-short copy is CorruptRecord."""
     rec = buf[offset : offset + WAL_SIZE]
     if len(rec) != WAL_SIZE:
         raise CorruptRecord(file, offset, "short head WAL record")
@@ -168,14 +172,27 @@ def decode_wal(buf: bytes, offset: int, file: str) -> WalRecord:
         raise CorruptRecord(file, offset, "head WAL record CRC mismatch")
     t = decode_turn(turn, file, 0) if kind == WAL_TURN else None
     blob = bytes(buf[offset + WAL_SIZE : offset + WAL_SIZE + blob_len])
-    if blob_len and (len(blob) != blob_len or decode_blob_header(blob) is None or not blob_record_ok(blob)):
-        raise CorruptRecord(file, offset, "blob copy in head WAL record is damaged")
+    if len(blob) != blob_len:
+        raise CorruptRecord(file, offset, "blob copy in head WAL record is cut short")
+    if blob_len and (decode_blob_header(blob) is None or not blob_record_ok(blob)):
+        if t is None:
+            raise CorruptRecord(file, offset, "blob copy in a head WAL record without a turn")
+        return WalRecord(kind, ctx, head, depth, flags, created, t, b"", blob_len)
     return WalRecord(kind, ctx, head, depth, flags, created, t, blob)
+
+
+def _torn(buf: bytes, offset: int, r: WalRecord) -> bool:
+    """A record whose blob copy ends in zeros where its CRC belongs: a write the crash cut off
+    (the WAL is pre-zeroed), not a record damaged after it was written."""
+    end = offset + r.size
+    return r.damaged_copy > 0 and buf[end - BLOB_CRC.size : end] == bytes(BLOB_CRC.size)
 
 
 def scan_wal(buf: bytes, file: str) -> tuple[list[tuple[int, WalRecord]], list[int], int]:
     """(offset, record) of every valid record, offsets of damaged regions that valid records
-    follow, and where valid data ends.  Records are back to back from offset 0; zeros end them."""
+    follow, and where valid data ends.  Records are back to back from offset 0; zeros end them.
+    A last record whose blob copy was cut off by the crash (zeros where its CRC belongs) is a
+    torn tail, not a valid record; any other damaged copy keeps its record (damaged_copy)."""
     records: list[tuple[int, WalRecord]] = []
     damaged: list[int] = []
     pos = 0
@@ -189,6 +206,8 @@ def scan_wal(buf: bytes, file: str) -> tuple[list[tuple[int, WalRecord]], list[i
             damaged.append(pos)
             pos = nxt
             continue
+        if _torn(buf, pos, rec) and _next_wal(buf, pos + rec.size, file) is None:
+            break
         records.append((pos, rec))
         pos += rec.size
     return records, damaged, pos

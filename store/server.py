@@ -40,6 +40,7 @@ from store import aio
 from store import messages as m
 from store.errors import (
     CorruptRecord,
+    DamagedPayload,
     ParentConflict,
     PayloadTooLarge,
     StoreClosed,
@@ -140,8 +141,10 @@ def error_reply(exc: BaseException) -> m.ErrorReply:
         return m.ErrorReply(ErrorCode.PARENT_CONFLICT, str(exc), exc.expected, exc.actual)
     if isinstance(exc, PayloadTooLarge):
         return m.ErrorReply(ErrorCode.PAYLOAD_TOO_LARGE, str(exc), exc.size, exc.limit)
+    if isinstance(exc, DamagedPayload):
+        return m.ErrorReply(ErrorCode.DAMAGED_PAYLOAD, str(exc), exc.turn_id)
     if isinstance(exc, CorruptRecord):
-        return m.ErrorReply(ErrorCode.CORRUPT, str(exc), exc.offset)
+        return m.ErrorReply(ErrorCode.CORRUPT, str(exc), max(exc.offset, 0))  # -1: no record to point at
     if isinstance(exc, TurnNotInContext):
         return m.ErrorReply(ErrorCode.TURN_NOT_IN_CONTEXT, str(exc), exc.context_id, exc.turn_id)
     if isinstance(exc, StoreClosed):

@@ -315,7 +315,7 @@ def test_put_stored_blob_verifies_and_keeps_the_stored_bytes(tmp_path: Path) -> 
         assert (t.payload_hash, t.type_tag) == (sent.hash, 4) and b.payloads([t]) == [prose]
         bad = [
             (StoredBlob(sent.hash, sent.codec, sent.raw_len, sent.stored[:-3]), "do not decode"),
-            (StoredBlob(sent.hash, sent.codec, sent.raw_len + 1, sent.stored), "decodes to"),
+            (StoredBlob(sent.hash, sent.codec, sent.raw_len + 1, sent.stored), "declares"),
             (StoredBlob(bytes(32), sent.codec, sent.raw_len, sent.stored), "different BLAKE3"),
             (StoredBlob(sent.hash, 9, sent.raw_len, sent.stored), "unknown codec"),
         ]

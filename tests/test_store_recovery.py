@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from store import CorruptRecord, Store, TurnInput
+from store import CorruptRecord, Store, TurnInput, UnknownBlob
 from store.fsck import fsck
 from store.records import CODEC_ZSTD, TURN_SIZE, encode_blob, scan_wal
 
@@ -126,13 +126,20 @@ def test_blob_lost_from_the_pack_comes_back_from_its_wal_copy(tmp_path: Path) ->
 
 
 def test_wal_record_whose_blob_is_nowhere_is_not_replayed(tmp_path: Path) -> None:
+    """The WAL's last record names a blob the pack never got (a power cut between the pack's
+    write and its sync): never acknowledged, so the head stays.  Its TurnID stays taken (the
+    turn is kept without a head or payload): an id is never handed out twice."""
     path = tmp_path / "s"
     run = crash_after(path, 10, big=300_000)  # the big blob is in the pack only
     cut_last_blob(path)
     with Store.open(path) as s:
         assert s.get_head(run["ctx"]).head_turn_id == run["acked"][-2]
         assert any("never acknowledged" in n for n in s.recovery_notes)
-        assert s.turn_count == run["acked"][-2]
+        assert not s.recovery_notes.damage
+        lost = s.get_turn(run["acked"][-1])
+        with pytest.raises(UnknownBlob):
+            s.payloads([lost])
+        assert s.append_turn(run["ctx"], b"next").turn_id == run["acked"][-1] + 1
     assert fsck(path, full=True).ok
 
 
