@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from p2pnode import pisession
 from p2pnode.errors import InvalidInput, NotFound
-from p2pnode.pisession import HostileHeader, InvalidHeader, LineageCycle, SessionHeader
+from p2pnode.pisession import HostileHeader, InvalidHeader, SessionHeader
 
 
 def header_line(**fields: object) -> bytes:
@@ -140,7 +139,8 @@ def test_session_ids_as_pi_1_5_2_allows_them() -> None:
         with pytest.raises(HostileHeader, match="the id"):
             pisession.placed_names(SessionHeader(bad, "2026-11-23T11:40:10.981Z", "/w", None, 3))
     longest = "x" * (255 - len("2026-11-23T11-40-10-981Z_.jsonl"))
-    assert len(pisession.placed_names(SessionHeader(longest, "2026-11-23T11:40:10.981Z", "/w", None, 3))[1]) == 255
+    header = SessionHeader(longest, "2026-11-23T11:40:10.981Z", "/w", None, 3)
+    assert len(pisession.placed_names(header)[1]) == 255
     with pytest.raises(HostileHeader, match="over 255 bytes"):
         pisession.placed_names(SessionHeader(longest + "x", "2026-11-23T11:40:10.981Z", "/w", None, 3))
 
@@ -197,7 +197,8 @@ def test_session_dir_as_pi_resolves_it(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_a_session_dir_is_flat_and_the_only_place_looked(tmp_path: Path) -> None:
     agent, flat = tmp_path / "agent", tmp_path / "flat"
-    write_session(agent / "sessions" / pisession.session_dir_name("/tmp/work/x") / "default.jsonl", id="in-default")
+    default = agent / "sessions" / pisession.session_dir_name("/tmp/work/x") / "default.jsonl"
+    write_session(default, id="in-default")
     mine = write_session(flat / "a.jsonl", id="flat-a", cwd="/tmp/work/x")
     other = write_session(flat / "b.jsonl", id="flat-b", cwd="/tmp/work/other")
     os.utime(other, ns=(3 * 10**18, 3 * 10**18))  # newer, but another project's
