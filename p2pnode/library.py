@@ -157,7 +157,7 @@ class Library:
         pi = pi or self.pi_dirs(cwd)
         path = self.resolve_target(target, latest=latest, cwd=cwd, pi=pi)
         with self._lock:
-            chain, base = self._lineage(path, pi, follow=not no_lineage)
+            chain, base, cut_above = self._lineage(path, pi, follow=not no_lineage)
             for file, header in chain:
                 _check_placeable(file, header)
             known = list(reversed(self.lineage(base))) if base is not None else []
@@ -168,6 +168,8 @@ class Library:
             parent = base
             for file, header in reversed(chain):  # root first
                 cut = header.parent_session if no_lineage and file == path else None
+                if file == chain[-1][0] and base is None:
+                    cut = cut or cut_above
                 info, file_warnings = self._share_file(file, header, parent, cut)
                 infos.append(info)
                 warnings += file_warnings
@@ -177,12 +179,12 @@ class Library:
             log.info("%s", warning)  # the caller shows ShareResult.warnings (the CLI on stderr)
         return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices)
 
-    def _lineage(self, path: Path, pi: PiDirs, *,
-                 follow: bool) -> tuple[list[tuple[Path, pisession.SessionHeader]], str | None]:
+    def _lineage(self, path: Path, pi: PiDirs, *, follow: bool
+                 ) -> tuple[list[tuple[Path, pisession.SessionHeader]], str | None, str | None]:
         """(files to share, child first, each with its header; the known branch the last of
-        them continues, or None for a root).
+        them continues, or None for a root; the lineage cut recorded for that root, if any).
 
-        Each file's parent is looked up in what this node knows first: the branch of a version
+        Each file's parent is looked up in what this node knows first: the lineage of a version
         with the same header line (the same session grown, or a fetched session whose
         parentSession names a path on another machine), then the branch of the parent file's
         bytes (a placed fetched file); only a parent the node has never seen is shared from
@@ -200,28 +202,26 @@ class Library:
             seen.add((st.st_dev, st.st_ino))
             chain.append((current, header))
             if not follow or not header.parent_session:
-                return chain, None
+                return chain, None, None
             if len(chain) >= pisession.MAX_LINEAGE_DEPTH:
                 raise InvalidInput(f"lineage of {path} is deeper than {pisession.MAX_LINEAGE_DEPTH} sessions")
-            known = self._parent_of_known_header(header)
+            known = self._known_lineage(header)
             if known is not None:
-                return chain, known
+                return chain, known.parent, known.lineage_cut
             parent_file, branch = self._find_parent(header, current, pi)
             if branch is not None:
-                return chain, branch
+                return chain, branch, None
             assert parent_file is not None
             current = parent_file
 
-    def _parent_of_known_header(self, header: pisession.SessionHeader) -> str | None:
-        """The parent branch of a known version with this very header (the parentSession
-        string included), newest share first; None if no such version has a parent."""
+    def _known_lineage(self, header: pisession.SessionHeader) -> BranchRecord | None:
+        """A branch of a known version with this very header (the parentSession string
+        included): one with a parent first, newest first; None if no such version is held.
+        (A fetched root whose sharer cut its lineage stays a root here too.)"""
         fields = header.as_dict()
-        for version in self.sessions.versions_of(header.id):
-            if version.header == fields:
-                for record in self.sessions.branches_of(version.src):
-                    if record.parent is not None:
-                        return record.parent
-        return None
+        records = [r for v in self.sessions.versions_of(header.id) if v.header == fields
+                   for r in self.sessions.branches_of(v.src)]
+        return max(records, key=lambda r: (r.parent is not None, r.shared_at), default=None)
 
     def _find_parent(self, header: pisession.SessionHeader, child: Path,
                      pi: PiDirs) -> tuple[Path | None, str | None]:

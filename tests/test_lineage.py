@@ -273,3 +273,27 @@ def test_cycles_are_refused_and_nothing_is_shared(tmp_path: Path) -> None:
         with pytest.raises(NotFound):
             lib.share(str(write("z", d / "gone.jsonl")))
         assert lib.branches(include_unshared=True) == []
+
+
+def test_a_cut_lineage_stays_cut_for_grown_versions(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """A session shared with --no-lineage (here, or by the peer it was fetched from) is a known
+    root: its grown versions share as roots too, with the cut recorded, not as an error."""
+    _, fork_rel = ROOT_FORK["1.5.2"]
+    alice_agent = tmp_path / "alice-agent"
+    fork = alice_agent / fork_rel
+    fork.parent.mkdir(parents=True)
+    shutil.copyfile(corpus_new_dir / fork_rel, fork)  # its parent is not on this machine
+    line = b'{"type":"message","id":"a1a10001","parentId":null,"message":{"role":"user","content":"x"}}\n'
+    with Library.open(NodePaths(tmp_path / "alice"), agent_dir=alice_agent) as alice, \
+            Library.open(NodePaths(tmp_path / "bob"), agent_dir=tmp_path / "bob-agent") as bob:
+        cut = alice.share(str(fork), no_lineage=True)
+        assert cut.parent is None and cut.lineage_cut is not None
+        with open(fork, "ab") as f:
+            f.write(line)
+        grown = alice.share(str(fork))
+        assert grown.parent is None and grown.lineage_cut == cut.lineage_cut and grown.src != cut.src
+        placed = fetch_into(alice, bob, grown.branch, tmp_path / "bob-agent")
+        assert bob.branch(grown.branch).lineage_cut is None  # the cut is local to Alice's node
+        with open(placed, "ab") as f:
+            f.write(line.replace(b"a1a10001", b"b0b00001"))
+        assert bob.share(str(placed)).parent is None
