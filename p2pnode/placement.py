@@ -103,28 +103,31 @@ def place_session(agent_dir: Path, data: bytes, src_hex: str,
                   known: Callable[[str], bool] = lambda _h: False,
                   session_dir: Path | None = None) -> Placement:
     """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them."""
-    data = pi_readable(data)
+    readable = pi_readable(data)
+    placed_hex = src_hex if readable is data else hash_bytes(readable)
+    data = readable
     (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
     target = session_path(agent_dir, data, session_dir)
     target.parent.mkdir(exist_ok=True)
     target = session_path(agent_dir, data, session_dir)  # re-check now that the directory exists
     if target.exists():
-        return _existing(target, data, src_hex, known)
+        return _existing(target, data, src_hex, placed_hex, known)
     tmp = _write_temp(target.parent, src_hex, data)
     try:
         os.link(tmp, target)
     except FileExistsError:
-        return _existing(target, data, src_hex, known)
+        return _existing(target, data, src_hex, placed_hex, known)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(target.parent)
     return Placement(target, written=True)
 
 
-def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bool]) -> Placement:
+def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
+              known: Callable[[str], bool]) -> Placement:
     before = os.stat(target)
     theirs = hash_file(target)
-    if theirs == hash_bytes(data) or (not data.endswith(b"\n") and theirs == hash_bytes(data + b"\n")):
+    if theirs == placed_hex or (not data.endswith(b"\n") and theirs == hash_bytes(data + b"\n")):
         return Placement(target, written=False)  # the same version (pi 1.5.2 may have added a final \n)
     grown = before.st_size < len(data) and (
         (known(theirs) and _is_prefix(target, data))
