@@ -166,17 +166,30 @@ def _one_line(text: str | None, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def pi_dirs(args: argparse.Namespace) -> Any:
+    """Pi's agent dir and session-dir override as this command sees them (its environment,
+    cwd and --session-dir): what counts, also when a running node does the work."""
+    import os
+
+    from p2pnode.paths import PiDirs
+
+    return PiDirs.resolve(os.getcwd(), args.session_dir)
+
+
 def cmd_share(args: argparse.Namespace) -> int:
     import os
 
+    pi = pi_dirs(args)
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
-               "cwd": os.getcwd()}
+               "cwd": os.getcwd(), "pi": pi.as_dict()}
     result = via_node(args, "share", payload)
     if result is None:
         with open_library(args) as lib:
-            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage).as_dict()
+            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi).as_dict()
     for warning in result.get("warnings", []):
         print(f"p2pnode: warning: {warning}", file=sys.stderr)
+    for notice in result.get("notices", []):
+        print(f"p2pnode: note: {notice}", file=sys.stderr)
     ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
     if args.json:
         print_json(dict(result, ticket=ticket) if ticket else result)
@@ -221,6 +234,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"            cwd {h.get('cwd')}")
     if h.get("parent_session"):
         print(f"            parentSession {h.get('parent_session')}")
+    if info.lineage_cut:
+        print(f"lineage cut shared with --no-lineage: parentSession {info.lineage_cut} was not followed")
     print(f"path        {info.path or '-'}")
     print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
     print("lineage")
@@ -266,7 +281,9 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("session", nargs="?",
                    help="session file, header id or id prefix (default: newest session of cwd)")
     p.add_argument("--latest", action="store_true", help="the newest session of the current directory")
-    p.add_argument("--no-lineage", action="store_true", help="share without its parentSession (parent null)")
+    p.add_argument("--no-lineage", action="store_true",
+                   help="share without its parentSession (parent null; `show` says the lineage was cut)")
+    p.add_argument("--session-dir", help="Pi's --session-dir: sessions are flat in this dir (as for pi)")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
     p.set_defaults(func=cmd_share)
     p = sub.add_parser("ls", help="list shared branches")
@@ -386,6 +403,7 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
     from p2pnode.library import Library
 
     paths = node_paths(args)
+    pi = pi_dirs(args)
     ident, trust = _identity(args), _trust(args)
     if not peers:
         from p2pnode.identity import parse_node_id
@@ -394,8 +412,8 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
     bar = ProgressBar()
     try:
         with Library.open(paths) as lib:
-            result = asyncio.run(fetch_branch(lib, branch, peers, ident, trust, agent_dir=lib.agent_dir,
-                                              progress=bar))
+            result = asyncio.run(fetch_branch(lib, branch, peers, ident, trust, agent_dir=pi.agent,
+                                              progress=bar, session_dir=pi.sessions))
     finally:
         bar.finish()
     return result.as_dict()
@@ -403,7 +421,8 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     branch, peers = _fetch_target(args)
-    result = via_node(args, "fetch", {"branch": branch, "peers": [str(p) for p in peers]})
+    result = via_node(args, "fetch", {"branch": branch, "peers": [str(p) for p in peers],
+                                      "pi": pi_dirs(args).as_dict()})
     if result is None:
         result = _fetch_here(args, branch, peers)
     if args.json:
@@ -490,6 +509,7 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
     p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
                    help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
+    p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("serve-peers", help="run only the HTTPS peer server (no mDNS, no store service)")

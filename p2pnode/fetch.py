@@ -44,7 +44,7 @@ import blake3
 from p2pnode import wire
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
 from p2pnode.identity import Identity, format_node_id, parse_node_id
-from p2pnode.pisession import parse_header, session_relpath
+from p2pnode.pisession import find_header, placed_names
 from p2pnode.placement import Placement, PlacementConflict, place_session
 from p2pnode.sessionstore import is_split
 from p2pnode.sidecar import Sidecar, parse_sidecar
@@ -302,12 +302,11 @@ def split_lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def check_header(first_line: bytes, src: str) -> None:
+def check_header(lines: list[bytes], src: str) -> None:
     """Refuse a session that is not a Pi session, or whose header fields would place it
-    outside Pi's sessions dir (InvalidHeader / HostileHeader), before anything is stored."""
-    end = first_line.find(b"\n")
-    header = parse_header(first_line if end < 0 else first_line[:end], f"fetched session {src}")
-    session_relpath(header)
+    outside Pi's sessions dir or break Pi's id rule (InvalidHeader / HostileHeader), before
+    anything is stored.  The header may follow blank or malformed lines, as pi 1.5.2 reads it."""
+    placed_names(find_header(lines, f"fetched session {src}"))
 
 
 class _Fetch:
@@ -510,8 +509,10 @@ def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
 
 async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], identity: Identity,
                        trust: TrustStore, *, agent_dir: Path | None = None, progress: Progress | None = None,
-                       limits: wire.Limits = wire.DEFAULT_LIMITS) -> FetchResult:
-    """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring."""
+                       limits: wire.Limits = wire.DEFAULT_LIMITS,
+                       session_dir: Path | None = None) -> FetchResult:
+    """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
+    `session_dir`: Pi's session-dir override, where the session is then placed (flat)."""
     wire.check_hex_hash(branch_hex, "branch hash")
     pool = _Pool(peers, identity, trust, limits)
     placing: asyncio.Future[Placement | PlacementConflict] | None = None
@@ -522,10 +523,11 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
             lines = await job.session(sc.src)
-            check_header(lines[0] if lines else b"", sc.src)
+            check_header(lines, sc.src)
             t1 = time.perf_counter()
             if branch == branch_hex and agent_dir is not None:  # verified: write the file meanwhile
-                placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, lines, sc.src, lib))
+                placing = asyncio.ensure_future(
+                    asyncio.to_thread(_place, agent_dir, lines, sc.src, lib, session_dir))
             await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
             t2 = time.perf_counter()
             log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
@@ -544,7 +546,8 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     if agent_dir is not None:
         if placing is None:  # already held: place the stored copy
             data = await asyncio.to_thread(lib.session_bytes, info.src)
-            placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, [data], info.src, lib))
+            placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, [data], info.src, lib,
+                                                                session_dir))
         placed = await placing
         if isinstance(placed, PlacementConflict):
             result.path, result.conflict = str(placed.path), str(placed)
@@ -554,9 +557,10 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     return result
 
 
-def _place(agent_dir: Path, lines: list[bytes], src: str, lib: Any) -> Placement | PlacementConflict:
+def _place(agent_dir: Path, lines: list[bytes], src: str, lib: Any,
+           session_dir: Path | None) -> Placement | PlacementConflict:
     try:
-        return place_session(agent_dir, b"".join(lines), src, lib.has_session)
+        return place_session(agent_dir, b"".join(lines), src, lib.has_session, session_dir)
     except PlacementConflict as exc:
         return exc
 

@@ -45,6 +45,31 @@ def hash_file(path: Path) -> str:
     return hasher.hexdigest()
 
 
+def hash_prefix(path: Path, size: int) -> str:
+    """BLAKE3 of a file's first `size` bytes (all of it if shorter)."""
+    hasher = new_hasher()
+    with open(path, "rb") as f:
+        buf = memoryview(bytearray(CHUNK))
+        while size > 0 and (n := f.readinto(buf[: min(CHUNK, size)])):
+            hasher.update(buf[:n])
+            size -= n
+    return hasher.hexdigest()
+
+
+def complete_lines_end(f: io.BufferedReader, size: int) -> int:
+    """The offset just after the last newline before `size` (0 if there is none): where the
+    complete lines of a file that Pi may be appending to end."""
+    end = size
+    while end > 0:
+        start = max(0, end - PROBE * 16)
+        f.seek(start)
+        found = f.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0
+
+
 @dataclass(frozen=True, slots=True)
 class Prefix:
     """What we know about a file at one size: its hash and where its lines are."""
@@ -64,6 +89,8 @@ class Scan:
     """"cached" (stat cache hit, nothing read), "appended" (only new bytes hashed) or "full"."""
     rewritten: bool
     """A previous version was expected as a prefix and the file no longer starts with it."""
+    left_out: int = 0
+    """Bytes after the last newline that a `complete_lines` hasher did not hash."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +148,14 @@ class _Counter:
 
 
 class FileHasher:
-    """Hashes files with a persisted stat cache (at `cache_path`) and in-memory hasher states."""
+    """Hashes files with a persisted stat cache (at `cache_path`) and in-memory hasher states.
 
-    def __init__(self, cache_path: Path | None) -> None:
+    `complete_lines`: hash each file only up to its last newline, never a line that a writer
+    (Pi) has only half written; the stat cache then holds those hashes."""
+
+    def __init__(self, cache_path: Path | None, *, complete_lines: bool = False) -> None:
         self.cache_path = cache_path
+        self.complete_lines = complete_lines
         self._cache: dict[str, tuple[_StatKey, Prefix]] = {}
         self._dirty: set[str] = set()
         self._live: dict[str, _Live] = {}
@@ -160,10 +191,10 @@ class FileHasher:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             stat_key = _StatKey.of(st)
-            size = st.st_size
             entry = self._cache.get(key)
             if sink is None and entry is not None and entry[0] == stat_key:
-                return Scan(entry[1], "cached", False)
+                return Scan(entry[1], "cached", False, st.st_size - entry[1].size)
+            size = complete_lines_end(f, st.st_size) if self.complete_lines else st.st_size
             if prefix is not None and prefix.size > size:
                 prefix = None
             hasher, counter, hashed, appended = self._resume(f, key, st, prefix)
@@ -191,7 +222,7 @@ class FileHasher:
             result = counter.prefix(size, hasher.hexdigest())
             head_probe, tail_probe = _probes(f, size)
         self._remember(key, stat_key, hasher, result, head_probe, tail_probe)
-        return Scan(result, "appended" if appended else "full", rewritten)
+        return Scan(result, "appended" if appended else "full", rewritten, st.st_size - size)
 
     def _resume(
         self, f: io.BufferedReader, key: str, st: os.stat_result, prefix: Prefix | None

@@ -13,9 +13,11 @@ the running node when there is one (p2pnode/control.py: JSON over HTTP on
 browses mDNS itself with `discovery.lan_peers`).  Control endpoints (all POST, JSON in and
 out; errors carry the CLI exit code):
     /v1/status {}                                     -> await Node.status()
-    /v1/share {"target", "latest", "no_lineage", "cwd"} -> ShareResult.as_dict()
+    /v1/share {"target", "latest", "no_lineage", "cwd", "pi"} -> ShareResult.as_dict()
     /v1/unshare {"branch"}                            -> {"branch"}
-    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"]}  -> FetchResult.as_dict()
+    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
+`pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
+environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
                                                      (control.NodeLibrary: `ls`, `show`, `cat`)
 """
@@ -43,7 +45,7 @@ from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.fetch import PeerAddress, fetch_branch, get_catalog
 from p2pnode.identity import load_or_create_identity, parse_node_id
 from p2pnode.library import Library
-from p2pnode.paths import NodePaths
+from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.provider import PeerServer
 from p2pnode.trust import TrustStore
 from p2pnode.wire import DEFAULT_LIMITS
@@ -271,7 +273,7 @@ class Node:
         if cwd and target and not os.path.isabs(target) and (Path(cwd) / target).exists():
             target = str(Path(cwd) / target)  # a path relative to the caller, not to the node
         result = await asyncio.to_thread(self.lib.share, target, latest=bool(body.get("latest")),
-                                         no_lineage=bool(body.get("no_lineage")), cwd=cwd)
+                                         no_lineage=bool(body.get("no_lineage")), cwd=cwd, pi=_pi_dirs(body))
         log.info("shared %s (%s)", result.branch, result.path)
         await self.announce()
         return result.as_dict()
@@ -296,10 +298,11 @@ class Node:
         def on_progress(done: int, total: int) -> None:
             progress.update(bytes_done=done, bytes_total=total)
 
+        pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
         try:
             result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
-                                        agent_dir=self.lib.agent_dir, progress=on_progress,
-                                        limits=FETCH_LIMITS)
+                                        agent_dir=pi.agent, progress=on_progress,
+                                        limits=FETCH_LIMITS, session_dir=pi.sessions)
         except P2PNodeError as exc:
             log.info("fetch %s refused or failed: %s", branch, exc)
             raise
@@ -311,6 +314,17 @@ class Node:
 
 
 # --- the control channel (JSON over HTTP on a Unix socket) ------------------------------------
+
+
+def _pi_dirs(body: dict[str, Any]) -> PiDirs | None:
+    """The caller's Pi dirs from a control request (None: it sent none, the node's count)."""
+    pi = body.get("pi")
+    if pi is None:
+        return None
+    try:
+        return PiDirs.from_dict(pi if isinstance(pi, dict) else {})
+    except ValueError as exc:
+        raise InvalidInput(f"control request: pi: {exc}") from None
 
 
 @web.middleware

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -17,12 +18,18 @@ from p2pnode.errors import InvalidInput, NotFound
 
 MAX_HEADER_BYTES = 64 * 1024
 """A header line longer than this is refused (Pi's own are a few hundred bytes)."""
+HEADER_SCAN_BYTES = 1024 * 1024
+"""pi 1.5.2 looks for the header within the first 1 MiB, skipping blank or malformed lines
+before it (pi 0.73.1 needs it first, and `pi -c` there reads only the first 512 bytes)."""
 MAX_LINEAGE_DEPTH = 1000
 MAX_NAME_BYTES = 255
 """Longest file or directory name most file systems accept."""
 MAX_CWD_CHARS = 4096
 
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SESSION_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+"""pi 1.5.2's rule for a session id (`--session-id`); its only bound is the file name's
+255 bytes.  `share` and `fetch` apply the same rule, so no branch is offered that a peer
+could not place."""
 _SAFE_TIMESTAMP = re.compile(r"[0-9A-Za-z:.+-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -76,8 +83,43 @@ def parse_header(line: bytes, where: str) -> SessionHeader:
     return SessionHeader(version=version if type(version) is int else None, **fields)
 
 
+def is_header_candidate(line: bytes) -> bool:
+    """Whether pi 1.5.2 would take this line for the header when no header came before it:
+    any JSON line (blank and malformed ones are passed over)."""
+    if not line.strip():
+        return False
+    try:
+        json.loads(line)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+def header_index(lines: Sequence[bytes], where: str) -> int:
+    """Which of a session's first lines is its header, as pi 1.5.2 reads it: blank and
+    malformed lines before it are skipped within the first HEADER_SCAN_BYTES; the first line
+    that is JSON must be the header.  InvalidHeader if there is none."""
+    offset = 0
+    for i, line in enumerate(lines):
+        if offset >= HEADER_SCAN_BYTES:
+            break
+        if is_header_candidate(line):
+            parse_header(line.rstrip(b"\n"), where)
+            return i
+        offset += len(line)
+    if not any(line.strip() for line in lines):
+        raise InvalidHeader(f"{where} is empty")
+    parse_header(lines[0].rstrip(b"\n"), where)  # raises what is wrong with the first line
+    raise InvalidHeader(f"{where}: no Pi session header in the first {HEADER_SCAN_BYTES} bytes")
+
+
+def find_header(lines: Sequence[bytes], where: str) -> SessionHeader:
+    """The header among a session's first lines (see header_index)."""
+    return parse_header(lines[header_index(lines, where)].rstrip(b"\n"), where)
+
+
 def read_header(path: Path) -> SessionHeader:
-    """Read and parse the first line of a session file (never more than MAX_HEADER_BYTES)."""
+    """Read and parse the header of a session file (within its first HEADER_SCAN_BYTES)."""
     if not path.exists():
         raise NotFound(f"session file {path} does not exist")
     if path.is_dir():
@@ -86,12 +128,16 @@ def read_header(path: Path) -> SessionHeader:
         head = f.read(4096)  # Pi's headers are a few hundred bytes; scanning many files stays cheap
         if b"\n" not in head:
             head += f.read(MAX_HEADER_BYTES + 1 - len(head))
-    if not head:
-        raise InvalidHeader(f"{path} is empty")
-    end = head.find(b"\n")
-    if end < 0 and len(head) > MAX_HEADER_BYTES:
-        raise InvalidHeader(f"{path}: the first line is longer than {MAX_HEADER_BYTES} bytes")
-    return parse_header(head if end < 0 else head[:end], str(path))
+        if not head:
+            raise InvalidHeader(f"{path} is empty")
+        end = head.find(b"\n")
+        if end < 0 and len(head) > MAX_HEADER_BYTES:
+            raise InvalidHeader(f"{path}: the first line is longer than {MAX_HEADER_BYTES} bytes")
+        first = head if end < 0 else head[:end]
+        if is_header_candidate(first) or end < 0:
+            return parse_header(first, str(path))
+        head += f.read(HEADER_SCAN_BYTES - len(head))  # pi 1.5.2 skips lines before the header
+    return find_header(head.splitlines(keepends=True), str(path))
 
 
 # --- Pi's directory layout --------------------------------------------------------------
@@ -107,15 +153,17 @@ def session_file_name(timestamp: str, session_id: str) -> str:
     return re.sub(r"[:.]", "-", timestamp) + "_" + session_id + ".jsonl"
 
 
-def session_relpath(header: SessionHeader) -> PurePosixPath:
-    """Where Pi would keep this session, relative to the agent dir: sessions/--<cwd>--/<ts>_<id>.jsonl.
+def placed_names(header: SessionHeader) -> tuple[str, str]:
+    """(project dir name, file name) that Pi would give this session.
 
     Header fields come from other machines, so anything that could escape the sessions
-    dir or make an unusable name is refused with HostileHeader.
+    dir or make an unusable name is refused with HostileHeader.  `share` checks the same, so
+    that it never offers a session that peers would refuse.
     """
-    where = f"session {header.id!r}"
-    if not _SAFE_ID.fullmatch(header.id):
-        raise HostileHeader(f"{where}: the id is not 1-128 letters, digits, '.', '_' or '-'")
+    where = f"session {header.id[:80]!r}"
+    if not SESSION_ID.fullmatch(header.id):
+        raise HostileHeader(f"{where}: the id is not letters, digits, '.', '_' or '-' starting and ending "
+                            "with a letter or digit")
     if header.timestamp is None or not _SAFE_TIMESTAMP.fullmatch(header.timestamp):
         raise HostileHeader(f"{where}: timestamp {header.timestamp!r} is not an ISO-like time")
     cwd = header.cwd
@@ -130,6 +178,13 @@ def session_relpath(header: SessionHeader) -> PurePosixPath:
     for name in (dir_name, file_name):
         if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             raise HostileHeader(f"{where}: the name {name[:60]!r}... is over {MAX_NAME_BYTES} bytes")
+    return dir_name, file_name
+
+
+def session_relpath(header: SessionHeader) -> PurePosixPath:
+    """Where Pi keeps this session by default, relative to the agent dir:
+    sessions/--<cwd>--/<ts>_<id>.jsonl (HostileHeader: see placed_names)."""
+    dir_name, file_name = placed_names(header)
     return PurePosixPath("sessions", dir_name, file_name)
 
 
@@ -149,8 +204,11 @@ def _sessions_tail(parent_session: str) -> PurePosixPath | None:
     return PurePosixPath("sessions", dir_name, file_name)
 
 
-def parent_candidates(header: SessionHeader, agent_dir: Path) -> list[Path]:
-    """Where the parent may be, in order: as stored (relative to cwd), then under the current agent dir."""
+def parent_candidates(header: SessionHeader, agent_dir: Path, child: Path | None = None,
+                      session_dir: Path | None = None) -> list[Path]:
+    """Where the parent may be on this machine, in order: as stored (relative to cwd), under
+    the current agent dir (the path's sessions/--<dir>--/<file> tail: an agent dir that moved),
+    in Pi's session-dir override, and beside the child (flat session dirs, copied folders)."""
     ps = header.parent_session
     if not ps:
         return []
@@ -159,59 +217,22 @@ def parent_candidates(header: SessionHeader, agent_dir: Path) -> list[Path]:
     tail = _sessions_tail(ps)
     if tail is not None:
         found.append(agent_dir / tail)
-    return found
-
-
-def resolve_parent(header: SessionHeader, child: Path, agent_dir: Path) -> Path:
-    """The local file of a header's parentSession; NotFound names the path when there is none.
-
-    The agent-dir fallback covers a home or agent dir that moved since Pi wrote the path.
-    """
-    candidates = parent_candidates(header, agent_dir)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates)
-    raise NotFound(
-        f"parent session {header.parent_session} of {child} not found (looked at {looked}); "
-        "share with --no-lineage to share it without its parent"
-    )
-
-
-def lineage(path: Path, agent_dir: Path, *, follow: bool = True) -> list[tuple[Path, SessionHeader]]:
-    """The session and its ancestors, child first, each with its header.
-
-    A file seen twice (same device and inode) is a LineageCycle; chains deeper than
-    MAX_LINEAGE_DEPTH are refused too.
-    """
-    chain: list[tuple[Path, SessionHeader]] = []
-    seen: dict[tuple[int, int], Path] = {}
-    current = path
-    while True:
-        header = read_header(current)
-        st = current.stat()
-        key = (st.st_dev, st.st_ino)  # the same file however it is named
-        if key in seen:
-            names = " -> ".join(str(p) for p, _ in chain) + f" -> {current}"
-            raise LineageCycle(f"parentSession cycle: {names}")
-        seen[key] = current
-        chain.append((current, header))
-        if not follow or not header.parent_session:
-            return chain
-        if len(chain) >= MAX_LINEAGE_DEPTH:
-            raise InvalidInput(f"lineage of {path} is deeper than {MAX_LINEAGE_DEPTH} sessions")
-        current = resolve_parent(header, current, agent_dir)
+    name = PurePosixPath(ps.replace("\\", "/")).name
+    if name.endswith(".jsonl") and not name.startswith("."):
+        found += [d / name for d in (session_dir, child.parent if child else None) if d is not None]
+    return list(dict.fromkeys(found))
 
 
 # --- finding sessions ---------------------------------------------------------------------
 
 
-def session_files(agent_dir: Path) -> list[Path]:
-    """Every *.jsonl one level below <agent dir>/sessions/ (where Pi keeps them by default)."""
-    root = agent_dir / "sessions"
+def session_files(agent_dir: Path, session_dir: Path | None = None) -> list[Path]:
+    """Every *.jsonl where Pi keeps sessions: flat in the session-dir override if there is one
+    (Pi then looks nowhere else), else one level below <agent dir>/sessions/."""
+    root = session_dir if session_dir is not None else agent_dir / "sessions"
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("*/*.jsonl") if p.is_file())
+    return sorted(p for p in root.glob("*.jsonl" if session_dir else "*/*.jsonl") if p.is_file())
 
 
 def _valid_sessions(paths: list[Path]) -> list[tuple[Path, SessionHeader]]:
@@ -224,26 +245,58 @@ def _valid_sessions(paths: list[Path]) -> list[tuple[Path, SessionHeader]]:
     return found
 
 
-def latest_session(agent_dir: Path, cwd: str) -> Path:
-    """The newest valid session (by mtime) of a working directory, as `pi -c` picks it."""
+def _project_sessions(agent_dir: Path, cwd: str,
+                      session_dir: Path | None) -> tuple[Path, list[tuple[Path, SessionHeader]]]:
+    """(where, sessions) of a working directory: its --<cwd>-- dir, or the session-dir
+    override's files whose header cwd is that directory."""
+    if session_dir is not None:
+        return session_dir, [(p, h) for p, h in _valid_sessions(session_files(agent_dir, session_dir))
+                             if h.cwd == cwd]
     project = agent_dir / "sessions" / session_dir_name(cwd)
-    candidates = _valid_sessions(sorted(project.glob("*.jsonl")) if project.is_dir() else [])
+    return project, _valid_sessions(sorted(project.glob("*.jsonl")) if project.is_dir() else [])
+
+
+def latest_session(agent_dir: Path, cwd: str, session_dir: Path | None = None) -> Path:
+    """The newest valid session (by mtime) of a working directory, as `pi -c` picks it."""
+    where, candidates = _project_sessions(agent_dir, cwd, session_dir)
     if not candidates:
-        raise NotFound(f"no Pi session for {cwd} in {project}")
+        raise NotFound(f"no Pi session for {cwd} in {where}")
     return max(candidates, key=lambda item: item[0].stat().st_mtime_ns)[0]
 
 
-def find_by_id(agent_dir: Path, id_or_prefix: str) -> Path:
+def find_by_id(agent_dir: Path, id_or_prefix: str, session_dir: Path | None = None) -> Path:
     """The session whose header id equals, or uniquely starts with, the given string."""
-    sessions = _valid_sessions(session_files(agent_dir))
+    sessions = _valid_sessions(session_files(agent_dir, session_dir))
     exact = [p for p, h in sessions if h.id == id_or_prefix]
     matches = exact or [p for p, h in sessions if h.id.startswith(id_or_prefix)]
+    where = session_dir if session_dir is not None else agent_dir / "sessions"
     if not matches:
-        raise NotFound(f"no session with id or id prefix {id_or_prefix!r} under {agent_dir / 'sessions'}")
+        raise NotFound(f"no session with id or id prefix {id_or_prefix!r} under {where}")
     if len(matches) > 1:
         listed = ", ".join(str(p) for p in matches[:5])
         raise InvalidInput(f"id prefix {id_or_prefix!r} matches {len(matches)} sessions: {listed}")
     return matches[0]
+
+
+SYSTEM_PROMPT_SCAN_LINES = 8
+
+
+def has_system_prompt(path: Path) -> bool:
+    """Whether the session opens with a `message` of role `system`, as pi 1.5.2 writes its
+    whole system prompt (cwd, install path, AGENTS.md, skills) into every session."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SCAN_BYTES)
+    for line in head.split(b"\n")[:SYSTEM_PROMPT_SCAN_LINES]:
+        if b'"role":"system"' not in line:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        message = obj.get("message") if isinstance(obj, dict) else None
+        if obj.get("type") == "message" and isinstance(message, dict) and message.get("role") == "system":
+            return True
+    return False
 
 
 # --- what `ls` shows ----------------------------------------------------------------------

@@ -1,17 +1,23 @@
 """Writing a fetched session where Pi finds it, without ever exposing a partial file.
 
-The path is `<agent dir>/sessions/--<cwd encoded as Pi does>--/<ts>_<id>.jsonl`, rebuilt
-from the session's own header by `pisession.session_relpath`, which refuses hostile fields
-(`..`, separators, NUL, absurd lengths).  Never the agent dir's root: Pi moves `*.jsonl`
-files found there.  The bytes go to a hidden temp file in the target directory, are
-fsynced, then published with `link()` (which, unlike `rename()`, never replaces a file that
-appeared meanwhile), and the directory is fsynced: Pi sees no file or the whole file.
+The path is `<agent dir>/sessions/--<cwd encoded as Pi does>--/<ts>_<id>.jsonl`, or
+`<session dir>/<ts>_<id>.jsonl` when Pi's session-dir override is set (Pi keeps sessions
+flat there and looks nowhere else), rebuilt from the session's own header by
+`pisession.placed_names`, which refuses hostile fields (`..`, separators, NUL, ids outside
+Pi's rule, names over 255 bytes).  Never the agent dir's root: Pi moves `*.jsonl` files found
+there.  The header goes first: pi 1.5.2 finds it past blank or malformed lines, pi 0.73.1
+only on the first line (and `pi -c` within its first 512 bytes).
+
+The bytes go to a hidden temp file in the target directory, are fsynced, then published
+with `link()` (which, unlike `rename()`, never replaces a file that appeared meanwhile), and
+the directory is fsynced: Pi sees no file or the whole file.
 
 If a file is already at the path: the same bytes mean nothing to do.  An older version of
 the same session that this node holds (its hash is `known`) and that is a prefix of the new
 bytes is replaced by the grown version (rename over it, after checking that it did not change
-meanwhile): nothing in it is lost.  Any other file is kept untouched and reported as
-`PlacementConflict`.
+meanwhile): nothing in it is lost.  A file that is the same bytes plus the final newline pi 1.5.2
+adds to a session it opens is the same version.  Any other file is kept untouched and
+reported as `PlacementConflict`.
 """
 from __future__ import annotations
 
@@ -21,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pnode.errors import Conflict
-from p2pnode.hashing import hash_file
-from p2pnode.pisession import HostileHeader, parse_header, session_relpath
+from p2pnode.hashing import hash_file, hash_prefix, new_hasher
+from p2pnode.pisession import HostileHeader, header_index, parse_header, placed_names
 from store.fileio import fsync_dir
 
 SESSION_FILE_MODE = 0o644
@@ -46,9 +52,10 @@ class Placement:
     """The hash of the older version that was replaced by its grown version."""
 
 
-def _write_temp(directory: Path, name: str, data: bytes) -> Path:
-    """The bytes, durably, in a hidden temp file beside the target (Pi only lists *.jsonl)."""
-    tmp = directory / f".{name}.{os.getpid()}.tmp"
+def _write_temp(directory: Path, src_hex: str, data: bytes) -> Path:
+    """The bytes, durably, in a hidden temp file beside the target (Pi only lists *.jsonl;
+    a short name: the target's own may already use all 255 bytes)."""
+    tmp = directory / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SESSION_FILE_MODE)
     try:
         view = memoryview(data)
@@ -63,11 +70,28 @@ def _write_temp(directory: Path, name: str, data: bytes) -> Path:
     return tmp
 
 
-def session_path(agent_dir: Path, data: bytes) -> Path:
+def pi_readable(data: bytes) -> bytes:
+    """The session with its header as the first line, as every Pi version reads it (the
+    blank or malformed lines pi 1.5.2 skipped before it follow it instead)."""
+    lines = data.splitlines(keepends=True)
+    first = header_index(lines, "fetched session")
+    if first == 0:
+        return data
+    header = lines[first] if lines[first].endswith(b"\n") else lines[first] + b"\n"
+    return header + b"".join(lines[:first] + lines[first + 1:])
+
+
+def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) -> Path:
     """Where Pi would keep this session; HostileHeader if the header would lead elsewhere."""
     end = data.find(b"\n")
     header = parse_header(data if end < 0 else data[:end], "fetched session")
-    target = agent_dir / session_relpath(header)
+    dir_name, file_name = placed_names(header)
+    if session_dir is not None:
+        target, home = session_dir / file_name, session_dir.resolve()
+        if target.parent.resolve() != home:
+            raise HostileHeader(f"session {header.id!r}: {target} resolves outside {home}")
+        return target
+    target = agent_dir / "sessions" / dir_name / file_name
     sessions = (agent_dir / "sessions").resolve()
     parent = target.parent.resolve()  # catches a symlinked project dir leading out
     if parent.parent != sessions or parent.name != target.parent.name:
@@ -76,33 +100,41 @@ def session_path(agent_dir: Path, data: bytes) -> Path:
 
 
 def place_session(agent_dir: Path, data: bytes, src_hex: str,
-                  known: Callable[[str], bool] = lambda _h: False) -> Placement:
+                  known: Callable[[str], bool] = lambda _h: False,
+                  session_dir: Path | None = None) -> Placement:
     """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them."""
-    (agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
-    target = session_path(agent_dir, data)
+    readable = pi_readable(data)
+    placed_hex = src_hex if readable is data else hash_bytes(readable)
+    data = readable
+    (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
+    target = session_path(agent_dir, data, session_dir)
     target.parent.mkdir(exist_ok=True)
-    target = session_path(agent_dir, data)  # re-check now that the directory exists
+    target = session_path(agent_dir, data, session_dir)  # re-check now that the directory exists
     if target.exists():
-        return _existing(target, data, src_hex, known)
-    tmp = _write_temp(target.parent, target.name, data)
+        return _existing(target, data, src_hex, placed_hex, known)
+    tmp = _write_temp(target.parent, src_hex, data)
     try:
         os.link(tmp, target)
     except FileExistsError:
-        return _existing(target, data, src_hex, known)
+        return _existing(target, data, src_hex, placed_hex, known)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(target.parent)
     return Placement(target, written=True)
 
 
-def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bool]) -> Placement:
+def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
+              known: Callable[[str], bool]) -> Placement:
     before = os.stat(target)
     theirs = hash_file(target)
-    if theirs == src_hex:
-        return Placement(target, written=False)
-    if not (known(theirs) and before.st_size < len(data) and _is_prefix(target, data)):
+    if theirs == placed_hex or (not data.endswith(b"\n") and theirs == hash_bytes(data + b"\n")):
+        return Placement(target, written=False)  # the same version (pi 1.5.2 may have added a final \n)
+    grown = before.st_size < len(data) and (
+        (known(theirs) and _is_prefix(target, data))
+        or (known(hash_prefix(target, before.st_size - 1)) and _is_prefix(target, data, newline_added=True)))
+    if not grown:
         raise PlacementConflict(target, src_hex, theirs)
-    tmp = _write_temp(target.parent, target.name, data)
+    tmp = _write_temp(target.parent, src_hex, data)
     after = os.stat(target)
     if _stamp(after) != _stamp(before):
         tmp.unlink()
@@ -112,10 +144,19 @@ def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bo
     return Placement(target, written=True, replaced=theirs)
 
 
+def hash_bytes(data: bytes) -> str:
+    return new_hasher().update(data).hexdigest()
+
+
 def _stamp(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _is_prefix(path: Path, data: bytes) -> bool:
+def _is_prefix(path: Path, data: bytes, *, newline_added: bool = False) -> bool:
+    """Whether the file is a prefix of `data`; `newline_added`: the file but its last byte, a
+    newline (pi 1.5.2 closed an incomplete last line)."""
     with open(path, "rb") as f:
-        return data.startswith(f.read(len(data) + 1))
+        mine = f.read(len(data) + 1)
+    if newline_added:
+        return mine.endswith(b"\n") and data.startswith(mine[:-1])
+    return data.startswith(mine)

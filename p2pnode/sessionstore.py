@@ -28,7 +28,15 @@ import blake3
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.hashing import Prefix, Scan, Sink, new_hasher
-from p2pnode.pisession import SessionHeader, line_title, parse_header
+from p2pnode.pisession import (
+    HEADER_SCAN_BYTES,
+    InvalidHeader,
+    SessionHeader,
+    find_header,
+    is_header_candidate,
+    line_title,
+    parse_header,
+)
 from store.engine import Store
 from store.errors import StoreError
 from store.fileio import atomic_write, locked
@@ -91,6 +99,9 @@ class BranchRecord:
     offered: bool
     shared_at: int
     """Unix milliseconds of the latest share (or fetch)."""
+    lineage_cut: str | None = None
+    """The header's parentSession that `share --no-lineage` did not follow (local only: the
+    sidecar says `parent: null` like any root's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +193,10 @@ class _Importer:
         self.head = 0
         """The last body turn so far (0: none yet); after finish(), the header turn."""
         self.header: bytes | None = None
+        """The first line, stored as the chain's top turn (normally Pi's header)."""
+        self.header_line: bytes | None = None
+        """The header as pi 1.5.2 finds it: the first JSON line within the first 1 MiB."""
+        self._offset = 0
         self.lines_seen = 0
         self.name: str | None = None
         self.first_user: str | None = None
@@ -208,6 +223,7 @@ class _Importer:
             self.head = self.store.get_turn(self.head).parent_turn_id
         self.lines_seen = base.lines - partial
         self.name, self.first_user = base.name, base.first_user
+        self._offset = HEADER_SCAN_BYTES  # the header is the older version's
         self._matching = False
         return base.last_line_start
 
@@ -233,6 +249,10 @@ class _Importer:
         if len(line) > (limit := self.store.config.max_payload):  # one line is one turn payload
             raise InvalidInput(f"{self.where}: line {self.lines_seen} is {len(line)} bytes, over the store's "
                                f"limit of {limit} bytes per line")
+        if self.header_line is None and self._offset < HEADER_SCAN_BYTES:
+            if is_header_candidate(line):
+                self.header_line = line
+            self._offset += len(line)
         if self.check_json and not _is_json(line):
             self.warnings.append(f"{self.where}: line {self.lines_seen} is not JSON (shared verbatim anyway)")
         if b'"session_info"' in line or (self.first_user is None and b'"role":"user"' in line):
@@ -318,6 +338,16 @@ class _Importer:
             self.store.delete_context(self.context)
 
 
+def _stored_header(importer: _Importer, where: str) -> SessionHeader:
+    """The header of the bytes an import stored: the line pi 1.5.2 would take, or the older
+    version's when only new lines were read."""
+    if importer.header_line is not None:
+        return parse_header(importer.header_line.rstrip(b"\n"), where)
+    if importer.grown is not None:
+        return SessionHeader(**importer.grown.header)
+    raise InvalidHeader(f"{where}: no Pi session header in its first {HEADER_SCAN_BYTES} bytes")
+
+
 class SessionStore:
     """Versions, branches and the catalog generation, over a Store and a state file."""
 
@@ -394,6 +424,14 @@ class SessionStore:
     def branches(self) -> list[BranchRecord]:
         return list(self._state.branches.values())
 
+    def versions_of(self, session_id: str) -> list[Version]:
+        return [v for v in self._state.sessions.values() if v.session_id == session_id]
+
+    def branches_of(self, src: str) -> list[BranchRecord]:
+        """The branches of one session version (one per parent it was shared with), newest first."""
+        found = [b for b in self._state.branches.values() if b.src == src]
+        return sorted(found, key=lambda b: b.shared_at, reverse=True)
+
     def latest_version_of(self, session_id: str, max_size: int) -> Version | None:
         """The largest stored version of a session id that could be a prefix of a file of max_size."""
         candidates = [v for v in self._state.sessions.values()
@@ -455,8 +493,11 @@ class SessionStore:
         if prefix.blake3 in self._state.sessions:  # the same bytes already held (e.g. a copy)
             importer.discard()
             return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result)
-        assert importer.header is not None
-        header = parse_header(importer.header.rstrip(b"\n"), str(path))  # the bytes we stored
+        try:
+            header = _stored_header(importer, str(path))
+        except InvalidHeader:
+            importer.discard()
+            raise
         version = self._add_version(prefix, header, importer)
         return ImportResult(version, importer.warnings, result)
 
@@ -474,7 +515,7 @@ class SessionStore:
             raise InvalidInput(f"{where} is empty")
         if not is_split(lines):
             raise InvalidInput(f"{where}: the lines given are not the file cut at its newlines")
-        header = parse_header(lines[0].rstrip(b"\n"), where)
+        header = find_header(lines, where)
         size = sum(map(len, lines))
         grown = self.latest_version_of(header.id, size)
         appended = grown is not None and _prefix_hash(lines, grown.size) == grown.src
@@ -502,15 +543,18 @@ class SessionStore:
         self._save()
         return version
 
-    def add_branch(self, sidecar: bytes, branch: str, src: str, parent: str | None) -> BranchRecord:
-        """Record (or re-offer) a branch whose version is stored; the sidecar bytes become a turn."""
+    def add_branch(self, sidecar: bytes, branch: str, src: str, parent: str | None,
+                   lineage_cut: str | None = None) -> BranchRecord:
+        """Record (or re-offer) a branch whose version is stored; the sidecar bytes become a turn.
+        `lineage_cut`: the parentSession a `--no-lineage` share left out (kept once recorded)."""
         now = int(time.time() * 1000)
         existing = self._state.branches.get(branch)
         if existing is not None:
+            cut = lineage_cut or existing.lineage_cut
             if existing.offered:
-                record = replace(existing, shared_at=now)
+                record = replace(existing, shared_at=now, lineage_cut=cut)
             else:
-                record = replace(existing, offered=True, shared_at=now)
+                record = replace(existing, offered=True, shared_at=now, lineage_cut=cut)
                 self._state.generation += 1
         else:
             version = self.version(src)
@@ -518,7 +562,7 @@ class SessionStore:
             if self.store.get_head(ctx).head_turn_id != version.head:  # the context already has a branch
                 ctx = self.store.fork(version.head).context_id
             turn = self.store.append_turn(ctx, sidecar, type_tag=TAG_SIDECAR, expected_parent=version.head)
-            record = BranchRecord(branch, src, parent, ctx, turn.turn_id, True, now)
+            record = BranchRecord(branch, src, parent, ctx, turn.turn_id, True, now, lineage_cut)
             self._state.generation += 1
         self._state.branches[branch] = record
         self._save()

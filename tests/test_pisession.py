@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from p2pnode import pisession
 from p2pnode.errors import InvalidInput, NotFound
-from p2pnode.pisession import HostileHeader, InvalidHeader, LineageCycle, SessionHeader
+from p2pnode.pisession import HostileHeader, InvalidHeader, SessionHeader
 
 
 def header_line(**fields: object) -> bytes:
@@ -58,7 +57,10 @@ def test_dir_encoding_edge_cases() -> None:
         ({"id": "a/b"}, "the id"),
         ({"id": ".."}, "the id"),
         ({"id": "a\x00b"}, "the id"),
-        ({"id": "a" * 129}, "the id"),
+        ({"id": "a."}, "the id"),
+        ({"id": "-a"}, "the id"),
+        ({"id": "a b"}, "the id"),
+        ({"id": "a" * 225}, "over 255 bytes"),  # 24 + 1 + 225 + 6 bytes of file name
         ({"timestamp": "2026/11/21"}, "timestamp"),
         ({"timestamp": None}, "timestamp"),
         ({"cwd": "/tmp/../../etc"}, "'..'"),
@@ -111,59 +113,100 @@ def test_old_branched_from_field_counts_as_parent() -> None:
     assert header.parent_session == "/p.jsonl"
 
 
-def test_parent_resolution_absolute_relative_and_moved_agent_dir(tmp_path: Path) -> None:
+def test_parent_candidates_as_stored_moved_agent_dir_session_dir_and_beside_the_child(tmp_path: Path) -> None:
     agent = tmp_path / "agent"
-    parent = write_session(agent / "sessions" / "--w--" / "p.jsonl")
     work = tmp_path / "work" / "proj"
-    work.mkdir(parents=True)
-    child = tmp_path / "child.jsonl"
+    child = tmp_path / "flat" / "child.jsonl"
+    flat = tmp_path / "sessdir"
 
-    absolute = SessionHeader("c", None, str(work), str(parent), 3)
-    assert pisession.resolve_parent(absolute, child, agent) == parent
-
+    absolute = SessionHeader("c", None, str(work), "/old/home/.pi/agent/sessions/--w--/p.jsonl", 3)
+    assert pisession.parent_candidates(absolute, agent, child, flat) == [
+        Path("/old/home/.pi/agent/sessions/--w--/p.jsonl"), agent / "sessions/--w--/p.jsonl",
+        flat / "p.jsonl", child.parent / "p.jsonl"]
     relative = SessionHeader("c", None, str(work), "../../agent/sessions/--w--/p.jsonl", 3)
-    assert pisession.resolve_parent(relative, child, agent).resolve() == parent.resolve()
-
-    moved = SessionHeader("c", None, str(work), "/old/home/.pi/agent/sessions/--w--/p.jsonl", 3)
-    assert pisession.resolve_parent(moved, child, agent) == parent
-
-    missing = SessionHeader("c", None, str(work), "/old/home/.pi/agent/sessions/--w--/gone.jsonl", 3)
-    with pytest.raises(NotFound, match="/old/home/.pi/agent/sessions/--w--/gone.jsonl") as info:
-        pisession.resolve_parent(missing, child, agent)
-    assert "--no-lineage" in str(info.value)
-
+    assert pisession.parent_candidates(relative, agent)[0] == tmp_path / "agent/sessions/--w--/p.jsonl"
     no_tail = SessionHeader("c", None, str(work), "/elsewhere/p.jsonl", 3)
-    with pytest.raises(NotFound):
-        pisession.resolve_parent(no_tail, child, agent)
+    assert pisession.parent_candidates(no_tail, agent, child) == [Path("/elsewhere/p.jsonl"),
+                                                                  child.parent / "p.jsonl"]
+    assert pisession.parent_candidates(SessionHeader("c", None, str(work), None, 3), agent) == []
 
 
-def test_lineage_walks_to_the_root_and_detects_cycles(tmp_path: Path) -> None:
-    agent = tmp_path / "agent"
-    d = agent / "sessions" / "--w--"
-    a = write_session(d / "a.jsonl", id="a")
-    b = write_session(d / "b.jsonl", id="b", parentSession=str(a))
-    c = write_session(d / "c.jsonl", id="c", parentSession=str(b))
-    assert [h.id for _, h in pisession.lineage(c, agent)] == ["c", "b", "a"]
-    assert [h.id for _, h in pisession.lineage(c, agent, follow=False)] == ["c"]
-
-    write_session(d / "a.jsonl", id="a", parentSession=str(c))  # a -> c -> b -> a
-    with pytest.raises(LineageCycle, match="cycle"):
-        pisession.lineage(c, agent)
-    selfish = write_session(d / "s.jsonl", id="s", parentSession=str(d / "s.jsonl"))
-    with pytest.raises(LineageCycle):
-        pisession.lineage(selfish, agent)
-    os.link(b, d / "b-hardlink.jsonl")  # the same file under another name is still the same file
-    write_session(d / "a.jsonl", id="a", parentSession=str(d / "b-hardlink.jsonl"))
-    with pytest.raises(LineageCycle):
-        pisession.lineage(c, agent)
+def test_session_ids_as_pi_1_5_2_allows_them() -> None:
+    for good in ("my.session_1", "fork-of-my.session_1", "a", "0", "L" + "0123456789abcdef" * 12 + "-end"):
+        header = SessionHeader(good, "2026-11-23T11:40:10.981Z", "/w", None, 3)
+        assert pisession.session_relpath(header).name == f"2026-11-23T11-40-10-981Z_{good}.jsonl"
+    for bad in ("", ".a", "a.", "a_", "_a", "a/b", "a\\b", "ä", "a\nb"):
+        with pytest.raises(HostileHeader, match="the id"):
+            pisession.placed_names(SessionHeader(bad, "2026-11-23T11:40:10.981Z", "/w", None, 3))
+    longest = "x" * (255 - len("2026-11-23T11-40-10-981Z_.jsonl"))
+    header = SessionHeader(longest, "2026-11-23T11:40:10.981Z", "/w", None, 3)
+    assert len(pisession.placed_names(header)[1]) == 255
+    with pytest.raises(HostileHeader, match="over 255 bytes"):
+        pisession.placed_names(SessionHeader(longest + "x", "2026-11-23T11:40:10.981Z", "/w", None, 3))
 
 
-def test_corpus_lineage_through_the_moved_agent_dir(corpus_dir: Path, tmp_path: Path) -> None:
-    agent = tmp_path / "agent"
-    shutil.copytree(corpus_dir / "sessions", agent / "sessions")
-    b5 = next((agent / "sessions").glob("*/*69ef-76bb-aaf0-d291c98d9fe0.jsonl"))
-    chain = pisession.lineage(b5, agent)
-    assert [h.id[-12:] for _, h in chain] == ["d291c98d9fe0", "758d028dc479", "ca966db56817", "0b533764bed8"]
+def test_header_after_blank_and_malformed_lines(tmp_path: Path) -> None:
+    """pi 1.5.2 finds the header within the first 1 MiB, past blank and malformed lines; the
+    first JSON line must be it."""
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"\n   \n{broken\n" + b"x" * 70_000 + b"\n" + header_line(id="late") + b'{"type":"x"}\n')
+    assert pisession.read_header(path).id == "late"
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert pisession.header_index(lines, "t") == 4 and pisession.find_header(lines, "t").id == "late"
+    path.write_bytes(b"\n" * (pisession.HEADER_SCAN_BYTES + 1) + header_line())
+    with pytest.raises(InvalidHeader, match="empty"):
+        pisession.read_header(path)
+    path.write_bytes(b"junk\n" * 300_000 + header_line())
+    with pytest.raises(InvalidHeader, match="not a JSON"):
+        pisession.read_header(path)
+    path.write_bytes(b"\n" + b'{"type":"message","id":"1"}\n' + header_line())
+    with pytest.raises(InvalidHeader, match="type is not"):
+        pisession.read_header(path)
+
+
+def test_system_prompt_is_recognised(corpus_dir: Path, corpus_new_dir: Path) -> None:
+    assert all(pisession.has_system_prompt(p) for p in (corpus_new_dir / "sessions").glob("*/*.jsonl")
+               if p.stat().st_size)
+    assert not any(pisession.has_system_prompt(p) for p in (corpus_dir / "sessions").glob("*/*.jsonl"))
+
+
+def test_session_dir_as_pi_resolves_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--session-dir, then $PI_CODING_AGENT_SESSION_DIR (~ expanded), then settings.json
+    sessionDir (the project's over the global one), relative to the cwd."""
+    from p2pnode.paths import PiDirs, session_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    agent, cwd = tmp_path / "agent", tmp_path / "proj"
+    (cwd / ".pi").mkdir(parents=True)
+    agent.mkdir()
+    assert session_dir(str(cwd), agent, env={}) is None
+    (agent / "settings.json").write_text('{"sessionDir": "~/global-sessions"}')
+    assert session_dir(str(cwd), agent, env={}) == tmp_path / "home" / "global-sessions"
+    (cwd / ".pi" / "settings.json").write_text('{"theme": "dark", "sessionDir": "rel/sessions"}')
+    assert session_dir(str(cwd), agent, env={}) == cwd / "rel" / "sessions"
+    env = {"PI_CODING_AGENT_SESSION_DIR": "~/env-sessions"}
+    assert session_dir(str(cwd), agent, env=env) == tmp_path / "home" / "env-sessions"
+    assert session_dir(str(cwd), agent, "opt", env) == cwd / "opt"
+    (cwd / ".pi" / "settings.json").write_text("{not json")  # Pi goes on without a broken file
+    assert session_dir(str(cwd), agent, env={}) == tmp_path / "home" / "global-sessions"
+    pi = PiDirs.resolve(str(cwd), env={"PI_CODING_AGENT_DIR": str(agent)})
+    assert PiDirs.from_dict(pi.as_dict()) == pi == PiDirs(agent, tmp_path / "home" / "global-sessions")
+    with pytest.raises(ValueError):
+        PiDirs.from_dict({"agent_dir": "relative", "session_dir": None})
+
+
+def test_a_session_dir_is_flat_and_the_only_place_looked(tmp_path: Path) -> None:
+    agent, flat = tmp_path / "agent", tmp_path / "flat"
+    default = agent / "sessions" / pisession.session_dir_name("/tmp/work/x") / "default.jsonl"
+    write_session(default, id="in-default")
+    mine = write_session(flat / "a.jsonl", id="flat-a", cwd="/tmp/work/x")
+    other = write_session(flat / "b.jsonl", id="flat-b", cwd="/tmp/work/other")
+    os.utime(other, ns=(3 * 10**18, 3 * 10**18))  # newer, but another project's
+    assert pisession.session_files(agent, flat) == [mine, other]
+    assert pisession.latest_session(agent, "/tmp/work/x", flat) == mine
+    assert pisession.find_by_id(agent, "flat-b", flat) == other
+    with pytest.raises(NotFound, match=str(flat)):
+        pisession.find_by_id(agent, "in-default", flat)
 
 
 def test_find_by_id_prefix_and_latest(tmp_path: Path) -> None:

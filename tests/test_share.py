@@ -170,22 +170,25 @@ def test_reshare_after_growth_appends_only_new_lines(lib: Library, agent: Path) 
     first = lib.share(str(b1))
     turns, blobs = lib.store.turn_count, len(lib.store.blob_hashes())
     new = b"".join(b'{"type":"message","id":"%08x","parentId":null,"n":%d}\n' % (i, i) for i in range(5))
+    partial = b'{"type":"message","id":"partial"'
     with open(b1, "ab") as f:
-        f.write(new + b'{"type":"message","id":"partial"')  # Pi is mid-append: the last line is incomplete
+        f.write(new + partial)  # Pi is mid-append: the last line is incomplete
     second = lib.share(str(b1))
-    assert second.src == hash_file(b1) != first.src
-    assert lib.store.turn_count - turns == 6 + 1 + 1  # 6 line turns, the header turn, the sidecar turn
-    assert len(lib.store.blob_hashes()) - blobs == 6 + 1  # 6 lines and the sidecar
+    complete = b1.read_bytes()[: -len(partial)]  # only complete lines are shared, and the user is told
+    assert second.src == blake3.blake3(complete).hexdigest() != first.src
+    assert second.size == len(complete) and lib.session_bytes(second.src) == complete
+    assert any(f"the {len(partial)} bytes after the last newline" in w for w in second.warnings)
+    assert lib.store.turn_count - turns == 5 + 1 + 1  # 5 line turns, the header turn, the sidecar turn
+    assert len(lib.store.blob_hashes()) - blobs == 5 + 1  # 5 lines and the sidecar
     old_body = lib.sessions.body_turns(first.src)
     new_body = lib.sessions.body_turns(second.src)
     assert new_body[: len(old_body)] == old_body  # the old version's turns, shared, not copied
     with open(b1, "ab") as f:
         f.write(b',"parentId":null}\n')  # the partial line is completed
     third = lib.share(str(b1))
-    assert lib.session_bytes(third.src) == b1.read_bytes()
-    assert lib.session_bytes(second.src) + b',"parentId":null}\n' == b1.read_bytes()
-    assert lib.sessions.body_turns(third.src)[:-1] == new_body[:-1]
-    assert third.lines == second.lines and third.size == b1.stat().st_size
+    assert lib.session_bytes(third.src) == b1.read_bytes() and third.warnings == []
+    assert lib.sessions.body_turns(third.src)[:-1] == new_body
+    assert third.lines == second.lines + 1 and third.size == b1.stat().st_size
 
 
 def test_rewritten_file_is_detected_and_stored_in_full(lib: Library, agent: Path) -> None:
@@ -408,8 +411,9 @@ line_bytes = st.binary(max_size=60).map(lambda b: b.replace(b"\n", b"")).map(lam
        cut=st.integers(min_value=0, max_value=40), fork_at=st.integers(min_value=0, max_value=12))
 def test_any_growth_and_fork_reconstructs_exactly(tmp_path: Path, first: list[bytes], more: list[list[bytes]],
                                                    cut: int, fork_at: int) -> None:
-    """Whatever the lines, partial tails and growth steps: every version reads back byte-exact,
-    and a fork (new header + a prefix of the body) reads back exact too."""
+    """Whatever the lines, partial tails and growth steps: every version reads back byte-exact
+    (its complete lines: a partial tail waits for the next share), and a fork (new header + a
+    prefix of the body) reads back exact too."""
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
         root = Path(d)
         header = b'{"type":"session","version":3,"id":"h1","timestamp":"t","cwd":"/w"}\n'
@@ -427,18 +431,22 @@ def test_any_growth_and_fork_reconstructs_exactly(tmp_path: Path, first: list[by
             final = f.read_bytes()
             for v in versions:  # every earlier version reads back as the prefix it was
                 assert final[: v.size] == lib.session_bytes(v.src)
-            assert lib.session_bytes(versions[-1].src) == final
+            assert lib.session_bytes(versions[-1].src) == _complete(final)
             body = f.read_bytes()[len(header):].split(b"\n")
             fork = root / "fork.jsonl"
             fork.write_bytes(b'{"type":"session","version":3,"id":"h2","timestamp":"t","cwd":"/w",'
                              b'"parentSession":"' + str(f).encode() + b'"}\n' + b"\n".join(body[:fork_at]))
             forked = lib.share(str(fork))
             assert forked.parent == versions[-1].branch
-            assert lib.session_bytes(forked.src) == fork.read_bytes()
-            lengths = [len(x) for x in _split(fork.read_bytes())]
+            assert lib.session_bytes(forked.src) == _complete(fork.read_bytes())
+            lengths = [len(x) for x in _split(_complete(fork.read_bytes()))]
             assert [r.length for r in lib.line_manifest(forked.src)] == lengths
 
 
 def _split(data: bytes) -> list[bytes]:
     parts = data.split(b"\n")
     return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _complete(data: bytes) -> bytes:
+    return data[: data.rfind(b"\n") + 1]
