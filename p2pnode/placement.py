@@ -23,6 +23,7 @@ from pathlib import Path
 from p2pnode.errors import Conflict
 from p2pnode.hashing import hash_file
 from p2pnode.pisession import HostileHeader, parse_header, session_relpath
+from store.durability import flush_data
 from store.fileio import fsync_dir
 
 SESSION_FILE_MODE = 0o644
@@ -54,7 +55,7 @@ def _write_temp(directory: Path, name: str, data: bytes) -> Path:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        flush_data(fd)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

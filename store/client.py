@@ -22,6 +22,7 @@ from store.errors import (
     PayloadTooLarge,
     StoreClosed,
     StoreError,
+    StoreFailed,
     TurnNotInContext,
     UnknownBlob,
     UnknownContext,
@@ -62,6 +63,7 @@ _STORE_ERRORS: dict[int, Callable[[m.ErrorReply, m.Request], StoreError]] = {
     ErrorCode.STORE_CLOSED: lambda e, r: StoreClosed(),
     ErrorCode.STORE_ERROR: lambda e, r: StoreError(e.message),
     ErrorCode.TURN_NOT_IN_CONTEXT: lambda e, r: TurnNotInContext(e.arg0, e.arg1),
+    ErrorCode.STORE_FAILED: lambda e, r: StoreFailed.make("behind the service", e.message, e.arg0),
 }
 
 

@@ -45,6 +45,7 @@ class ErrorCode(IntEnum):
     STORE_CLOSED = 21
     STORE_ERROR = 22
     TURN_NOT_IN_CONTEXT = 23
+    STORE_FAILED = 24
     INTERNAL = 255
 
 

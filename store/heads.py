@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .commit import zero_extend
+from .durability import flush_data
 from .errors import CorruptRecord
-from .fileio import atomic_write, fsync_dir
+from .fileio import atomic_write, fsync_dir, open_private
 from .records import (
     WAL_DELETE,
     Snapshot,
@@ -48,10 +49,10 @@ def wal_generations(root: Path) -> list[int]:
 def prepare_next(root: Path) -> int:
     """Zero-fill and sync the next WAL generation under a temporary name, off the append path
     (see HeadWal); returns its file descriptor.  A leftover from a crash is never read."""
-    fd = os.open(root / NEXT, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_private(root / NEXT, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
         zero_extend(fd, 0, WAL_BYTES)
-        os.fdatasync(fd)
+        flush_data(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -142,7 +143,7 @@ class HeadWal:
             return
         if prepared is not None:
             os.close(prepared)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         self.pos = read_wal(self.path, RecoveryNotes()).end
         size = os.fstat(self._fd).st_size
         if durable and size < WAL_BYTES:
@@ -157,7 +158,14 @@ class HeadWal:
         self.pos += len(rec)
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        flush_data(self._fd)
+
+    def erase_from(self, pos: int) -> None:
+        """Zero the records from pos on and flush (the rollback of a failed store's unflushed
+        records: replay stops at the first zero)."""
+        zero_extend(self._fd, pos, self.pos)
+        flush_data(self._fd)
+        self.pos = pos
 
     def close(self) -> None:
         if self.pos == 0:  # an empty generation gives its zeros back; opening zero-fills it again

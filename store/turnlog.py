@@ -15,7 +15,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from .durability import flush_data
 from .errors import CorruptRecord, UnknownTurn
+from .fileio import open_private
 from .records import SKIP, TURN_SIZE, decode_turn, encode_turn, skip_crc
 from .types import NO_TURN, Turn
 
@@ -26,8 +28,8 @@ SKIPS = "turns.skip"
 class TurnLog:
     def __init__(self, root: Path, readonly: bool = False) -> None:
         flags = os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT
-        self._fd = os.open(root / LOG, flags, 0o644)
-        self._skip_fd = os.open(root / SKIPS, flags, 0o644)
+        self._fd = open_private(root / LOG, flags)
+        self._skip_fd = open_private(root / SKIPS, flags)
         self.count = os.fstat(self._fd).st_size // TURN_SIZE
         """Highest TurnID written (the engine trims it to what recovery accepts)."""
         self._recent_jumps: dict[int, int] = {}  # appends look up the jumps of recent turns
@@ -71,7 +73,7 @@ class TurnLog:
             os.ftruncate(self._skip_fd, count * SKIP.size)
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        flush_data(self._fd)
 
     def close(self) -> None:
         os.close(self._fd)
