@@ -482,15 +482,17 @@ class Store:
         return err
 
     def _close_failed(self) -> None:
-        """Close after a failure without writing anything but the rollback of the WAL records
-        no flush made durable (zeros over them, best effort): recovery on the next open then
-        cannot bring back a write that was refused, unless the disk is still failing."""
+        """Close after a failure without writing anything but the rollback of what no flush
+        made durable (best effort): zeros over the WAL records after the last good flush, and
+        turns.log cut after the last durable turn.  Recovery on the next open then cannot
+        bring back a write that was refused, unless the disk is still failing."""
         gen, pos = self._wal_synced
-        if self.config.durable and gen == self._wal.gen and self._wal.pos > pos:
-            try:
+        try:
+            if self.config.durable and gen == self._wal.gen and self._wal.pos > pos:
                 self._wal.erase_from(pos)
-            except OSError as exc:
-                log.error("%s: could not roll back the head WAL after the failure: %s", self.root, exc)
+            self._turns.truncate(self._commit.durable_turn_id)  # the count may lag what was written
+        except OSError as exc:
+            log.error("%s: could not roll back the unflushed writes after the failure: %s", self.root, exc)
 
     def _ctx_lock(self, ctx: int) -> threading.Lock:
         with self._ctx_locks_guard:
@@ -1023,6 +1025,13 @@ class Store:
                 self._pack_synced = self._pack.end
             self._blob_cache.discard_if(lambda h: h not in live)
         return GCStats(kept, dropped, freed, self._pack.end, time.monotonic() - started)
+
+    @_writes
+    def checkpoint(self) -> None:
+        """Snapshot every head now and start a new WAL generation (the background thread does
+        this when the WAL is half full; fault-injection tests call it directly)."""
+        with self._gate.shared(), self._write_lock:
+            self._checkpoint()
 
     def close(self) -> None:
         if self._closed:
