@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,10 +44,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def private_dir(path: Path) -> None:
-    """Create `path` (and parents) if missing, and make it 0700 even if it existed wider."""
+    """Create `path` (and parents) if missing, and make it 0700 and the files in it 0600 even
+    if they existed wider (a store made under another umask or by an older version)."""
     path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-    if os.stat(path).st_mode & 0o777 != DIR_MODE:
+    if stat.S_IMODE(os.stat(path).st_mode) != DIR_MODE:
         os.chmod(path, DIR_MODE)
+    with os.scandir(path) as entries:
+        for e in entries:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            if stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
+                os.chmod(e.path, FILE_MODE)
 
 
 def open_private(path: Path, flags: int) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from store import Store, StoreConfig, TurnInput
+from store import Store, TurnInput
 from store import engine as engine_mod
 from store.errors import StoreFailed, StoreFull
 from store.fsck import fsck
@@ -155,7 +155,7 @@ def _check_reopened(path: Path, acked: Acked) -> None:
             assert s.payloads([s.get_turn(tid)]) == [payload], f"acknowledged turn {tid} lost"
         for head in s.list_contexts():
             for t in s.get_last(head.context_id, 1000):
-                assert t.turn_id in acked.turns, f"context {head.context_id} shows turn {t.turn_id}, never acknowledged"
+                assert t.turn_id in acked.turns, f"context {head.context_id}: turn {t.turn_id} never acked"
         for ctx, tid in acked.heads.items():
             assert s.get_head(ctx).head_turn_id == tid
     report = fsck(path)
