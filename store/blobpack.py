@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .durability import flush_data
+from .durability import flush_data, write_at
 from .errors import CorruptRecord
 from .fileio import TMP_SUFFIX, atomic_write, fsync_dir, open_private
 from .records import (
@@ -285,7 +285,7 @@ class BlobPack:
         h, codec, raw_len = hdr.hash, hdr.codec, hdr.raw_len
         with self._lock:
             off = self.end
-            os.pwrite(self._fd, rec, off)  # not pre-zeroed: the pack is synced rarely (see engine)
+            write_at(self._fd, rec, off)  # not pre-zeroed: the pack is synced rarely (see engine)
             self.end = off + len(rec)
             self._file_size = max(self._file_size, self.end)
             loc = BlobLocation(off, raw_len, hdr.stored_len, codec)
@@ -352,7 +352,7 @@ class BlobPack:
                         self.problems.add(f"gc: dropped unreadable live blob {h.hex()}: {exc}", damage=True)
                         continue
                     rec = encode_blob(h, loc.codec, loc.raw_len, stored)
-                    os.pwrite(fd, rec, pos)
+                    write_at(fd, rec, pos)
                     kept.append(_entry(h, BlobLocation(pos, loc.raw_len, loc.stored_len, loc.codec)))
                     last = (pos, h)
                     pos += len(rec)

@@ -14,9 +14,14 @@ not supported: see docs/ARCHITECTURE.md) `flush_dir` does nothing: NTFS journals
 
 Nothing else in store/ or p2pnode/ calls fsync or fdatasync, so a fault-injection test that
 wraps these two functions (or the os calls beneath them) sees every flush.
+
+`write_at` is how the store writes into its files: a disk that fills up in the middle of a
+record makes pwrite return a short count, not an error; taken for a whole record, that once
+lost an acknowledged blob (the pack record was torn, its WAL copy dropped by the checkpoint).
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -24,6 +29,16 @@ try:
     import fcntl
 except ImportError:  # Windows: no fcntl; fsync is the flush there
     fcntl = None  # type: ignore[assignment]
+
+
+def write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """pwrite all of data at offset, or raise (ENOSPC when the file system takes no more)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view, offset = view[n:], offset + n
 
 
 def flush_data(fd: int) -> None:

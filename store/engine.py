@@ -488,7 +488,7 @@ class Store:
         bring back a write that was refused, unless the disk is still failing."""
         gen, pos = self._wal_synced
         try:
-            if self.config.durable and gen == self._wal.gen and self._wal.pos > pos:
+            if self.config.durable and gen == self._wal.gen and self._wal.reach > pos:
                 self._wal.erase_from(pos)
             self._turns.truncate(self._commit.durable_turn_id)  # the count may lag what was written
         except OSError as exc:
@@ -1053,10 +1053,12 @@ class Store:
                 error = self._fail(exc)
             if self._failed is not None:
                 self._close_failed()
-            self._wal.close()
+            failed = self._failed is not None  # then nothing more is written: the disk may be gone
+            self._wal.close(trim=not failed)
             if self._next_fd is not None:
                 os.close(self._next_fd)
-                (self.root / headfiles.NEXT).unlink()
+                if not failed:  # else the next open removes it
+                    (self.root / headfiles.NEXT).unlink()
             self._pack.close()
             self._turns.close()
             self._patches.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .commit import zero_extend
-from .durability import flush_data
+from .durability import flush_data, write_at
 from .errors import CorruptRecord
 from .fileio import atomic_write, fsync_dir, open_private
 from .records import (
@@ -137,6 +137,8 @@ class HeadWal:
         self.gen = gen
         self.path = root / wal_name(gen)
         self.name_durable = True
+        self.reach = 0
+        """How far writes may have reached: pos, or beyond it after a failed write."""
         if prepared is not None and not self.path.exists():
             os.rename(root / NEXT, self.path)
             self._fd, self.pos, self.name_durable = prepared, 0, False
@@ -154,21 +156,22 @@ class HeadWal:
         return self.pos == 0 or self.pos + n <= WAL_BYTES
 
     def append(self, rec: bytes) -> None:
-        os.pwrite(self._fd, rec, self.pos)
+        self.reach = max(self.reach, self.pos + len(rec))  # a failed write may have written part
+        write_at(self._fd, rec, self.pos)
         self.pos += len(rec)
 
     def sync(self) -> None:
         flush_data(self._fd)
 
     def erase_from(self, pos: int) -> None:
-        """Zero the records from pos on and flush (the rollback of a failed store's unflushed
-        records: replay stops at the first zero)."""
-        zero_extend(self._fd, pos, self.pos)
+        """Zero the records from pos on, as far as any write reached, and flush (the rollback
+        of a failed store's unflushed records: replay stops at the first zero)."""
+        zero_extend(self._fd, pos, self.reach)
         flush_data(self._fd)
-        self.pos = pos
+        self.pos = self.reach = pos
 
-    def close(self) -> None:
-        if self.pos == 0:  # an empty generation gives its zeros back; opening zero-fills it again
+    def close(self, trim: bool = True) -> None:
+        if trim and self.pos == 0:  # an empty generation gives its zeros back; opening zero-fills it again
             os.ftruncate(self._fd, 0)
         os.close(self._fd)
 

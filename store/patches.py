@@ -12,7 +12,7 @@ import time
 from bisect import bisect_right
 from pathlib import Path
 
-from .durability import flush_data
+from .durability import flush_data, write_at
 from .errors import CorruptRecord
 from .fileio import open_private
 from .records import PATCH_SIZE, Snapshot, decode_patch, encode_patch
@@ -60,7 +60,7 @@ class PatchLog:
         with self._lock:
             p = Patch(target, new_hash, flags, self.seq + 1)
             try:
-                os.pwrite(self._fd, encode_patch(p, int(time.time() * 1000)), self._slots * PATCH_SIZE)
+                write_at(self._fd, encode_patch(p, int(time.time() * 1000)), self._slots * PATCH_SIZE)
                 if self.durable:
                     flush_data(self._fd)
             except OSError:

@@ -3,7 +3,9 @@
 For each operation (a single append, a batch, an append with a big blob, a new context, a
 patch, a checkpoint that also rewrites blobs.idx, a GC), a clean run counts the calls it
 makes to os.write, os.pwrite, os.fdatasync, os.fsync, os.replace and os.rename; then each
-call in turn fails once with EIO and once with ENOSPC.  Each time: the operation raises
+call in turn fails once with EIO and once with ENOSPC, and each write is also cut short
+(half its bytes written, the count returned, as a file system that fills up mid-record
+does; the write of the rest then gets ENOSPC).  Each time: the operation raises
 StoreFailed (StoreFull for ENOSPC), the store refuses the next write, no head moved in
 memory, and after close and reopen every acknowledged turn is there with its payload, no
 head names a turn that was not acknowledged, and fsck is clean.
@@ -39,6 +41,8 @@ class FaultyOS:
 
     fail_at: int | None = None
     err: int = errno.EIO
+    short: bool = False
+    """The failing call is a write that writes half its bytes; the next write call raises."""
     armed: bool = False
     calls: list[str] = field(default_factory=list)
     failed: str | None = None
@@ -52,8 +56,12 @@ class FaultyOS:
             if self.armed:
                 n = len(self.calls)
                 self.calls.append(name)
-                if n == self.fail_at:
-                    self.failed = f"{name} (call {n})"
+                if n == self.fail_at and self.short:
+                    self.failed = f"short {name} (call {n})"
+                    data = memoryview(args[1])
+                    return real(args[0], data[: len(data) // 2], *args[2:])
+                if n == self.fail_at or (self.failed and self.short and name in ("write", "pwrite")):
+                    self.failed = self.failed or f"{name} (call {n})"
                     raise OSError(self.err, os.strerror(self.err))
             return real(*args, **kwargs)
         return call
@@ -162,10 +170,12 @@ def _check_reopened(path: Path, acked: Acked) -> None:
     assert report.ok, report.summary()
 
 
-def _iter_faults(n: int) -> Iterator[tuple[int, int]]:
-    for i in range(n):
-        for err in (errno.EIO, errno.ENOSPC):
-            yield i, err
+def _iter_faults(steps: list[str]) -> Iterator[tuple[int, int, bool]]:
+    for i, name in enumerate(steps):
+        yield i, errno.EIO, False
+        yield i, errno.ENOSPC, False
+        if name in ("write", "pwrite"):
+            yield i, errno.ENOSPC, True
 
 
 @pytest.mark.parametrize("name", list(OPERATIONS))
@@ -176,9 +186,9 @@ def test_every_step_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert any(c in ("fdatasync", "fsync") for c in steps), f"{name} never flushes: {steps}"
     if name == "checkpoint+index":  # heads.tbl.tmp, heads.tbl.prev, heads.tbl, blobs.idx
         assert steps.count("replace") == 4, steps
-    for i, err in _iter_faults(len(steps)):
-        path = tmp_path / f"{i}-{errno.errorcode[err]}"
-        faulty = FaultyOS(fail_at=i, err=err)
+    for i, err, short in _iter_faults(steps):
+        path = tmp_path / f"{i}-{errno.errorcode[err]}{'-short' * short}"
+        faulty = FaultyOS(fail_at=i, err=err, short=short)
         with monkeypatch.context() as m:
             faulty.install(m)
             s, acked = _setup(path)
