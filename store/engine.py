@@ -372,7 +372,11 @@ class Store:
         with self._sync_lock:
             old = self._wal
             if sync:
-                old.sync()  # a leader about to sync would sync the new WAL, not this one
+                try:
+                    old.sync()  # a leader about to sync would sync the new WAL, not this one
+                except BaseException:
+                    new.close(trim=False)
+                    raise
             self._wal_synced = (new.gen, new.pos)
             self._wal = new
             heads = [(c, *v) for c, v in sorted(self._logged.items())]
@@ -383,14 +387,18 @@ class Store:
         """Second half, without the write lock: make turns.log and the pack durable up to the
         switch, then write the snapshot that lets recovery skip the old WAL.  Until that
         snapshot exists, recovery replays the old generation and the new one."""
-        self._pack_pending()  # the old WAL's raw blob copies are about to be dropped
-        end = self._pack.end
-        if sync:
-            self._turns.sync()
-            self._pack.sync()
-        with self._sync_lock:
-            self._pack_synced = max(self._pack_synced, end)
-        headfiles.write_snapshot(self.root, snap, durable=sync)
+        try:
+            self._pack_pending()  # the old WAL's raw blob copies are about to be dropped
+            end = self._pack.end
+            if sync:
+                self._turns.sync()
+                self._pack.sync()
+            with self._sync_lock:
+                self._pack_synced = max(self._pack_synced, end)
+            headfiles.write_snapshot(self.root, snap, durable=sync)
+        except BaseException:
+            old.close(trim=False)  # the store fails: its fd must not outlive close()
+            raise
         old.close()
         if len(self._pack) - self._pack.indexed > INDEX_TAIL_MAX:
             self._pack.write_index()

@@ -146,10 +146,14 @@ class HeadWal:
         if prepared is not None:
             os.close(prepared)
         self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
-        self.pos = read_wal(self.path, RecoveryNotes()).end
-        size = os.fstat(self._fd).st_size
-        if durable and size < WAL_BYTES:
-            zero_extend(self._fd, size, WAL_BYTES)
+        try:
+            self.pos = read_wal(self.path, RecoveryNotes()).end
+            size = os.fstat(self._fd).st_size
+            if durable and size < WAL_BYTES:
+                zero_extend(self._fd, size, WAL_BYTES)
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def has_room(self, n: int) -> bool:
         """A record of n bytes fits (an empty WAL takes any record; it grows past WAL_BYTES)."""

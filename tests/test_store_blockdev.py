@@ -64,7 +64,8 @@ def _mounted(dev: str, at: Path) -> Iterator[Path]:
     try:
         yield at
     finally:
-        subprocess.run(["umount", str(at)], check=False, timeout=60)
+        if subprocess.run(["umount", str(at)], check=False, timeout=60).returncode:
+            subprocess.run(["umount", "-l", str(at)], check=False, timeout=60)  # never left mounted
 
 
 def _check(path: Path, acked: dict[int, bytes], ctx: int) -> None:

@@ -157,6 +157,22 @@ def _steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: Callable[[Store,
     return faulty.calls
 
 
+def _open_files(path: Path) -> list[str]:
+    """Files under path that this process still has open (Linux /proc; elsewhere none)."""
+    fds = Path("/proc/self/fd")
+    if not fds.exists():
+        return []
+    out = []
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # the fd of the listing itself, closed meanwhile
+            continue
+        if target.startswith(str(path)):
+            out.append(target)
+    return out
+
+
 def _check_reopened(path: Path, acked: Acked) -> None:
     with Store.open(path) as s:
         for tid, payload in acked.turns.items():
@@ -208,6 +224,7 @@ def test_every_step_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             with pytest.raises(StoreFailed):
                 s.checkpoint()
             s.close()
+            assert not _open_files(path), f"{where}: still open after close: {_open_files(path)}"
         try:
             _check_reopened(path, acked)
         except AssertionError as exc:
