@@ -11,7 +11,7 @@ memory, and after close and reopen every acknowledged turn is there with its pay
 head names a turn that was not acknowledged, and fsck is clean.
 
 The fault is transient (the next call succeeds), as after a lost write that the kernel
-reported once: a disk that stays broken is what test_store_dmfault.py runs on a real device.
+reported once: a disk that stays broken is what test_store_blockdev.py runs on real devices.
 """
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ import pytest
 
 from store import Store, TurnInput
 from store import engine as engine_mod
+from store.client import StoreClient
 from store.errors import StoreFailed, StoreFull
 from store.fsck import fsck
+from store.server import StoreServer
 from store.types import NO_TURN
 
 WRAPPED = ("write", "pwrite", "fdatasync", "fsync", "replace", "rename")
@@ -275,3 +277,27 @@ def test_failed_sync_fails_every_waiter(tmp_path: Path, monkeypatch: pytest.Monk
     with Store.open(tmp_path / "s") as s2:
         assert s2.get_head(a).head_turn_id == NO_TURN and s2.get_head(b).head_turn_id == NO_TURN
         s2.append_turn(a, b"after recovery")
+
+
+async def test_service_reports_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC behind the service arrives as STORE_FAILED (24) with the errno: the client
+    raises StoreFull, and the next write StoreFull again."""
+    with Store.open(tmp_path / "store") as s:
+        async with StoreServer(s, tmp_path / "store.sock") as srv:
+            assert srv.socket_path is not None
+            c = await StoreClient.connect(srv.socket_path)
+            try:
+                ctx = (await c.create_context()).context_id
+                first = await c.append_turn(ctx, b"kept")
+                faulty = FaultyOS(fail_at=0, err=errno.ENOSPC)
+                faulty.install(monkeypatch)
+                faulty.armed = True
+                with pytest.raises(StoreFull) as info:
+                    await c.append_turn(ctx, b"refused by a full disk")
+                faulty.armed = False
+                assert info.value.errno == errno.ENOSPC and "No space left" in str(info.value)
+                with pytest.raises(StoreFull):
+                    await c.create_context()
+                assert (await c.get_head(ctx)).head_turn_id == first.turn_id
+            finally:
+                await c.close()
