@@ -577,7 +577,6 @@ class Store:
     def pack_pending(self) -> None:
         """Compress into the pack now the blobs recent appends left raw in the WAL (the next
         checkpoint would)."""
-        self._check_open()
         with self._gate.shared():
             self._pack_pending()
 
@@ -626,7 +625,6 @@ class Store:
     @_writes
     def put_blob(self, data: bytes) -> bytes:
         """Store data (once) durably; it survives GC for gc_grace_seconds until a turn uses it."""
-        self._check_open()
         with self._gate.shared():
             p = self._prepare(data)
             self._ensure_blob(p)
@@ -684,7 +682,6 @@ class Store:
     def put_stored_blobs(self, blobs: Sequence[StoredBlob]) -> list[bytes]:
         """put_stored_blob for many, with one durable commit; a big batch is verified on two
         threads.  Nothing is stored when any blob fails its check."""
-        self._check_open()
         self._map(self._verify_stored, blobs)
         with self._gate.shared():
             now = time.monotonic()
@@ -737,7 +734,6 @@ class Store:
     @_writes
     def create_context(self, base_turn_id: int = NO_TURN) -> ContextHead:
         """A new context: empty, or with its head on an existing turn (the same as fork)."""
-        self._check_open()
         with self._gate.shared():  # GC cannot drop a payload between the check and the head
             depth = 0
             if base_turn_id != NO_TURN:
@@ -791,7 +787,6 @@ class Store:
     @_writes
     def delete_context(self, context_id: int) -> None:
         """Forget the context; its turns stay in the log, GC drops blobs nothing else uses."""
-        self._check_open()
         with self._gate.shared(), self._ctx_lock(context_id):
             head = self.get_head(context_id)
             with self._write_lock:
@@ -840,7 +835,6 @@ class Store:
     def append_turns(self, context_id: int, inputs: Sequence[TurnInput | TurnBlobRef],
                      expected_parent: int | None = None) -> list[Turn]:
         """Append turns in order as one durable batch; the head moves once they are durable."""
-        self._check_open()
         if not inputs:
             return []
         with self._gate.shared(), self._ctx_lock(context_id):
@@ -1017,7 +1011,6 @@ class Store:
     def gc(self, on_phase: Callable[[str], None] | None = None) -> GCStats:
         """Mark blobs reachable from live heads, patches and recent put_blobs; compact the pack.
         on_phase(name) is called after each durable step (tests kill the process there)."""
-        self._check_open()
         phase = on_phase or (lambda _name: None)
         started = time.monotonic()
         with self._gate.exclusive():

@@ -219,6 +219,8 @@ def test_every_step_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             assert isinstance(info.value, StoreFull) == (err == errno.ENOSPC), where
             assert info.value.errno == err, where
             assert {h.context_id: h.head_turn_id for h in s.list_contexts()} == heads_before, where
+            shown = {t.turn_id for h in s.list_contexts() for t in s.get_last(h.context_id, 1000)}
+            assert shown <= set(acked.turns), where
             with pytest.raises(StoreFailed):
                 s.append_turn(next(iter(acked.heads)), b"refused")
             with pytest.raises(StoreFailed):
