@@ -29,6 +29,7 @@ from pathlib import Path
 from p2pnode.errors import Conflict
 from p2pnode.hashing import hash_file, hash_prefix, new_hasher
 from p2pnode.pisession import HostileHeader, header_index, parse_header, placed_names
+from store.durability import flush_data
 from store.fileio import fsync_dir
 
 SESSION_FILE_MODE = 0o644
@@ -61,7 +62,7 @@ def _write_temp(directory: Path, src_hex: str, data: bytes) -> Path:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        flush_data(fd)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -14,6 +14,8 @@ from .errors import (
     PayloadTooLarge,
     StoreClosed,
     StoreError,
+    StoreFailed,
+    StoreFull,
     StoreLocked,
     TurnNotInContext,
     UnknownBlob,
@@ -24,8 +26,7 @@ from .types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, TurnBlob
 
 __all__ = [
     "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "DamagedPayload", "GCStats", "Page",
-    "ParentConflict", "Patch",
-    "PayloadTooLarge", "Store", "StoreClosed", "StoreConfig", "StoreError", "StoreLocked",
-    "StoredBlob", "Turn", "TurnBlobRef", "TurnInput", "TurnNotInContext", "UnknownBlob", "UnknownContext",
-    "UnknownTurn",
+    "ParentConflict", "Patch", "PayloadTooLarge", "Store", "StoreClosed", "StoreConfig", "StoreError",
+    "StoreFailed", "StoreFull", "StoreLocked", "StoredBlob", "Turn", "TurnBlobRef", "TurnInput",
+    "TurnNotInContext", "UnknownBlob", "UnknownContext", "UnknownTurn",
 ]

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .durability import flush_data, write_at
 from .errors import CorruptRecord
-from .fileio import TMP_SUFFIX, atomic_write, fsync_dir
+from .fileio import TMP_SUFFIX, atomic_write, fsync_dir, open_private
 from .records import (
     BLOB_CRC,
     BLOB_HEADER,
@@ -160,7 +161,7 @@ class BlobPack:
         self._fix = "repair rebuilds it" if readonly else f"rebuilt from {PACK}"
         self.problems = problems
         self._lock = threading.Lock()
-        self._fd = os.open(root / PACK, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = open_private(root / PACK, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT)
         self._tail: dict[bytes, BlobLocation] = {}
         self.damaged: dict[bytes, str] = {}
         """Blobs whose only record in the scanned part of the pack failed its CRC: what is wrong."""
@@ -332,7 +333,7 @@ class BlobPack:
         h, codec, raw_len = hdr.hash, hdr.codec, hdr.raw_len
         with self._lock:
             off = self.end
-            os.pwrite(self._fd, rec, off)  # not pre-zeroed: the pack is synced rarely (see engine)
+            write_at(self._fd, rec, off)  # not pre-zeroed: the pack is synced rarely (see engine)
             self.end = off + len(rec)
             self._file_size = max(self._file_size, self.end)
             loc = BlobLocation(off, raw_len, hdr.stored_len, codec)
@@ -342,7 +343,7 @@ class BlobPack:
         return loc
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        flush_data(self._fd)
 
     def write_index(self) -> None:
         """Fold the tail into a new blobs.idx (temp file + rename)."""
@@ -387,7 +388,7 @@ class BlobPack:
             entries = [(loc.offset, h, loc) for h in self.hashes() if (loc := self.locate(h))]
             entries.sort()
             new_path, new_idx = self.root / (PACK + ".gc"), self.root / (INDEX + ".gc")
-            fd = os.open(new_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = open_private(new_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
             kept: list[bytes] = []
             pos, dropped, last = 0, 0, None
             try:
@@ -401,11 +402,11 @@ class BlobPack:
                         self.problems.add(f"gc: dropped unreadable live blob {h.hex()}: {exc}", damage=True)
                         continue
                     rec = encode_blob(h, loc.codec, loc.raw_len, stored)
-                    os.pwrite(fd, rec, pos)
+                    write_at(fd, rec, pos)
                     kept.append(_entry(h, BlobLocation(pos, loc.raw_len, loc.stored_len, loc.codec)))
                     last = (pos, h)
                     pos += len(rec)
-                os.fsync(fd)
+                flush_data(fd)
             finally:
                 os.close(fd)
             kept.sort()
@@ -425,13 +426,17 @@ class BlobPack:
             self._tail.clear()
             return len(kept), dropped, freed
 
+    def flush_for_close(self) -> None:
+        """Before a good close: trim the zero region, fold the tail into blobs.idx, flush."""
+        if self.end != self._file_size:
+            os.ftruncate(self._fd, self.end)
+            self._file_size = self.end
+        if self._tail:
+            self.write_index()
+        flush_data(self._fd)
+
     def close(self) -> None:
-        if not self.readonly:
-            if self.end != self._file_size:
-                os.ftruncate(self._fd, self.end)
-            if self._tail:
-                self.write_index()
-            os.fdatasync(self._fd)
+        """Close without writing (a failed store writes nothing more; see flush_for_close)."""
         mm, self._index = self._index.mm, _Index()
         if mm is not None:
             mm.close()

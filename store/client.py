@@ -24,6 +24,7 @@ from store.errors import (
     PayloadTooLarge,
     StoreClosed,
     StoreError,
+    StoreFailed,
     TurnNotInContext,
     UnknownBlob,
     UnknownContext,
@@ -65,6 +66,7 @@ _STORE_ERRORS: dict[int, Callable[[m.ErrorReply, m.Request], StoreError]] = {
     ErrorCode.STORE_ERROR: lambda e, r: StoreError(e.message),
     ErrorCode.TURN_NOT_IN_CONTEXT: lambda e, r: TurnNotInContext(e.arg0, e.arg1),
     ErrorCode.DAMAGED_PAYLOAD: lambda e, r: _damaged_payload(e),
+    ErrorCode.STORE_FAILED: lambda e, r: StoreFailed.make("behind the service", e.message, e.arg0),
 }
 _DAMAGED = re.compile(r"payload blob ([0-9a-f]{64}) is damaged: (.*)", re.DOTALL)
 

@@ -1,22 +1,32 @@
-"""Durability: group commit (one fdatasync for many concurrent writers) and fsync helpers.
+"""Durability: group commit (one fdatasync for many concurrent writers).
 
 Writers write their records (no sync), take a ticket, then wait.  The first waiter becomes
 the leader: it runs `sync()` once for every ticket issued so far and wakes the others, who
 find their ticket covered.  Writers that arrive during a sync form the next group.  A leader
 first waits (at most max_delay) for writers that are between `writing()` and their ticket:
 with many concurrent writers one sync then covers them all; a lone writer never waits.
+
+A failed sync fails closed: it fails every ticket not yet synced (the ones it covered and
+any issued since, whose bytes sit in the same pages) and every later wait, until the store
+is reopened.  Retrying the sync would be wrong: after a failed fsync the kernel may have
+dropped the dirty pages and report success the next time ("fsyncgate").
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 
+from .durability import write_at
+
 
 class GroupCommit:
-    def __init__(self, sync: Callable[[], None], durable: bool, max_delay: float = 0.001) -> None:
+    def __init__(self, sync: Callable[[], None], durable: bool,
+                 failure: Callable[[BaseException], BaseException], max_delay: float = 0.001) -> None:
+        """failure(cause): the exception each failed writer raises (a new one per writer)."""
         self._sync = sync
+        self._failure = failure
+        self._failed: BaseException | None = None
         self._durable = durable
         self._max_delay = max_delay
         self._pending = 0  # writers inside writing()
@@ -65,10 +75,19 @@ class GroupCommit:
             self._written_turn = max(self._written_turn, turn_id)
             self._synced_turn = max(self._synced_turn, turn_id)
 
+    def fail(self, cause: BaseException) -> None:
+        """Something else failed a write (a checkpoint, GC): no unsynced ticket is ever good."""
+        with self._cond:
+            if self._failed is None:
+                self._failed = cause
+            self._cond.notify_all()
+
     def wait(self, ticket: int) -> None:
-        """Return once ticket is durable.  Raises the sync's error to every writer it covered."""
+        """Return once ticket is durable.  After a failed sync, every unsynced ticket raises."""
         with self._cond:
             while self._synced < ticket:
+                if self._failed is not None:
+                    raise self._failure(self._failed) from self._failed
                 if self._leader:
                     self._cond.wait()
                     continue
@@ -89,8 +108,10 @@ class GroupCommit:
                     self._cond.acquire()
                     self._leader = False
                 if error is not None:
+                    if self._failed is None:
+                        self._failed = error
                     self._cond.notify_all()
-                    raise error
+                    raise self._failure(error) from error
                 self._synced = target
                 self._synced_turn = max(self._synced_turn, target_turn)
                 self._cond.notify_all()
@@ -104,4 +125,5 @@ def zero_extend(fd: int, size: int, new_size: int) -> None:
     metadata update that growing a file costs (measured: ~0.09 ms against ~0.19 ms)."""
     while size < new_size:
         n = min(len(ZERO_CHUNK), new_size - size)
-        size += os.pwrite(fd, ZERO_CHUNK[:n], size)
+        write_at(fd, ZERO_CHUNK[:n], size)
+        size += n

@@ -27,6 +27,7 @@ write lock (TurnID sequencer, log and WAL slots) and a gate that GC holds exclus
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -36,13 +37,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from . import heads as headfiles
 from .blobpack import PACK, BlobPack, remove_leftovers
 from .cache import LRU
 from .codec import DecodeError, blob_hash, compressor, decode_stored
 from .commit import GroupCommit
+from .durability import flush_data
 from .errors import (
     BlobMismatch,
     CorruptRecord,
@@ -50,13 +52,14 @@ from .errors import (
     ParentConflict,
     PayloadTooLarge,
     StoreClosed,
+    StoreFailed,
     StoreLocked,
     TurnNotInContext,
     UnknownBlob,
     UnknownContext,
     UnknownTurn,
 )
-from .fileio import fsync_dir, lock_with_timeout
+from .fileio import fsync_dir, lock_with_timeout, open_private, private_dir
 from .gc import mark
 from .patches import PatchLog, patches_lost
 from .records import (
@@ -92,6 +95,7 @@ from .types import (
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+P = ParamSpec("P")
 LOCK = "LOCK"
 DAMAGE = "damage.log"
 INDEX_TAIL_MAX = 1 << 16  # blobs kept in memory beyond blobs.idx before a checkpoint folds them in
@@ -193,10 +197,24 @@ def _now_ms() -> int:
 def record_damage(root: Path, messages: list[str]) -> None:
     """Keep what recovery found damaged (it repaired or dropped it) for fsck to report."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    with open(root / DAMAGE, "a", encoding="utf-8") as f:
+    fd = open_private(root / DAMAGE, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    with open(fd, "a", encoding="utf-8") as f:
         f.writelines(f"{stamp} {m}\n" for m in messages)
         f.flush()
-        os.fsync(f.fileno())
+        flush_data(f.fileno())
+
+
+def _writes(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    """A public write: refused once the store has failed, and an OS error on its way (EIO,
+    ENOSPC on a write, flush or rename) fails the store (see Store._fail)."""
+    @functools.wraps(method)
+    def write(self: Store, *args: P.args, **kwargs: P.kwargs) -> R:
+        self._check_writable()
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+    return write
 
 
 class Store:
@@ -209,6 +227,8 @@ class Store:
         self.recovery_notes = RecoveryNotes()
         """What opening found and repaired (torn tails, rebuilt index or heads)."""
         self._closed = False
+        self._failed: BaseException | None = None
+        """The write error that failed the store: writes are refused until it is reopened."""
         self._gate = _Gate()
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -233,7 +253,7 @@ class Store:
         self._patches = PatchLog(root, config.durable, notes)
         self._heads: dict[int, ContextHead] = {}
         self._next_ctx = 1
-        self._commit = GroupCommit(self._sync, config.durable)
+        self._commit = GroupCommit(self._sync, config.durable, self._failure)
         self._pack_synced = self._pack.end
         self._pack_wanted = False
         """Set by a writer whose blob is only in the pack: the next group syncs the pack too."""
@@ -256,7 +276,7 @@ class Store:
         if not 1 <= config.zstd_level <= 22:
             raise ValueError(f"zstd_level {config.zstd_level} is out of range")
         root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
+        private_dir(root)
         lock_fd = lock_with_timeout(root / LOCK, config.lock_timeout)
         if lock_fd is None:
             raise StoreLocked(str(root))
@@ -362,7 +382,11 @@ class Store:
         with self._sync_lock:
             old = self._wal
             if sync:
-                old.sync()  # a leader about to sync would sync the new WAL, not this one
+                try:
+                    old.sync()  # a leader about to sync would sync the new WAL, not this one
+                except BaseException:
+                    new.close(trim=False)
+                    raise
             self._wal_synced = (new.gen, new.pos)
             self._wal = new
             heads = [(c, *v) for c, v in sorted(self._logged.items())]
@@ -373,14 +397,18 @@ class Store:
         """Second half, without the write lock: make turns.log and the pack durable up to the
         switch, then write the snapshot that lets recovery skip the old WAL.  Until that
         snapshot exists, recovery replays the old generation and the new one."""
-        self._pack_pending()  # the old WAL's raw blob copies are about to be dropped
-        end = self._pack.end
-        if sync:
-            self._turns.sync()
-            self._pack.sync()
-        with self._sync_lock:
-            self._pack_synced = max(self._pack_synced, end)
-        headfiles.write_snapshot(self.root, snap, durable=sync)
+        try:
+            self._pack_pending()  # the old WAL's raw blob copies are about to be dropped
+            end = self._pack.end
+            if sync:
+                self._turns.sync()
+                self._pack.sync()
+            with self._sync_lock:
+                self._pack_synced = max(self._pack_synced, end)
+            headfiles.write_snapshot(self.root, snap, durable=sync)
+        except BaseException:
+            old.close(trim=False)  # the store fails: its fd must not outlive close()
+            raise
         old.close()
         if len(self._pack) - self._pack.indexed > INDEX_TAIL_MAX:
             self._pack.write_index()
@@ -409,6 +437,8 @@ class Store:
                     if self._wal.pos > headfiles.WAL_BYTES // 2:
                         self._background_checkpoint()
                         self._prepare_next_wal()
+            except OSError as exc:
+                self._fail(exc)  # writers waiting for the checkpoint get StoreFailed
             except Exception:  # noqa: BLE001 - the append that finds the WAL full retries and raises
                 log.exception("%s: background checkpoint failed", self.root)
 
@@ -449,6 +479,38 @@ class Store:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed()
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise StoreFailed.of(str(self.root), self._failed)
+
+    def _failure(self, cause: BaseException) -> StoreFailed:
+        """Enter the failed state (the first cause stays) and return the error to raise.
+        Reads go on: the heads in memory move only after a good flush (see FORMAT.md)."""
+        if self._failed is None:
+            self._failed = cause
+            log.error("%s: write failed, the store refuses writes until reopened: %s", self.root, cause)
+        return StoreFailed.of(str(self.root), self._failed)
+
+    def _fail(self, cause: BaseException) -> StoreFailed:
+        """_failure, and every writer waiting for group commit fails too."""
+        err = self._failure(cause)
+        self._commit.fail(cause)
+        return err
+
+    def _close_failed(self) -> None:
+        """Close after a failure without writing anything but the rollback of what no flush
+        made durable (best effort): zeros over the WAL records after the last good flush, and
+        turns.log cut after the last durable turn.  Recovery on the next open then cannot
+        bring back a write that was refused, unless the disk is still failing."""
+        gen, pos = self._wal_synced
+        try:
+            if self.config.durable and gen == self._wal.gen and self._wal.reach > pos:
+                self._wal.erase_from(pos)
+            self._turns.truncate(self._commit.durable_turn_id)  # the count may lag what was written
+        except OSError as exc:
+            log.error("%s: could not roll back the unflushed writes after the failure: %s", self.root, exc)
 
     def _ctx_lock(self, ctx: int) -> threading.Lock:
         with self._ctx_locks_guard:
@@ -521,10 +583,10 @@ class Store:
             return b""
         return self._copy_or_sync(self._pack.read_record(loc))
 
+    @_writes
     def pack_pending(self) -> None:
         """Compress into the pack now the blobs recent appends left raw in the WAL (the next
         checkpoint would)."""
-        self._check_open()
         with self._gate.shared():
             self._pack_pending()
 
@@ -570,9 +632,9 @@ class Store:
 
     # --- blobs -------------------------------------------------------------------------------
 
+    @_writes
     def put_blob(self, data: bytes) -> bytes:
         """Store data (once) durably; it survives GC for gc_grace_seconds until a turn uses it."""
-        self._check_open()
         with self._gate.shared():
             p = self._prepare(data)
             self._ensure_blob(p)
@@ -655,10 +717,10 @@ class Store:
         It is decoded and re-hashed first: BlobMismatch when it is not what it claims."""
         return self.put_stored_blobs([blob])[0]
 
+    @_writes
     def put_stored_blobs(self, blobs: Sequence[StoredBlob]) -> list[bytes]:
         """put_stored_blob for many, with one durable commit; a big batch is verified on two
         threads.  Nothing is stored when any blob fails its check."""
-        self._check_open()
         self._map(self._verify_stored, blobs)
         with self._gate.shared():
             now = time.monotonic()
@@ -701,9 +763,9 @@ class Store:
 
     # --- contexts ----------------------------------------------------------------------------
 
+    @_writes
     def create_context(self, base_turn_id: int = NO_TURN) -> ContextHead:
         """A new context: empty, or with its head on an existing turn (the same as fork)."""
-        self._check_open()
         with self._gate.shared():  # GC cannot drop a payload between the check and the head
             depth = 0
             if base_turn_id != NO_TURN:
@@ -764,9 +826,9 @@ class Store:
         self._check_open()
         return sorted(self._heads.values(), key=lambda h: h.context_id)
 
+    @_writes
     def delete_context(self, context_id: int) -> None:
         """Forget the context; its turns stay in the log, GC drops blobs nothing else uses."""
-        self._check_open()
         with self._gate.shared(), self._ctx_lock(context_id):
             head = self.get_head(context_id)
             with self._write_lock:
@@ -811,10 +873,10 @@ class Store:
                     expected_parent: int | None = None) -> Turn:
         return self.append_turns(context_id, [TurnInput(payload, type_tag, codec)], expected_parent)[0]
 
+    @_writes
     def append_turns(self, context_id: int, inputs: Sequence[TurnInput | TurnBlobRef],
                      expected_parent: int | None = None) -> list[Turn]:
         """Append turns in order as one durable batch; the head moves once they are durable."""
-        self._check_open()
         if not inputs:
             return []
         with self._gate.shared(), self._ctx_lock(context_id):
@@ -952,6 +1014,7 @@ class Store:
 
     # --- patches -----------------------------------------------------------------------------
 
+    @_writes
     def patch(self, target_turn_id: int, new_payload: bytes) -> Patch:
         """Overlay a new payload on a turn (the turn itself never changes)."""
         self.get_turn(target_turn_id)
@@ -961,6 +1024,7 @@ class Store:
             self._pins.pop(h, None)
         return p
 
+    @_writes
     def tombstone(self, target_turn_id: int) -> Patch:
         self.get_turn(target_turn_id)
         with self._gate.shared():
@@ -989,10 +1053,10 @@ class Store:
 
     # --- GC and life cycle -------------------------------------------------------------------
 
+    @_writes
     def gc(self, on_phase: Callable[[str], None] | None = None) -> GCStats:
         """Mark blobs reachable from live heads, patches and recent put_blobs; compact the pack.
         on_phase(name) is called after each durable step (tests kill the process there)."""
-        self._check_open()
         phase = on_phase or (lambda _name: None)
         started = time.monotonic()
         with self._gate.exclusive():
@@ -1009,27 +1073,47 @@ class Store:
             self._blob_cache.discard_if(lambda h: h not in live)
         return GCStats(kept, dropped, freed, self._pack.end, time.monotonic() - started)
 
+    @_writes
+    def checkpoint(self) -> None:
+        """Snapshot every head now and start a new WAL generation (the background thread does
+        this when the WAL is half full; fault-injection tests call it directly)."""
+        with self._gate.shared(), self._write_lock:
+            self._checkpoint()
+
     def close(self) -> None:
         if self._closed:
             return
         self._stopping = True
         self._wake.set()
         self._thread.join()
+        error: StoreFailed | None = None
         with self._gate.exclusive(), self._write_lock:
             self._closed = True
-            if self._wal.pos or not self.config.durable:  # a bulk import's checkpoints were not synced
-                self._checkpoint(sync=True)
-            self._turns.sync()
-            self._wal.close()
+            try:
+                if self._failed is None:
+                    # a bulk import's checkpoints were not synced
+                    if self._wal.pos or not self.config.durable:
+                        self._checkpoint(sync=True)
+                    self._turns.sync()
+                    self._pack.flush_for_close()
+            except OSError as exc:
+                error = self._fail(exc)
+            if self._failed is not None:
+                self._close_failed()
+            failed = self._failed is not None  # then nothing more is written: the disk may be gone
+            self._wal.close(trim=not failed)
             if self._next_fd is not None:
                 os.close(self._next_fd)
-                (self.root / headfiles.NEXT).unlink()
+                if not failed:  # else the next open removes it
+                    (self.root / headfiles.NEXT).unlink()
             self._pack.close()
             self._turns.close()
             self._patches.close()
             if self._pool is not None:
                 self._pool.shutdown()
             os.close(self._lock_fd)
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Store:
         return self

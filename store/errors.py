@@ -1,6 +1,8 @@
 """Exceptions raised by the store.  Each says what was wrong and with which object."""
 from __future__ import annotations
 
+import errno as errno_mod
+
 
 class StoreError(Exception):
     """Base class of every store error."""
@@ -93,3 +95,30 @@ class BlobMismatch(StoreError):
         super().__init__(f"blob {blob_hash.hex()} rejected: {reason}")
         self.blob_hash = blob_hash
         self.reason = reason
+
+
+class StoreFailed(StoreError):
+    """A write or flush of the store's files failed (EIO, ENOSPC, ...).  The store refuses
+    every later write until it is closed and reopened: after a failed flush the kernel may
+    have dropped the dirty pages, so nothing written since the last good flush is trusted
+    (fail closed).  No write the failure covered was acknowledged."""
+
+    def __init__(self, path: str, reason: str, errno: int = 0) -> None:
+        super().__init__(f"store {path} failed ({reason}): no writes until it is reopened")
+        self.path = path
+        self.reason = reason
+        self.errno = errno
+
+    @staticmethod
+    def of(path: str, cause: BaseException) -> StoreFailed:
+        """The error for `cause`: StoreFull when the disk was full."""
+        reason = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
+        return StoreFailed.make(path, reason, getattr(cause, "errno", None) or 0)
+
+    @staticmethod
+    def make(path: str, reason: str, errno: int) -> StoreFailed:
+        return (StoreFull if errno == errno_mod.ENOSPC else StoreFailed)(path, reason, errno)
+
+
+class StoreFull(StoreFailed):
+    """The disk was full (ENOSPC) during a write: the store failed as for any write error."""

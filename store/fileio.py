@@ -1,27 +1,73 @@
-"""Crash-safe whole-file writes, directory fsyncs and inter-process locks.
+"""Crash-safe whole-file writes, private files and directories, inter-process locks.
 
 Every small state file of the store and of the node goes through `atomic_write`: a reader
 sees the old file or the new one, never a torn one, because the bytes go to a temp file in
 the same directory that is fsynced and renamed over the target, then the directory fsynced.
+
+Every file the store creates is 0600 and its directory 0700, whatever the umask and whatever
+was there before: `open_private` and `private_dir` set the mode explicitly (a umask can only
+narrow what os.open asks for, and an existing file keeps its old mode).
+
+Locks are `flock` (Linux, macOS, the BSDs).  Windows has no `fcntl`: it is not supported (see
+docs/ARCHITECTURE.md), and taking a lock there raises `LockUnsupported` rather than running
+a store that two processes could open at once.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .durability import flush_data, flush_dir
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 TMP_SUFFIX = ".tmp"
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+class LockUnsupported(OSError):
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"cannot lock {path}: this platform has no flock (Windows is not supported)")
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    """The directory's names, durably (see store.durability.flush_dir)."""
+    flush_dir(path)
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` (and parents) if missing, and make it 0700 and the files in it 0600 even
+    if they existed wider (a store made under another umask or by an older version)."""
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    if stat.S_IMODE(os.stat(path).st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    with os.scandir(path) as entries:
+        for e in entries:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            if stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
+                os.chmod(e.path, FILE_MODE)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open for a store file: created 0600, and an existing file opened for writing is
+    tightened to 0600 (a read-only open changes nothing: fsck may run as another user)."""
+    fd = os.open(path, flags, FILE_MODE)
     try:
-        os.fsync(fd)
-    finally:
+        if flags & (os.O_WRONLY | os.O_RDWR) and os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
@@ -31,11 +77,12 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
     tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)  # the umask does not decide the mode
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
         if durable:
-            os.fsync(fd)
+            flush_data(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -46,7 +93,9 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
 @contextlib.contextmanager
 def locked(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive flock on `lock_path` (created if missing) for a read-modify-write."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    if fcntl is None:
+        raise LockUnsupported(lock_path)
+    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -57,7 +106,9 @@ def locked(lock_path: Path) -> Iterator[None]:
 def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
     """An fd holding an exclusive flock on `lock_path`, or None if another process kept it for
     `timeout` seconds.  Closing the fd releases the lock."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    if fcntl is None:
+        raise LockUnsupported(lock_path)
+    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -48,6 +48,7 @@ class ErrorCode(IntEnum):
     STORE_ERROR = 22
     TURN_NOT_IN_CONTEXT = 23
     DAMAGED_PAYLOAD = 24
+    STORE_FAILED = 25
     INTERNAL = 255
 
 

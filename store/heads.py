@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .commit import zero_extend
+from .durability import flush_data, write_at
 from .errors import CorruptRecord
-from .fileio import atomic_write, fsync_dir
+from .fileio import atomic_write, fsync_dir, open_private
 from .records import (
     WAL_DELETE,
     Snapshot,
@@ -48,10 +49,10 @@ def wal_generations(root: Path) -> list[int]:
 def prepare_next(root: Path) -> int:
     """Zero-fill and sync the next WAL generation under a temporary name, off the append path
     (see HeadWal); returns its file descriptor.  A leftover from a crash is never read."""
-    fd = os.open(root / NEXT, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_private(root / NEXT, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
         zero_extend(fd, 0, WAL_BYTES)
-        os.fdatasync(fd)
+        flush_data(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -148,31 +149,45 @@ class HeadWal:
         self.gen = gen
         self.path = root / wal_name(gen)
         self.name_durable = True
+        self.reach = 0
+        """How far writes may have reached: pos, or beyond it after a failed write."""
         if prepared is not None and not self.path.exists():
             os.rename(root / NEXT, self.path)
             self._fd, self.pos, self.name_durable = prepared, 0, False
             return
         if prepared is not None:
             os.close(prepared)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.pos = read_wal(self.path, RecoveryNotes()).end
-        size = os.fstat(self._fd).st_size
-        if durable and size < WAL_BYTES:
-            zero_extend(self._fd, size, WAL_BYTES)
+        self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            self.pos = read_wal(self.path, RecoveryNotes()).end
+            size = os.fstat(self._fd).st_size
+            if durable and size < WAL_BYTES:
+                zero_extend(self._fd, size, WAL_BYTES)
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def has_room(self, n: int) -> bool:
         """A record of n bytes fits (an empty WAL takes any record; it grows past WAL_BYTES)."""
         return self.pos == 0 or self.pos + n <= WAL_BYTES
 
     def append(self, rec: bytes) -> None:
-        os.pwrite(self._fd, rec, self.pos)
+        self.reach = max(self.reach, self.pos + len(rec))  # a failed write may have written part
+        write_at(self._fd, rec, self.pos)
         self.pos += len(rec)
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        flush_data(self._fd)
 
-    def close(self) -> None:
-        if self.pos == 0:  # an empty generation gives its zeros back; opening zero-fills it again
+    def erase_from(self, pos: int) -> None:
+        """Zero the records from pos on, as far as any write reached, and flush (the rollback
+        of a failed store's unflushed records: replay stops at the first zero)."""
+        zero_extend(self._fd, pos, self.reach)
+        flush_data(self._fd)
+        self.pos = self.reach = pos
+
+    def close(self, trim: bool = True) -> None:
+        if trim and self.pos == 0:  # an empty generation gives its zeros back; opening zero-fills it again
             os.ftruncate(self._fd, 0)
         os.close(self._fd)
 

@@ -5,13 +5,16 @@ as-of read takes the last patch with seq <= as_of, a latest read the last one.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from bisect import bisect_right
 from pathlib import Path
 
+from .durability import flush_data, write_at
 from .errors import CorruptRecord
+from .fileio import open_private
 from .records import PATCH_SIZE, Snapshot, decode_patch, encode_patch
 from .types import Patch, RecoveryNotes
 
@@ -30,7 +33,7 @@ class PatchLog:
     def __init__(self, root: Path, durable: bool, problems: RecoveryNotes, readonly: bool = False) -> None:
         self.durable = durable
         self._lock = threading.Lock()
-        self._fd = os.open(root / LOG, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = open_private(root / LOG, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT)
         self._by_target: dict[int, list[Patch]] = {}
         self.seq = 0
         data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
@@ -56,9 +59,14 @@ class PatchLog:
     def add(self, target: int, new_hash: bytes, flags: int) -> Patch:
         with self._lock:
             p = Patch(target, new_hash, flags, self.seq + 1)
-            os.pwrite(self._fd, encode_patch(p, int(time.time() * 1000)), self._slots * PATCH_SIZE)
-            if self.durable:
-                os.fdatasync(self._fd)
+            try:
+                write_at(self._fd, encode_patch(p, int(time.time() * 1000)), self._slots * PATCH_SIZE)
+                if self.durable:
+                    flush_data(self._fd)
+            except OSError:
+                with contextlib.suppress(OSError):  # a refused patch must not come back on reopen
+                    os.ftruncate(self._fd, self._slots * PATCH_SIZE)
+                raise
             self._slots += 1
             self.seq = p.seq
             self._by_target.setdefault(target, []).append(p)

@@ -45,6 +45,7 @@ from store.errors import (
     PayloadTooLarge,
     StoreClosed,
     StoreError,
+    StoreFailed,
     TurnNotInContext,
     UnknownBlob,
     UnknownContext,
@@ -149,6 +150,8 @@ def error_reply(exc: BaseException) -> m.ErrorReply:
         return m.ErrorReply(ErrorCode.TURN_NOT_IN_CONTEXT, str(exc), exc.context_id, exc.turn_id)
     if isinstance(exc, StoreClosed):
         return m.ErrorReply(ErrorCode.STORE_CLOSED, str(exc))
+    if isinstance(exc, StoreFailed):
+        return m.ErrorReply(ErrorCode.STORE_FAILED, exc.reason, exc.errno)
     if isinstance(exc, StoreError):
         return m.ErrorReply(ErrorCode.STORE_ERROR, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, (ValueError, TypeError)):

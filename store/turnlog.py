@@ -15,7 +15,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from .durability import flush_data, write_at
 from .errors import CorruptRecord, UnknownTurn
+from .fileio import open_private
 from .records import SKIP, TURN_SIZE, decode_turn, encode_turn, skip_crc
 from .types import NO_TURN, Turn
 
@@ -26,8 +28,8 @@ SKIPS = "turns.skip"
 class TurnLog:
     def __init__(self, root: Path, readonly: bool = False) -> None:
         flags = os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT
-        self._fd = os.open(root / LOG, flags, 0o644)
-        self._skip_fd = os.open(root / SKIPS, flags, 0o644)
+        self._fd = open_private(root / LOG, flags)
+        self._skip_fd = open_private(root / SKIPS, flags)
         self.count = os.fstat(self._fd).st_size // TURN_SIZE
         """Highest TurnID written (the engine trims it to what recovery accepts)."""
         self._recent_jumps: dict[int, int] = {}  # appends look up the jumps of recent turns
@@ -51,16 +53,16 @@ class TurnLog:
         return os.pread(self._fd, TURN_SIZE, (t.turn_id - 1) * TURN_SIZE) == encode_turn(t)
 
     def write(self, t: Turn) -> None:
-        os.pwrite(self._fd, encode_turn(t), (t.turn_id - 1) * TURN_SIZE)
+        write_at(self._fd, encode_turn(t), (t.turn_id - 1) * TURN_SIZE)
         if t.turn_id > self.count:
             self.count = t.turn_id
 
     def write_run(self, turns: list[Turn], jumps: list[int]) -> None:
         """Consecutive new turns and their jump pointers, one pwrite per file."""
         first = turns[0].turn_id
-        os.pwrite(self._fd, b"".join(encode_turn(t) for t in turns), (first - 1) * TURN_SIZE)
+        write_at(self._fd, b"".join(encode_turn(t) for t in turns), (first - 1) * TURN_SIZE)
         entries = b"".join(SKIP.pack(j, skip_crc(t.turn_id, j)) for t, j in zip(turns, jumps, strict=True))
-        os.pwrite(self._skip_fd, entries, (first - 1) * SKIP.size)
+        write_at(self._skip_fd, entries, (first - 1) * SKIP.size)
         self.count = max(self.count, turns[-1].turn_id)
 
     def truncate(self, count: int) -> None:
@@ -71,7 +73,7 @@ class TurnLog:
             os.ftruncate(self._skip_fd, count * SKIP.size)
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        flush_data(self._fd)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -109,7 +111,7 @@ class TurnLog:
 
     def set_jump(self, turn_id: int, target: int) -> None:
         self.remember_jump(turn_id, target)
-        os.pwrite(self._skip_fd, SKIP.pack(target, skip_crc(turn_id, target)), (turn_id - 1) * SKIP.size)
+        write_at(self._skip_fd, SKIP.pack(target, skip_crc(turn_id, target)), (turn_id - 1) * SKIP.size)
 
     def skips_valid_upto(self) -> int:
         return min(self.count, os.fstat(self._skip_fd).st_size // SKIP.size)

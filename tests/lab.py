@@ -71,7 +71,7 @@ def unavailable_reason() -> str | None:
     probe = f"lp{uuid.uuid4().hex[:6]}-x"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
     if r.returncode:
-        return f"the kernel or container refuses `ip netns add`: {r.stderr.strip()}"
+        return f"kernel limitation: the kernel or container refuses `ip netns add`: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
     return None
 
