@@ -113,8 +113,8 @@ def _device_mapper() -> None:
     probe = subprocess.run(["dmsetup", "version"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0 or not Path("/dev/mapper/control").exists():
         said = probe.stderr.strip().splitlines()
-        pytest.skip(f"{KERNEL_LIMITATION}device-mapper is unavailable in this kernel "
-                    "(no /dev/mapper/control): " + (said[0] if said else f"dmsetup version exited {probe.returncode}"))
+        why = said[0] if said else f"dmsetup version exited {probe.returncode}"
+        pytest.skip(f"{KERNEL_LIMITATION}device-mapper is unavailable in this kernel (no /dev/mapper/control): {why}")
 
 
 def _table(dev: str, target: str) -> str:
