@@ -114,7 +114,8 @@ def _device_mapper() -> None:
     if probe.returncode != 0 or not Path("/dev/mapper/control").exists():
         said = probe.stderr.strip().splitlines()
         why = said[0] if said else f"dmsetup version exited {probe.returncode}"
-        pytest.skip(f"{KERNEL_LIMITATION}device-mapper is unavailable in this kernel (no /dev/mapper/control): {why}")
+        pytest.skip(f"{KERNEL_LIMITATION}device-mapper is unavailable in this kernel "
+                    f"(no /dev/mapper/control): {why}")
 
 
 def _table(dev: str, target: str) -> str:
