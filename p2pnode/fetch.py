@@ -146,7 +146,15 @@ class _Peer:
     async def close(self) -> None:
         await self.session.close()
 
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """Every request to a peer: redirects are never followed (a 3xx could lead past the
+        TLS pin, to plain http or to another host); `_check` refuses them."""
+        return self.session.request(method, self.base + path, allow_redirects=False, **kw)
+
     def _check(self, resp: aiohttp.ClientResponse, what: str) -> None:
+        if 300 <= resp.status < 400:
+            raise wire.WireError(f"peer {self.addr} answered {resp.status} (a redirect) for {what}; "
+                                 "peers must not redirect")
         if resp.status == 404:
             raise NotOffered(what)
         if resp.status == 403:
@@ -157,7 +165,7 @@ class _Peer:
 
     async def get_small(self, path: str, limit: int, what: str) -> bytes:
         """A whole response body of at most `limit` bytes (larger is a lie, refused)."""
-        async with self.session.get(self.base + path) as resp:
+        async with self.request("GET", path) as resp:
             self._check(resp, what)
             if (resp.content_length or 0) > limit:
                 raise wire.WireError(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
@@ -375,8 +383,8 @@ class _Fetch:
         run: list[wire.BatchBlob] = []
         run_bytes = 0
         try:
-            async with peer.session.post(peer.base + wire.PATH_BATCH, data=body,
-                                         headers={"Content-Type": "application/octet-stream"}) as resp:
+            async with peer.request("POST", wire.PATH_BATCH, data=body,
+                                    headers={"Content-Type": "application/octet-stream"}) as resp:
                 peer._check(resp, f"batch of {len(group)} lines")
                 async for chunk in resp.content.iter_any():
                     peer.bytes_received += len(chunk)
@@ -428,8 +436,7 @@ class _Fetch:
         async def attempt(peer: _Peer) -> bytes:
             nonlocal hasher
             headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
-            url = peer.base + wire.PATH_OBJECT.format(hash=src)
-            async with peer.session.get(url, headers=headers) as resp:
+            async with peer.request("GET", wire.PATH_OBJECT.format(hash=src), headers=headers) as resp:
                 peer._check(resp, f"session {src}")
                 if resp.status == 200 and buf:  # the peer ignored Range: start over
                     buf.clear()
