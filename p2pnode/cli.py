@@ -87,7 +87,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("running    no (start it with `p2pnode serve`)")
     print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
     for b in status["shared"]:
-        print(f"  {b['branch'][:16]}  {b['size']:>10}  {b['title'] or ''}")
+        print(f"  {b['branch'][:16]}  {b['size']:>10}  {_one_line(b['title'], 90)}")
     trusted = [p for p in status["peers"] if p["trusted"]]
     print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
           f"{len(status['peers']) - len(trusted)} untrusted seen")
@@ -154,8 +154,15 @@ def _short(h: str | None) -> str:
     return h[:16] if h else "-"
 
 
+def shown(text: object) -> str:
+    """Text that may come from a peer (titles, header fields, paths, reasons), safe to print
+    on a terminal: every non-printable character (C0, DEL, C1 such as U+009B, a terminal's
+    CSI, bidi controls) is written as a visible escape instead of reaching the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _one_line(text: str | None, width: int) -> str:
-    flat = " ".join((text or "").split())
+    flat = shown(" ".join((text or "").split()))
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
@@ -169,7 +176,7 @@ def cmd_share(args: argparse.Namespace) -> int:
         with open_library(args) as lib:
             result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage).as_dict()
     for warning in result.get("warnings", []):
-        print(f"p2pnode: warning: {warning}", file=sys.stderr)
+        print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
     ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
     if args.json:
         print_json(dict(result, ticket=ticket) if ticket else result)
@@ -210,11 +217,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"sidecar     {sidecar}")
     print(f"session     {info.src}  ({info.size} bytes, {info.lines} lines)")
     print(f"title       {_one_line(info.title, 90)}")
-    print(f"header      id {h.get('id')}  timestamp {h.get('timestamp')}")
-    print(f"            cwd {h.get('cwd')}")
+    print(f"header      id {shown(h.get('id'))}  timestamp {shown(h.get('timestamp'))}")
+    print(f"            cwd {shown(h.get('cwd'))}")
     if h.get("parent_session"):
-        print(f"            parentSession {h.get('parent_session')}")
-    print(f"path        {info.path or '-'}")
+        print(f"            parentSession {shown(h.get('parent_session'))}")
+    print(f"path        {shown(info.path or '-')}")
     print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
     print("lineage")
     ancestors = list(reversed(lineage))
@@ -407,12 +414,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
               f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
         for where, why in result["dropped_peers"].items():
-            print(f"dropped  {where}: {why}")
+            print(f"dropped  {shown(where)}: {shown(why)}")
         if result["path"] and not result["conflict"]:
-            print(f"path     {result['path']}")
-            print(f"continue with:  pi --fork {shlex.quote(result['path'])}")
+            print(f"path     {shown(result['path'])}")
+            print(f"continue with:  pi --fork {shown(shlex.quote(result['path']))}")
     if result["conflict"]:
-        print(f"p2pnode: {result['conflict']}", file=sys.stderr)
+        print(f"p2pnode: {shown(result['conflict'])}", file=sys.stderr)
         return 7  # errors.Conflict.exit_code
     return 0
 
@@ -511,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except P2PNodeError as exc:
-        print(f"p2pnode: {exc}", file=sys.stderr)
+        print(f"p2pnode: {shown(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

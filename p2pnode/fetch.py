@@ -18,7 +18,8 @@ The order of work, and why:
    as the peer sent them: the store keeps those (after decoding and re-hashing them itself)
    instead of compressing the line again.  A peer without line manifests gets the
    whole-blob fallback: a streamed GET with `Range` resume, hashed on the fly.
-3. The requested session is written where Pi finds it (placement.py), if `agent_dir` is given.
+3. Only after the store committed it, the requested session is written where Pi finds it
+   (placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
 
 Peers are tried in turn.  A peer that sends bytes failing verification is dropped for the
 rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import re
 import time
@@ -46,7 +48,7 @@ from p2pnode.identity import Identity, format_node_id, parse_node_id
 from p2pnode.pisession import parse_header, session_relpath
 from p2pnode.placement import Placement, PlacementConflict, place_session
 from p2pnode.sessionstore import is_split
-from p2pnode.sidecar import Sidecar, parse_sidecar
+from p2pnode.sidecar import InvalidSidecar, Sidecar, parse_sidecar
 from p2pnode.tls import client_context
 from p2pnode.trust import TrustStore
 from store import StoredBlob
@@ -107,7 +109,7 @@ class FetchResult:
     seconds_transfer: float = 0.0
     """Receiving and verifying the sessions' bytes (sidecars, manifests, lines, re-hash)."""
     seconds_store: float = 0.0
-    """Storing the verified sessions (`Library.add_fetched`; the file is placed meanwhile)."""
+    """Storing the verified sessions (`Library.add_fetched`; the file is placed afterwards)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,23 +165,24 @@ class _Peer:
             raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
                                               message=f"unexpected status for {what}")
 
-    async def get_small(self, path: str, limit: int, what: str) -> bytes:
-        """A whole response body of at most `limit` bytes (larger is a lie, refused)."""
+    async def get_small(self, path: str, limit: int, what: str,
+                        too_big: type[P2PNodeError] = wire.WireError) -> bytes:
+        """A whole response body of at most `limit` bytes (larger is refused with `too_big`)."""
         async with self.request("GET", path) as resp:
             self._check(resp, what)
             if (resp.content_length or 0) > limit:
-                raise wire.WireError(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
+                raise too_big(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
             body = bytearray()
             async for chunk in resp.content.iter_any():
                 body += chunk
                 self.bytes_received += len(chunk)
                 if len(body) > limit:
-                    raise wire.WireError(f"{what}: peer sent more than the limit of {limit} bytes")
+                    raise too_big(f"{what}: peer sent more than the limit of {limit} bytes")
             return bytes(body)
 
     async def sidecar(self, branch: str) -> tuple[bytes, Sidecar]:
         raw = await self.get_small(wire.PATH_OBJECT.format(hash=branch), self.limits.max_sidecar,
-                                   f"sidecar {branch}")
+                                   f"sidecar {branch}", InvalidSidecar)
         return raw, parse_sidecar(raw, branch)
 
     async def line_manifest(self, src: str) -> list[wire.LineRef]:
@@ -232,8 +235,10 @@ class _Pool:
                     not_offered.add(peer)
                 except Refused as exc:
                     self.drop(peer, str(exc), Refused)
-                except (VerificationFailed, InvalidInput) as exc:  # lying bytes
+                except VerificationFailed as exc:  # lying bytes
                     self.drop(peer, f"sent data that failed verification: {exc}", VerificationFailed)
+                except InvalidInput as exc:  # bytes that hash right but are not valid (a bad sidecar)
+                    self.drop(peer, f"sent invalid data: {exc}", InvalidInput)
                 except aiohttp.ClientConnectorCertificateError as exc:
                     self.drop(peer, f"TLS: {exc.certificate_error}", Refused)
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -254,6 +259,8 @@ class _Pool:
         failures = {p.failure for p in self.peers if p.dropped}
         if VerificationFailed in failures:
             return VerificationFailed(f"{what}: no peer sent verifiable data ({reasons})")
+        if InvalidInput in failures:
+            return InvalidInput(f"{what}: no peer sent valid data ({reasons})")
         if failures == {Refused}:
             return Refused(f"{what}: refused ({reasons})")
         return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
@@ -276,6 +283,26 @@ def split_lines(data: bytes) -> list[bytes]:
         lines.append(data[start:end])
         start = end
     return lines
+
+
+NESTING_CHECK = 256
+"""Lines with more opening brackets than this are parsed once before anything is stored, so
+that JSON nested deeper than this node's parser recurses is refused up front."""
+
+
+def check_nesting(lines: list[bytes], src: str) -> None:
+    """InvalidInput for a line whose JSON nests too deeply for Python's parser (which the
+    store's title and JSON checks use); a line that is not JSON at all is fine (kept verbatim)."""
+    for number, line in enumerate(lines, 1):
+        if line.count(b"[") + line.count(b"{") <= NESTING_CHECK:
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            pass
+        except RecursionError:
+            raise InvalidInput(f"fetched session {src}: line {number} is JSON nested too deeply "
+                               "to be read safely; refused") from None
 
 
 def check_header(first_line: bytes, src: str) -> None:
@@ -489,7 +516,7 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring."""
     wire.check_hex_hash(branch_hex, "branch hash")
     pool = _Pool(peers, identity, trust, limits)
-    placing: asyncio.Future[Placement | PlacementConflict] | None = None
+    requested: bytes | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
         t0 = time.perf_counter()
@@ -498,10 +525,14 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
         for branch, raw_sidecar, sc in reversed(chain):
             lines = await job.session(sc.src)
             check_header(lines[0] if lines else b"", sc.src)
+            await asyncio.to_thread(check_nesting, lines, sc.src)
             t1 = time.perf_counter()
-            if branch == branch_hex and agent_dir is not None:  # verified: write the file meanwhile
-                placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, lines, sc.src, lib))
-            await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
+            try:
+                await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
+            except RecursionError:
+                raise InvalidInput(f"fetched session {sc.src}: JSON nested too deeply; refused") from None
+            if branch == branch_hex:
+                requested = b"".join(lines)
             t2 = time.perf_counter()
             log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
                      branch, len(lines), t1 - t0, t2 - t1)
@@ -514,13 +545,10 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
                              seconds_store=round(store, 4))
     finally:
         await pool.close()
-        if placing is not None and not placing.done():
-            await asyncio.wait([placing])
-    if agent_dir is not None:
-        if placing is None:  # already held: place the stored copy
-            data = await asyncio.to_thread(lib.session_bytes, info.src)
-            placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, [data], info.src, lib))
-        placed = await placing
+    if agent_dir is not None:  # only now, after the store committed the verified session
+        data: bytes = requested if requested is not None else await asyncio.to_thread(
+            lib.session_bytes, info.src)  # already held: place the stored copy
+        placed = await asyncio.to_thread(_place, agent_dir, data, info.src, lib)
         if isinstance(placed, PlacementConflict):
             result.path, result.conflict = str(placed.path), str(placed)
         else:
@@ -529,9 +557,9 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     return result
 
 
-def _place(agent_dir: Path, lines: list[bytes], src: str, lib: Any) -> Placement | PlacementConflict:
+def _place(agent_dir: Path, data: bytes, src: str, lib: Any) -> Placement | PlacementConflict:
     try:
-        return place_session(agent_dir, b"".join(lines), src, lib.has_session)
+        return place_session(agent_dir, data, src, lib.has_session)
     except PlacementConflict as exc:
         return exc
 

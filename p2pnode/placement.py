@@ -16,6 +16,7 @@ meanwhile): nothing in it is lost.  Any other file is kept untouched and reporte
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,9 @@ SESSION_FILE_MODE = 0o644
 
 
 class PlacementConflict(Conflict):
-    def __init__(self, path: Path, ours: str, theirs: str) -> None:
+    def __init__(self, path: Path, ours: str, what: str) -> None:
         super().__init__(
-            f"{path} already exists with different content (blake3 {theirs}); it was kept, "
+            f"{path} already exists {what}; it was kept, "
             f"the fetched session {ours} stays in the node's store (`p2pnode cat` prints it)"
         )
         self.path = path
@@ -82,7 +83,7 @@ def place_session(agent_dir: Path, data: bytes, src_hex: str,
     target = session_path(agent_dir, data)
     target.parent.mkdir(exist_ok=True)
     target = session_path(agent_dir, data)  # re-check now that the directory exists
-    if target.exists():
+    if os.path.lexists(target):  # a dangling symlink too: never followed, never replaced
         return _existing(target, data, src_hex, known)
     tmp = _write_temp(target.parent, target.name, data)
     try:
@@ -96,17 +97,21 @@ def place_session(agent_dir: Path, data: bytes, src_hex: str,
 
 
 def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bool]) -> Placement:
-    before = os.stat(target)
+    before = os.lstat(target)
+    if not stat.S_ISREG(before.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(before.st_mode) else "a directory" if stat.S_ISDIR(
+            before.st_mode) else "a special file"
+        raise PlacementConflict(target, src_hex, f"as {kind}, not a regular file")
     theirs = hash_file(target)
     if theirs == src_hex:
         return Placement(target, written=False)
     if not (known(theirs) and before.st_size < len(data) and _is_prefix(target, data)):
-        raise PlacementConflict(target, src_hex, theirs)
+        raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs})")
     tmp = _write_temp(target.parent, target.name, data)
     after = os.stat(target)
     if _stamp(after) != _stamp(before):
         tmp.unlink()
-        raise PlacementConflict(target, src_hex, "(changed while being replaced)")
+        raise PlacementConflict(target, src_hex, "and changed while being replaced")
     os.replace(tmp, target)
     fsync_dir(target.parent)
     return Placement(target, written=True, replaced=theirs)

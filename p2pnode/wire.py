@@ -177,6 +177,8 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
         raise
     except (ValueError, KeyError, TypeError, InvalidInput) as exc:
         raise WireError(f"malformed catalog: {exc}") from exc
+    except RecursionError:
+        raise WireError("malformed catalog: JSON nested too deeply") from None
     return CatalogMessage(generation, node, entries)
 
 
@@ -387,11 +389,13 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range → (start, end exclusive); None = whole."""
     if not header:
         return None
-    m = re.fullmatch(r"bytes=(\d*)-(\d*)", header.strip())
+    m = re.fullmatch(r"bytes=([0-9]*)-([0-9]*)", header.strip())  # ASCII digits only (RFC 9110)
     if not m or (not m.group(1) and not m.group(2)):
         raise RangeNotSatisfiable(header)
     if not m.group(1):
         n = int(m.group(2))
+        if n == 0 or size == 0:  # a suffix of zero bytes is unsatisfiable (RFC 9110, 14.1.1)
+            raise RangeNotSatisfiable(header)
         return (max(0, size - n), size)
     start = int(m.group(1))
     end = min(size, int(m.group(2)) + 1) if m.group(2) else size
