@@ -45,6 +45,7 @@ import blake3
 from p2pnode import wire
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
 from p2pnode.identity import Identity, format_node_id, parse_node_id
+from p2pnode.manifest import PlacedFiles
 from p2pnode.pisession import parse_header, session_relpath
 from p2pnode.placement import Placement, PlacementConflict, place_session
 from p2pnode.sessionstore import is_split
@@ -559,7 +560,7 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
 
 def _place(agent_dir: Path, data: bytes, src: str, lib: Any) -> Placement | PlacementConflict:
     try:
-        return place_session(agent_dir, data, src, lib.has_session)
+        return place_session(agent_dir, data, src, PlacedFiles(lib.paths.placed))
     except PlacementConflict as exc:
         return exc
 

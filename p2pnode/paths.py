@@ -40,6 +40,11 @@ class NodePaths:
         return self.home / "manifest.json"
 
     @property
+    def placed(self) -> Path:
+        """What fetches placed under Pi's sessions dir (manifest.PlacedFiles)."""
+        return self.home / "placed.json"
+
+    @property
     def identity(self) -> Path:
         return self.home / "identity"
 

@@ -7,22 +7,23 @@ files found there.  The bytes go to a hidden temp file in the target directory, 
 fsynced, then published with `link()` (which, unlike `rename()`, never replaces a file that
 appeared meanwhile), and the directory is fsynced: Pi sees no file or the whole file.
 
-If a file is already at the path: the same bytes mean nothing to do.  An older version of
-the same session that this node holds (its hash is `known`) and that is a prefix of the new
-bytes is replaced by the grown version (rename over it, after checking that it did not change
-meanwhile): nothing in it is lost.  Any other file is kept untouched and reported as
-`PlacementConflict`.
+If a file is already at the path: the same bytes mean nothing to do.  A file that a fetch
+placed (recorded in `placed.json`, manifest.PlacedFiles) and that is still byte-identical to
+what it placed may be replaced by a version whose bytes extend it (rename over it, after
+checking that it did not change meanwhile): nothing in it is lost.  Any other file (the
+user's own session, shared or not, grown or not; one that changed since a fetch placed it; a
+symlink, dangling or not; a directory) is kept untouched and reported as `PlacementConflict`.
 """
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from p2pnode.errors import Conflict
 from p2pnode.hashing import hash_file
+from p2pnode.manifest import PlacedFile, PlacedFiles
 from p2pnode.pisession import HostileHeader, parse_header, session_relpath
 from store.fileio import fsync_dir
 
@@ -32,8 +33,8 @@ SESSION_FILE_MODE = 0o644
 class PlacementConflict(Conflict):
     def __init__(self, path: Path, ours: str, what: str) -> None:
         super().__init__(
-            f"{path} already exists {what}; it was kept, "
-            f"the fetched session {ours} stays in the node's store (`p2pnode cat` prints it)"
+            f"{path} already exists {what}; it was kept, and the fetched session {ours} was not "
+            f"written there: it is in the node's store (`p2pnode cat <branch>` prints it)"
         )
         self.path = path
 
@@ -76,27 +77,29 @@ def session_path(agent_dir: Path, data: bytes) -> Path:
     return target
 
 
-def place_session(agent_dir: Path, data: bytes, src_hex: str,
-                  known: Callable[[str], bool] = lambda _h: False) -> Placement:
-    """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them."""
+def place_session(agent_dir: Path, data: bytes, src_hex: str, placed: PlacedFiles | None = None) -> Placement:
+    """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them, and record
+    in `placed` what was written there."""
     (agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
     target = session_path(agent_dir, data)
     target.parent.mkdir(exist_ok=True)
     target = session_path(agent_dir, data)  # re-check now that the directory exists
     if os.path.lexists(target):  # a dangling symlink too: never followed, never replaced
-        return _existing(target, data, src_hex, known)
+        return _existing(target, data, src_hex, placed)
     tmp = _write_temp(target.parent, target.name, data)
     try:
         os.link(tmp, target)
     except FileExistsError:
-        return _existing(target, data, src_hex, known)
+        return _existing(target, data, src_hex, placed)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(target.parent)
+    if placed is not None:
+        placed.record(target, PlacedFile(len(data), src_hex))
     return Placement(target, written=True)
 
 
-def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bool]) -> Placement:
+def _existing(target: Path, data: bytes, src_hex: str, placed: PlacedFiles | None) -> Placement:
     before = os.lstat(target)
     if not stat.S_ISREG(before.st_mode):
         kind = "a symlink" if stat.S_ISLNK(before.st_mode) else "a directory" if stat.S_ISDIR(
@@ -105,15 +108,22 @@ def _existing(target: Path, data: bytes, src_hex: str, known: Callable[[str], bo
     theirs = hash_file(target)
     if theirs == src_hex:
         return Placement(target, written=False)
-    if not (known(theirs) and before.st_size < len(data) and _is_prefix(target, data)):
-        raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs})")
+    record = placed.get(target) if placed is not None else None
+    if record != PlacedFile(before.st_size, theirs):
+        raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
+                                                 "placed: it is this node's user's own file")
+    if not (before.st_size < len(data) and _is_prefix(target, data)):
+        raise PlacementConflict(target, src_hex, f"as a version a fetch placed (blake3 {theirs}) that the "
+                                                 "fetched bytes do not extend")
+    assert placed is not None
     tmp = _write_temp(target.parent, target.name, data)
-    after = os.stat(target)
+    after = os.lstat(target)
     if _stamp(after) != _stamp(before):
         tmp.unlink()
         raise PlacementConflict(target, src_hex, "and changed while being replaced")
     os.replace(tmp, target)
     fsync_dir(target.parent)
+    placed.record(target, PlacedFile(len(data), src_hex))
     return Placement(target, written=True, replaced=theirs)
 
 
