@@ -6,13 +6,14 @@ code, bounded time, and nothing stored, overwritten or leaked.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import aiohttp
 import blake3
 import pytest
 from aiohttp import web
-from test_hostile_peer import A1, A2, LyingPeer, fetch, refused, snapshot, trusted_client, world  # noqa: F401
+from test_hostile_peer import A1, A2, LyingPeer, b3, fetch, refused, snapshot, split, trusted_client, world  # noqa: F401
 
 from p2pnode import wire
 from p2pnode.errors import Conflict, InvalidInput, VerificationFailed
@@ -21,7 +22,7 @@ from p2pnode.library import Library
 from p2pnode.node import CONTROL_MAX_BODY, Node, NodeConfig
 from p2pnode.paths import NodePaths
 from p2pnode.pisession import HostileHeader, InvalidHeader
-from p2pnode.provider import PeerServer
+from p2pnode.provider import NOT_FOUND_BODY, PeerServer
 from p2pnode.trust import TrustStore
 
 
@@ -259,3 +260,42 @@ async def test_only_a_placed_unchanged_file_is_updated_and_only_by_growth(world)
     mine = placed.read_bytes()
     result = await fetch(world, liar.add(mine + b'{"type":"x"}\n'))  # even one that extends it
     assert result.conflict and "own file" in result.conflict and placed.read_bytes() == mine
+
+
+# --- 4. what the user unshared stays unshared ---------------------------------------------------
+
+
+async def test_a_fetched_child_does_not_reoffer_an_unshared_parent(world, tmp_path: Path) -> None:  # noqa: F811
+    """The victim shares U, then unshares it.  A peer that remembers U's hash offers a child
+    whose parent is U; the victim fetches it.  U (sidecar, session, its own lines) is still
+    404 like an unknown hash, and the fetched child is not offered on either."""
+    lib, agent, corpus = world["lib"], world["agent"], world["corpus"]
+    (agent / A1).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(corpus / A1, agent / A1)
+    u = lib.share(str(agent / A1))
+    lib.unshare(u.branch)
+    header, rest = _header_and_rest(world)
+    header["id"] = "01a1ff93-c41d"
+    child = json.dumps(header).encode() + b"\n" + rest + b'{"type":"custom","child":true}\n'
+    branch = world["liar"].add(child, parent=u.branch)
+    result = await fetch(world, branch)
+    assert result.fetched == [branch] and result.parent == u.branch
+    own_lines = {b3(ln) for ln in split((corpus / A2).read_bytes())}
+    u_line = next(b3(ln) for ln in split((corpus / A1).read_bytes()) if b3(ln) not in own_lines)
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(lib, world["me"], world["trust"])
+    await server.start("127.0.0.1", 0)
+    base = f"https://127.0.0.1:{server.port}"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
+            for h in (u.branch, u.src, u_line.hex(), branch, result.src, "0" * 64):
+                async with s.get(base + wire.PATH_OBJECT.format(hash=h)) as r:
+                    assert (r.status, await r.read()) == (404, NOT_FOUND_BODY), h
+            async with s.post(base + wire.PATH_BATCH, data=u_line) as r:
+                assert await r.read() == wire.encode_batch_end(0)
+            async with s.get(base + wire.PATH_CATALOG) as r:
+                offered = {b.branch for b in wire.decode_catalog(await r.read()).branches}
+    finally:
+        await server.close()
+    assert offered == {lib.branches()[0].branch} and u.branch not in offered and branch not in offered
+    assert not lib.branch(branch).offered and not lib.branch(u.branch).offered
