@@ -382,8 +382,8 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
     import asyncio
 
     from p2pnode.discovery import lan_peers
-    from p2pnode.fetch import fetch_branch
-    from p2pnode.library import Library
+    from p2pnode.fetch import OpenPerUse, fetch_branch
+    from p2pnode.paths import agent_dir
 
     paths = node_paths(args)
     ident, trust = _identity(args), _trust(args)
@@ -393,9 +393,8 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
         peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
     bar = ProgressBar()
     try:
-        with Library.open(paths) as lib:
-            result = asyncio.run(fetch_branch(lib, branch, peers, ident, trust, agent_dir=lib.agent_dir,
-                                              progress=bar))
+        result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, ident, trust,  # the store is
+                                          agent_dir=agent_dir(), progress=bar))  # locked only per step
     finally:
         bar.finish()
     return result.as_dict()

@@ -29,12 +29,14 @@ continues where the last one stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,7 +47,9 @@ import blake3
 from p2pnode import wire
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
 from p2pnode.identity import Identity, format_node_id, parse_node_id
+from p2pnode.library import Library
 from p2pnode.manifest import PlacedFiles
+from p2pnode.paths import NodePaths
 from p2pnode.pisession import parse_header, session_relpath
 from p2pnode.placement import Placement, PlacementConflict, place_session
 from p2pnode.sessionstore import is_split
@@ -53,6 +57,7 @@ from p2pnode.sidecar import InvalidSidecar, Sidecar, parse_sidecar
 from p2pnode.tls import client_context
 from p2pnode.trust import TrustStore
 from store import StoredBlob
+from store.errors import StoreLocked
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -120,6 +125,40 @@ class LineageError(VerificationFailed):
     """A parent chain that loops or is deeper than the limit."""
 
 
+class PeerStalled(PeerUnavailable):
+    """A peer that made no progress for `Limits.progress_timeout` seconds: dropped at once."""
+
+
+@dataclass(frozen=True)
+class OpenPerUse:
+    """The library of a one-shot fetch (no node running), opened for each local step (a
+    look-up, the verified commit) and closed before the next wait on a peer: the store's
+    lock is never held while a peer is slow, so other commands keep working meanwhile."""
+
+    paths: NodePaths
+    agent_dir: Path | None = None
+    wait: float = 10.0
+    """Seconds to wait for the store's lock when another command holds it."""
+
+    def __call__(self) -> Library:
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                return Library.open(self.paths, self.agent_dir)
+            except StoreLocked:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+LibraryOpener = Callable[[], AbstractContextManager[Any]]
+
+
+def _opener(lib: Any) -> LibraryOpener:
+    """An open Library (the node's) is used as it is; OpenPerUse opens one per step."""
+    return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
+
+
 class NotOffered(Exception):
     """The peer answered 404: it does not offer this object (or does not exist, same answer)."""
 
@@ -135,7 +174,8 @@ class _Peer:
         self.base = f"https://{host}:{addr.port}"
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected), limit=4),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout,
+            timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
+                                          sock_connect=limits.connect_timeout,
                                           sock_read=limits.slow_reader_timeout),
             auto_decompress=False,
         )
@@ -206,6 +246,7 @@ class _Pool:
                 raise Refused(f"node {p.node_id} is not trusted here; run `p2pnode trust {p.node_id}` first")
         self.peers = [_Peer(p, identity, trust, limits) for p in dict.fromkeys(peers)]
         self.me = identity.node_id
+        self.limits = limits
 
     async def close(self) -> None:
         for p in self.peers:
@@ -231,7 +272,9 @@ class _Pool:
                 break
             for peer in active:
                 try:
-                    return await op(peer)
+                    return await self._watched(peer, op)
+                except PeerStalled as exc:
+                    self.drop(peer, str(exc), PeerUnavailable)
                 except NotOffered:
                     not_offered.add(peer)
                 except Refused as exc:
@@ -250,6 +293,27 @@ class _Pool:
                         self.drop(peer, reason, PeerUnavailable)
                     await asyncio.sleep(RETRY_PAUSE)
         raise self._failure(what, not_offered)
+
+    async def _watched(self, peer: _Peer, op: Callable[[_Peer], Awaitable[T]]) -> T:
+        """`op(peer)`, cancelled with PeerStalled when a `progress_timeout` window passes with
+        fewer than `progress_bytes` received: the one deadline no phase of a request can dodge
+        (a connect or TLS handshake that hangs, headers that never end, 1xx answers, a trickle)."""
+        task = asyncio.ensure_future(op(peer))
+        try:
+            while True:
+                mark = peer.bytes_received
+                done, _ = await asyncio.wait([task], timeout=self.limits.progress_timeout)
+                if done:
+                    return task.result()
+                moved = peer.bytes_received - mark
+                if moved < self.limits.progress_bytes:
+                    raise PeerStalled(f"no progress for {self.limits.progress_timeout:g} s ({moved} bytes, "
+                                      f"fewer than {self.limits.progress_bytes}); peer dropped")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     def _failure(self, what: str, not_offered: set[_Peer]) -> P2PNodeError:
         reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
@@ -316,7 +380,7 @@ def check_header(first_line: bytes, src: str) -> None:
 
 class _Fetch:
     def __init__(self, lib: Any, pool: _Pool, limits: wire.Limits, progress: Progress | None) -> None:
-        self.lib = lib
+        self.lib = _opener(lib)
         self.pool = pool
         self.limits = limits
         self.progress = progress
@@ -328,15 +392,16 @@ class _Fetch:
         self.lines_total = 0
         self._done = self._total = 0
 
-    async def _lib(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
+    async def _lib(self, fn: Callable[[Any], T]) -> T:
+        """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
+        return await _using(self.lib, fn)
 
     async def walk(self, branch: str) -> list[tuple[str, bytes, Sidecar]]:
         """The branches to fetch, requested first, up to the first one held locally."""
         chain: list[tuple[str, bytes, Sidecar]] = []
         seen: set[str] = set()
         current: str | None = branch
-        while current is not None and not await self._lib(self.lib.has_branch, current):
+        while current is not None and not await self._lib(functools.partial(_has_branch, branch=current)):
             if current in seen:
                 raise LineageError(f"lineage of {branch}: parent cycle at branch {current}")
             if len(chain) >= self.limits.max_chain_depth:
@@ -371,7 +436,7 @@ class _Fetch:
 
     async def _missing(self, manifest: list[wire.LineRef]) -> list[wire.LineRef]:
         unique = list({r.hash: r for r in manifest}.values())
-        held = await self._lib(lambda: [self.lib.has_line(r.hash) for r in unique])
+        held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
     async def _batches(self, peer: _Peer, missing: list[wire.LineRef]) -> None:
@@ -447,8 +512,8 @@ class _Fetch:
     async def _assemble(self, manifest: list[wire.LineRef], src: str) -> list[bytes] | None:
         """All lines in order, or None if the manifest lied: they do not hash to `src`, or
         they are not the file cut at its newlines."""
-        def build() -> list[bytes] | None:
-            lines = [self.lines.get(r.hash) or self.lib.line(r.hash) for r in manifest]
+        def build(lib: Any) -> list[bytes] | None:
+            lines = [self.lines.get(r.hash) or lib.line(r.hash) for r in manifest]
             hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
             for line in lines:
                 hasher.update(line)
@@ -492,6 +557,18 @@ class _Fetch:
         return await self.pool.run(f"session {src}", attempt)
 
 
+async def _using(opener: LibraryOpener, fn: Callable[[Any], T]) -> T:
+    def run() -> T:
+        with opener() as lib:
+            return fn(lib)
+
+    return await asyncio.to_thread(run)
+
+
+def _has_branch(lib: Any, branch: str) -> bool:
+    return bool(lib.has_branch(branch))
+
+
 def _decode_all(blobs: list[wire.BatchBlob]) -> list[bytes]:
     return [wire.decode_blob(b) for b in blobs]
 
@@ -514,8 +591,10 @@ def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
 async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], identity: Identity,
                        trust: TrustStore, *, agent_dir: Path | None = None, progress: Progress | None = None,
                        limits: wire.Limits = wire.DEFAULT_LIMITS) -> FetchResult:
-    """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring."""
+    """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
+    `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store)."""
     wire.check_hex_hash(branch_hex, "branch hash")
+    opener = _opener(lib)
     pool = _Pool(peers, identity, trust, limits)
     requested: bytes | None = None
     try:
@@ -528,8 +607,10 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
             check_header(lines[0] if lines else b"", sc.src)
             await asyncio.to_thread(check_nesting, lines, sc.src)
             t1 = time.perf_counter()
+            blobs = list(job.blobs.values())
+            add = functools.partial(_add_fetched, sidecar=raw_sidecar, lines=lines, blobs=blobs)
             try:
-                await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
+                await _using(opener, add)
             except RecursionError:
                 raise InvalidInput(f"fetched session {sc.src}: JSON nested too deeply; refused") from None
             if branch == branch_hex:
@@ -538,7 +619,7 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
             log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
                      branch, len(lines), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
-        info = await asyncio.to_thread(lib.branch, branch_hex)
+        info = await _using(opener, lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
@@ -547,22 +628,28 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     finally:
         await pool.close()
     if agent_dir is not None:  # only now, after the store committed the verified session
-        data: bytes = requested if requested is not None else await asyncio.to_thread(
-            lib.session_bytes, info.src)  # already held: place the stored copy
-        placed = await asyncio.to_thread(_place, agent_dir, data, info.src, lib)
+        placed = await _using(opener, lambda lib: _place(agent_dir, requested, branch_hex, info.src, lib))
         if isinstance(placed, PlacementConflict):
             result.path, result.conflict = str(placed.path), str(placed)
         else:
             result.path, result.written = str(placed.path), placed.written
-            await asyncio.to_thread(lib.record_path, branch_hex, placed.path)
     return result
 
 
-def _place(agent_dir: Path, data: bytes, src: str, lib: Any) -> Placement | PlacementConflict:
+def _add_fetched(lib: Any, sidecar: bytes, lines: list[bytes], blobs: list[StoredBlob]) -> None:
+    lib.add_fetched(sidecar, lines, blobs)
+
+
+def _place(agent_dir: Path, data: bytes | None, branch: str, src: str,
+           lib: Any) -> Placement | PlacementConflict:
+    """Place the fetched bytes (or, for a branch already held, the stored copy); record the path."""
     try:
-        return place_session(agent_dir, data, src, PlacedFiles(lib.paths.placed))
+        placed = place_session(agent_dir, data if data is not None else lib.session_bytes(src), src,
+                               PlacedFiles(lib.paths.placed))
     except PlacementConflict as exc:
         return exc
+    lib.record_path(branch, placed.path)
+    return placed
 
 
 async def get_catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,

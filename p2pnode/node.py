@@ -301,9 +301,13 @@ class Node:
             progress.update(bytes_done=done, bytes_total=total)
 
         try:
-            result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
-                                        agent_dir=self.lib.agent_dir, progress=on_progress,
-                                        limits=FETCH_LIMITS)
+            async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
+                result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
+                                            agent_dir=self.lib.agent_dir, progress=on_progress,
+                                            limits=FETCH_LIMITS)
+        except TimeoutError:
+            raise PeerUnavailable(f"fetch {branch}: not done after {FETCH_LIMITS.fetch_timeout:g} s; "
+                                  "given up") from None
         except P2PNodeError as exc:
             log.info("fetch %s refused or failed: %s", branch, exc)
             raise

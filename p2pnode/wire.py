@@ -72,6 +72,21 @@ class Limits:
     slow_reader_timeout: float = 30.0
     """Seconds a server waits for a peer to take the next chunk, and a fetcher for the next bytes."""
     connect_timeout: float = 10.0
+    """A fetcher's bound on TCP connect plus TLS handshake to a peer."""
+    progress_timeout: float = 5.0
+    progress_bytes: int = 64 << 10
+    """A fetcher drops a peer whose request, in any phase (connect, TLS, headers, sidecar,
+    manifest, batch, blob), has not finished and has moved fewer than `progress_bytes` body
+    bytes in the last `progress_timeout` seconds: a stall, a 1 byte/s trickle or endless
+    `102 Processing` answers cost at most that long per attempt (a LAN link moves 64 KiB in ms)."""
+    fetch_timeout: float = 3600.0
+    """Total bound on one fetch run by the node (`/v1/fetch`)."""
+    request_timeout: float = 10.0
+    """Server: seconds a connection has to deliver a request's headers (from the handshake or
+    the previous answer) and, separately, its body; then it is closed (slowloris, a huge
+    Content-Length with a few bytes)."""
+    tls_handshake_timeout: float = 5.0
+    """Server: seconds an incoming connection has to complete its TLS handshake."""
 
     @property
     def max_batch_request(self) -> int:

@@ -5,8 +5,10 @@ code, bounded time, and nothing stored, overwritten or leaked.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import time
 from pathlib import Path
 
 import aiohttp
@@ -16,13 +18,15 @@ from aiohttp import web
 from test_hostile_peer import A1, A2, LyingPeer, b3, fetch, refused, snapshot, split, trusted_client, world  # noqa: F401
 
 from p2pnode import wire
-from p2pnode.errors import Conflict, InvalidInput, VerificationFailed
+from p2pnode.errors import Conflict, InvalidInput, PeerUnavailable, VerificationFailed
+from p2pnode.fetch import OpenPerUse, PeerAddress, fetch_branch
 from p2pnode.identity import load_or_create_identity
 from p2pnode.library import Library
 from p2pnode.node import CONTROL_MAX_BODY, Node, NodeConfig
 from p2pnode.paths import NodePaths
 from p2pnode.pisession import HostileHeader, InvalidHeader
 from p2pnode.provider import NOT_FOUND_BODY, PeerServer
+from p2pnode.tls import server_context
 from p2pnode.trust import TrustStore
 
 
@@ -299,3 +303,100 @@ async def test_a_fetched_child_does_not_reoffer_an_unshared_parent(world, tmp_pa
         await server.close()
     assert offered == {lib.branches()[0].branch} and u.branch not in offered and branch not in offered
     assert not lib.branch(branch).offered and not lib.branch(u.branch).offered
+
+
+# --- 5. time limits a slow peer cannot dodge ----------------------------------------------------
+
+QUICK = wire.Limits(progress_timeout=1.0)
+"""The stall bound made short for the tests (the default is 5 s); the mechanism is the same."""
+BOUND = 20.0
+"""Far above what a dropped peer costs here (a few progress windows), far below 'hangs'."""
+
+
+async def raw_tls_peer(w, respond) -> tuple[asyncio.AbstractServer, PeerAddress]:
+    """A server of the test's own: real mutual TLS with the liar's key, then raw bytes, so that
+    it can answer in ways an HTTP framework would not (trickles, endless 1xx)."""
+    liar = w["liar"]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await respond(writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0,
+                                        ssl=server_context(liar.identity, liar.trust))
+    return server, PeerAddress(liar.identity.node_id, "127.0.0.1", server.sockets[0].getsockname()[1])
+
+
+async def trickle(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(600):  # 1 byte a second: each one resets a per-read timeout
+        writer.write(b"1\r\nx\r\n")
+        await writer.drain()
+        await asyncio.sleep(1.0)
+
+
+async def processing(writer: asyncio.StreamWriter) -> None:
+    for _ in range(1200):  # `102 Processing` every half second, never an answer
+        writer.write(b"HTTP/1.1 102 Processing\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+
+async def silent(writer: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(600)
+
+
+@pytest.mark.parametrize("respond", [trickle, processing, silent])
+async def test_a_slow_peer_is_dropped_within_the_bound(world, tmp_path: Path, respond) -> None:  # noqa: F811
+    """Alone, the slow peer fails the fetch within the bound (exit 6, nothing stored); listed
+    first before an honest peer, it is dropped and the honest one delivers."""
+    data = (world["corpus"] / A1).read_bytes()
+    branch = world["liar"].add(data)
+    server, slow = await raw_tls_peer(world, respond)
+    honest = honest_peer(world, tmp_path)
+    honest.add(data)
+    try:
+        before = snapshot(world)
+        t0 = time.monotonic()
+        with pytest.raises(PeerUnavailable, match="no progress for 1 s"):
+            await fetch_branch(world["lib"], branch, [slow], world["me"], world["trust"],
+                               agent_dir=world["agent"], limits=QUICK)
+        assert time.monotonic() - t0 < BOUND and snapshot(world) == before
+        assert PeerUnavailable.exit_code == 6
+        t0 = time.monotonic()
+        result = await fetch_branch(world["lib"], branch, [slow, await honest.start()], world["me"],
+                                    world["trust"], agent_dir=world["agent"], limits=QUICK)
+        assert time.monotonic() - t0 < BOUND
+        assert Path(result.path or "").read_bytes() == data
+        assert "no progress" in result.dropped_peers[str(slow)]
+    finally:
+        server.close()
+        await honest.close()
+
+
+async def test_a_hung_one_shot_fetch_does_not_hold_the_store(world, tmp_path: Path) -> None:  # noqa: F811
+    """A one-shot fetch (OpenPerUse, as `p2pnode fetch` without a node) waiting on a silent
+    peer: meanwhile another command opens the same store, reads and shares."""
+    data = (world["corpus"] / A1).read_bytes()
+    branch = world["liar"].add(data)
+    server, slow = await raw_tls_peer(world, silent)
+    paths = NodePaths(tmp_path / "oneshot")
+    Library.open(paths, world["agent"]).close()
+    fetching = asyncio.ensure_future(fetch_branch(
+        OpenPerUse(paths, world["agent"]), branch, [slow], world["me"], world["trust"],
+        agent_dir=world["agent"], limits=wire.Limits(progress_timeout=4.0)))
+    try:
+        await asyncio.sleep(1.0)  # the fetch is now waiting on the peer
+        assert not fetching.done()
+        with Library.open(paths, world["agent"]) as other:  # StoreLocked if the fetch held it
+            assert other.share(str(world["agent"] / A2)).branch
+        with pytest.raises(PeerUnavailable, match="no progress"):
+            await fetching
+    finally:
+        fetching.cancel()
+        server.close()
