@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 
 from p2pnode import wire
 from p2pnode.identity import Identity, format_node_id
@@ -70,6 +70,9 @@ class PeerServer:
         self._poller: asyncio.Task[None] | None = None
         self._session_cache: tuple[str, bytes] | None = None
         self._session_lock = threading.Lock()
+        self._head_timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
+        self._busy: set[asyncio.BaseTransport] = set()
+        """Connections whose request head arrived and whose handler runs (no head deadline)."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -81,10 +84,10 @@ class PeerServer:
         app.router.add_post(wire.PATH_BATCH, self._batch)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=server_context(self.identity, self.trust))
+        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
+        site = _DeadlineSite(self, host, port)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self.trust.add_listener(self._on_untrusted)
         self._poller = asyncio.create_task(self._poll_trust())
         log.info("peer server for %s listening on %s:%d", self.identity.node_id, host, self.port)
@@ -132,14 +135,51 @@ class PeerServer:
         live.difference_update([t for t in live if t.is_closing()])
         live.add(transport)
         self._active[fp] += 1
+        self._busy.add(transport)
+        self._disarm(transport)
         try:
             return await handler(request)
         except web.HTTPNotFound:  # no such route: the same answer as a hash that does not exist
             return _not_found()
         finally:
+            self._busy.discard(transport)
+            self._arm(transport)  # the next request's head has request_timeout to arrive
             self._active[fp] -= 1
             if transport.is_closing():
                 self._transports[fp].discard(transport)
+
+    # -- deadlines: request heads (slowloris) and bodies ---------------------------------
+
+    def _arm(self, transport: asyncio.BaseTransport) -> None:
+        """Start the head deadline unless one runs or a handler is busy with this connection."""
+        if transport not in self._busy and transport not in self._head_timers and not transport.is_closing():
+            self._head_timers[transport] = self._loop.call_later(
+                self.limits.request_timeout, self._head_expired, transport)
+
+    def _disarm(self, transport: asyncio.BaseTransport) -> None:
+        timer = self._head_timers.pop(transport, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _head_expired(self, transport: asyncio.BaseTransport) -> None:
+        self._head_timers.pop(transport, None)
+        if transport in self._busy:
+            return
+        if transport.get_write_buffer_size():  # type: ignore[attr-defined]  # still sending an answer
+            self._arm(transport)
+            return
+        log.info("closing a connection without a complete request in %.1f s", self.limits.request_timeout)
+        transport.abort()  # type: ignore[attr-defined]
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request body within request_timeout: a peer that declares a large Content-Length
+        and sends a few bytes is cut off (408, connection closed)."""
+        try:
+            return await asyncio.wait_for(request.read(), self.limits.request_timeout)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.close()
+            raise web.HTTPRequestTimeout(text="request body not received in time\n") from None
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -212,7 +252,7 @@ class PeerServer:
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+        body = await self._read_body(request)
         try:
             hashes = wire.decode_batch_request(body, self.limits)
         except wire.WireError as exc:
@@ -253,6 +293,60 @@ class PeerServer:
             parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
             size += len(blob.stored)
         return b"".join(parts), len(parts) // 2, pos
+
+
+class _HeadDeadline(asyncio.Protocol):
+    """aiohttp's protocol for one connection, wrapped so that the server can put a deadline on
+    request heads: armed when the TLS handshake completes and whenever bytes arrive while no
+    handler is busy with the connection, disarmed when a complete head reaches the handler."""
+
+    def __init__(self, server: PeerServer, inner: web_protocol.RequestHandler) -> None:
+        self.server, self.inner = server, inner
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+        self.server._arm(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+        if self.transport is not None:
+            self.server._arm(self.transport)
+
+    def eof_received(self) -> None:
+        self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.server._disarm(self.transport)
+            self.server._busy.discard(self.transport)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class _DeadlineSite(web.TCPSite):
+    """TCPSite with a TLS handshake deadline and request-head deadlines (_HeadDeadline)."""
+
+    def __init__(self, server: PeerServer, host: str, port: int) -> None:
+        assert server._runner is not None
+        tls = server_context(server.identity, server.trust)
+        super().__init__(server._runner, host, port, ssl_context=tls)
+        self.peer_server = server
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        handlers = self._runner.server
+        assert handlers is not None
+        ps = self.peer_server
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _HeadDeadline(ps, handlers()), self._host, self._port, ssl=self._ssl_context,
+            backlog=self._backlog, ssl_handshake_timeout=ps.limits.tls_handshake_timeout)
 
 
 def _catalog_entry(b: Any) -> wire.CatalogEntry:

@@ -400,3 +400,49 @@ async def test_a_hung_one_shot_fetch_does_not_hold_the_store(world, tmp_path: Pa
     finally:
         fetching.cancel()
         server.close()
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """Everything the server sends until it closes the connection (fails if it does not)."""
+    got = b""
+    async with asyncio.timeout(seconds):
+        while chunk := await reader.read(65536):
+            got += chunk
+    return got
+
+
+@pytest.mark.parametrize("attack", ["huge content-length", "slowloris", "silent"])
+async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str) -> None:  # noqa: F811
+    """A trusted client of the test's own (raw bytes over real mTLS): a batch declaring 100 MB
+    and sending 10 bytes, headers trickled one line every 0.3 s, or nothing at all after the
+    handshake: the server closes the connection within its request deadline, and an honest
+    request on another connection is answered meanwhile."""
+    lib = world["lib"]
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(lib, world["me"], world["trust"], wire.Limits(request_timeout=1.5))
+    await server.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+    trickling: asyncio.Task[None] | None = None
+    try:
+        if attack == "huge content-length":
+            writer.write(b"POST /v1/batch HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n" + b"\0" * 10)
+        elif attack == "slowloris":
+            async def trickle_headers() -> None:
+                writer.write(b"GET /v1/catalog HTTP/1.1\r\n")
+                for i in range(1000):
+                    writer.write(f"X-{i}: y\r\n".encode())
+                    await asyncio.sleep(0.3)
+
+            trickling = asyncio.ensure_future(trickle_headers())
+        t0 = time.monotonic()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s, \
+                s.get(f"https://127.0.0.1:{server.port}{wire.PATH_CATALOG}") as r:
+            assert r.status == 200 and wire.decode_catalog(await r.read()).branches
+        answer = await _closed_within(reader, BOUND)
+        assert time.monotonic() - t0 < BOUND
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+    finally:
+        if trickling is not None:
+            trickling.cancel()
+        writer.close()
+        await server.close()
