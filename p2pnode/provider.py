@@ -73,10 +73,15 @@ class PeerServer:
         self._head_timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
         self._busy: set[asyncio.BaseTransport] = set()
         """Connections whose request head arrived and whose handler runs (no head deadline)."""
+        self._handshaking: dict[str, int] = defaultdict(int)
+        """Connections per source address whose TLS handshake has not finished."""
+        self._upgrades: set[asyncio.Future[None]] = set()
+        self.tls = server_context(identity, trust)
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> None:
+        raise_open_files_limit()
         app = web.Application(middlewares=[self._guard], client_max_size=self.limits.max_batch_request)
         app.router.add_get(wire.PATH_CATALOG, self._catalog)
         app.router.add_get(wire.PATH_OBJECT, self._object)
@@ -94,6 +99,8 @@ class PeerServer:
 
     async def close(self) -> None:
         self.trust.remove_listener(self._on_untrusted)
+        for task in list(self._upgrades):
+            task.cancel()
         if self._poller:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -193,6 +200,12 @@ class PeerServer:
         """Write with the slow-reader timeout: a peer that stops reading is cut off."""
         await asyncio.wait_for(response.write(data), self.limits.slow_reader_timeout)
 
+    async def _finish(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
+        """The last bytes of an answer, then wait until the socket took them (slow-reader
+        timeout): the next pipelined request is not served while this answer sits in memory
+        (aiohttp drains only after 64 KiB written, or on a non-empty write_eof)."""
+        await asyncio.wait_for(response.write_eof(bytes(data)), self.limits.slow_reader_timeout)
+
     # -- handlers -----------------------------------------------------------------------
 
     async def _catalog(self, request: web.Request) -> web.Response:
@@ -230,9 +243,10 @@ class PeerServer:
         response.content_length = end - start
         await response.prepare(request)
         view = memoryview(data)
-        for pos in range(start, end, CHUNK):
-            await self._send(response, view[pos : min(end, pos + CHUNK)])
-        await response.write_eof()
+        last = max(start, end - CHUNK)
+        for pos in range(start, last, CHUNK):
+            await self._send(response, view[pos : min(last, pos + CHUNK)])
+        await self._finish(response, view[last:end])
         return response
 
     def _session_bytes(self, src: str) -> bytes:
@@ -270,8 +284,7 @@ class PeerServer:
         finally:
             if reading is not None:
                 reading.cancel()
-        await self._send(response, wire.encode_batch_end(sent))
-        await response.write_eof()
+        await self._finish(response, wire.encode_batch_end(sent))
         return response
 
     def _read_group(self, hashes: list[bytes], pos: int) -> asyncio.Future[tuple[bytes, int, int]]:
@@ -293,6 +306,30 @@ class PeerServer:
             parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
             size += len(blob.stored)
         return b"".join(parts), len(parts) // 2, pos
+
+
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE towards the hard one (at most OPEN_FILES_WANTED), where the
+    system allows it: a flood of half-open connections must not take the descriptors that
+    trusted peers and the store need (macOS caps the soft limit lower: then its cap is kept)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    for limit in (want, 10240):
+        if soft >= limit:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            return
+        except (ValueError, OSError):
+            continue
+    log.warning("cannot raise the open files limit above %d", soft)
 
 
 class _HeadDeadline(asyncio.Protocol):
@@ -330,13 +367,62 @@ class _HeadDeadline(asyncio.Protocol):
         self.inner.resume_writing()
 
 
+class _HandshakeGate(asyncio.Protocol):
+    """A plain TCP connection before TLS.  Before anything is allocated for TLS (asyncio keeps
+    a 256 KiB buffer per TLS connection), the source's pending handshakes are counted: over
+    `max_handshakes_per_source` or `max_handshakes` in all, the connection is closed at once.
+    Otherwise the TLS handshake runs with its deadline, and only then is the connection handed
+    to the HTTP server (wrapped in _HeadDeadline)."""
+
+    def __init__(self, server: PeerServer, make_handler: Callable[[], web_protocol.RequestHandler]) -> None:
+        self.server, self.make_handler = server, make_handler
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.pause_reading()  # type: ignore[attr-defined]  # the ClientHello waits for start_tls
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if peer else "?"
+        pending, limits = self.server._handshaking, self.server.limits
+        full = sum(pending.values()) >= limits.max_handshakes
+        if full or pending.get(source, 0) >= limits.max_handshakes_per_source:
+            log.info("refusing a connection from %s: too many TLS handshakes pending", source)
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        pending[source] += 1
+        task = asyncio.ensure_future(self._upgrade(transport, source))
+        self.server._upgrades.add(task)
+        task.add_done_callback(self.server._upgrades.discard)
+
+    async def _upgrade(self, transport: asyncio.BaseTransport, source: str) -> None:
+        server = self.server
+        app = _HeadDeadline(server, self.make_handler())
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                transport, app, server.tls, server_side=True,  # type: ignore[arg-type]
+                ssl_handshake_timeout=server.limits.tls_handshake_timeout)
+        except (OSError, TimeoutError, ConnectionError, asyncio.CancelledError) as exc:
+            log.debug("TLS handshake from %s failed: %s", source, exc)
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        finally:
+            server._handshaking[source] -= 1
+            if not server._handshaking[source]:
+                del server._handshaking[source]
+        if tls is None:
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        app.connection_made(tls)
+
+    def data_received(self, data: bytes) -> None:  # reading is paused until start_tls takes over
+        pass
+
+
 class _DeadlineSite(web.TCPSite):
-    """TCPSite with a TLS handshake deadline and request-head deadlines (_HeadDeadline)."""
+    """TCPSite whose connections pass _HandshakeGate (pending-handshake bounds, handshake
+    deadline) and then _HeadDeadline (request-head deadlines)."""
 
     def __init__(self, server: PeerServer, host: str, port: int) -> None:
         assert server._runner is not None
-        tls = server_context(server.identity, server.trust)
-        super().__init__(server._runner, host, port, ssl_context=tls)
+        super().__init__(server._runner, host, port)
         self.peer_server = server
 
     async def start(self) -> None:
@@ -345,8 +431,7 @@ class _DeadlineSite(web.TCPSite):
         assert handlers is not None
         ps = self.peer_server
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _HeadDeadline(ps, handlers()), self._host, self._port, ssl=self._ssl_context,
-            backlog=self._backlog, ssl_handshake_timeout=ps.limits.tls_handshake_timeout)
+            lambda: _HandshakeGate(ps, handlers), self._host, self._port, backlog=self._backlog)
 
 
 def _catalog_entry(b: Any) -> wire.CatalogEntry:

@@ -87,6 +87,10 @@ class Limits:
     Content-Length with a few bytes)."""
     tls_handshake_timeout: float = 5.0
     """Server: seconds an incoming connection has to complete its TLS handshake."""
+    max_handshakes_per_source: int = 8
+    max_handshakes: int = 128
+    """Server: connections not yet past the TLS handshake (not yet known to be trusted), per
+    source address and in all; more are closed at once.  Each costs a 256 KiB TLS buffer."""
 
     @property
     def max_batch_request(self) -> int:

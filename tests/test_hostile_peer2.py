@@ -6,6 +6,7 @@ code, bounded time, and nothing stored, overwritten or leaked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import time
@@ -425,7 +426,8 @@ async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str) -> 
     trickling: asyncio.Task[None] | None = None
     try:
         if attack == "huge content-length":
-            writer.write(b"POST /v1/batch HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n" + b"\0" * 10)
+            writer.write(b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nContent-Length: 100000000\r\n\r\n"
+                         + b"\0" * 10)
         elif attack == "slowloris":
             async def trickle_headers() -> None:
                 writer.write(b"GET /v1/catalog HTTP/1.1\r\n")
@@ -445,4 +447,71 @@ async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str) -> 
         if trickling is not None:
             trickling.cancel()
         writer.close()
+        await server.close()
+
+
+# --- 6. bounded memory and descriptors on the serving side ----------------------------------------
+
+FLOOD_RSS_BOUND = 32 << 20
+"""What the flood below may add to the serving process: were the 5,000 answers queued, they
+alone would take 5,000 x the line's size (about 45 MB for a 9 KB line)."""
+
+
+def rss() -> int:
+    """This process's resident set now (Linux /proc), else its peak (getrusage, macOS bytes)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+async def test_floods_keep_memory_bounded_and_a_trusted_fetch_completes(world, tmp_path: Path) -> None:  # noqa: F811
+    """From 127.0.0.2: 200 plain TCP connections that never start TLS, and from 127.0.0.1 one
+    trusted TLS connection that pipelines 5,000 GETs of a 9 KB line and never reads.  The
+    node's RSS grows by less than FLOOD_RSS_BOUND, all but `max_handshakes_per_source` of the
+    half-open connections are closed at once and the rest at the handshake deadline, and a
+    trusted peer's fetch (from 127.0.0.1) completes meanwhile."""
+    lib, agent = world["lib"], world["agent"]
+    big = b'{"type":"custom","data":"' + b"z" * 9000 + b'"}\n'
+    path = agent / "sessions" / "--f--" / "2026-11-21T20-00-00-000Z_flood.jsonl"
+    path.parent.mkdir(parents=True)
+    header = {"type": "session", "version": 3, "id": "flood", "timestamp": "2026-11-21T20:00Z", "cwd": "/f"}
+    path.write_bytes(json.dumps(header).encode() + b"\n" + big)
+    shared = lib.share(str(path))
+    client, tls = trusted_client(world, tmp_path)
+    limits = wire.Limits(tls_handshake_timeout=2.0)
+    server = PeerServer(lib, world["me"], world["trust"], limits)
+    await server.start("127.0.0.1", 0)
+    before = rss()
+    plain = [await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
+             for _ in range(200)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+    try:
+        request = f"GET {wire.PATH_OBJECT.format(hash=b3(big).hex())} HTTP/1.1\r\nHost: p\r\n\r\n".encode()
+        for _ in range(50):
+            writer.write(request * 100)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # the server has answered what the socket buffers take
+        with Library.open(NodePaths(tmp_path / "fetcher"), tmp_path / "fetcher-agent") as other:
+            result = await fetch_branch(other, shared.branch,
+                                        [PeerAddress(world["me"].node_id, "127.0.0.1", server.port)],
+                                        client, TrustStore(tmp_path / "client-trust.json"),
+                                        agent_dir=tmp_path / "fetcher-agent")
+            assert Path(result.path or "").read_bytes() == path.read_bytes()
+        grown = rss() - before
+        assert grown < FLOOD_RSS_BOUND, f"RSS grew by {grown >> 20} MiB"
+        t0 = time.monotonic()
+        for r, _ in plain:  # closed by the server: at once, or at its TLS handshake deadline
+            async with asyncio.timeout(BOUND):
+                with contextlib.suppress(ConnectionResetError):
+                    assert await r.read() == b""
+        assert time.monotonic() - t0 < BOUND
+    finally:
+        writer.transport.abort()
+        for _, w in plain:
+            w.close()
         await server.close()
