@@ -76,6 +76,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = via_node(args, "status", {})
     if status is None:
         status = offline_status(node_paths(args))
+    for problem in node_paths(args).privacy_problems():
+        print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
     if args.json:
         print_json(status)
         return 0

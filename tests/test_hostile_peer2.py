@@ -515,3 +515,53 @@ async def test_floods_keep_memory_bounded_and_a_trusted_fetch_completes(world, t
         for _, w in plain:
             w.close()
         await server.close()
+
+
+# --- 7. privacy on a shared machine ---------------------------------------------------------------
+
+
+def _loose_home(tmp_path: Path) -> NodePaths:
+    """A node home as a 0755 umask would leave it: dir 0755, files 0644."""
+    home = tmp_path / "loose"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    (home / "manifest.json").write_text("{}")
+    (home / "manifest.json").chmod(0o644)
+    (home / "store").mkdir()
+    (home / "store").chmod(0o755)
+    return NodePaths(home)
+
+
+def test_status_tightens_a_loose_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pnode import cli
+
+    paths = _loose_home(tmp_path)
+    assert len(paths.privacy_problems()) == 3
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "agent"))
+    assert cli.main(["--home", str(paths.home), "status"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    for path in (paths.home, paths.home / "store", paths.home / "store" / "store.lock"):
+        if path.exists():
+            assert path.stat().st_mode & 0o077 == 0, path
+    assert (paths.home / "manifest.json").stat().st_mode & 0o777 == 0o600
+    assert paths.privacy_problems() == []
+
+
+def test_status_warns_when_it_cannot_tighten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A home entry owned by another user cannot be chmodded; an ordinary user cannot create
+    one, so chmod is made to fail as it would then (the only stand-in here)."""
+    from p2pnode import cli
+
+    paths = _loose_home(tmp_path)
+
+    def refused(path: object, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr("p2pnode.paths.os.chmod", refused)
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "agent"))
+    assert cli.main(["--home", str(paths.home), "status"]) == 0
+    err = capsys.readouterr().err
+    assert f"{paths.home / 'manifest.json'} is mode 0644: other local users can read it" in err
+    assert f"{paths.home} is mode 0755: other local users can enter it" in err
