@@ -45,7 +45,15 @@ import aiohttp
 import blake3
 
 from p2pnode import wire
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
+from p2pnode.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    P2PNodeError,
+    PeerUnavailable,
+    Refused,
+    VerificationFailed,
+)
 from p2pnode.identity import Identity, format_node_id, parse_node_id
 from p2pnode.library import Library
 from p2pnode.manifest import PlacedFiles
@@ -145,9 +153,10 @@ class OpenPerUse:
         while True:
             try:
                 return Library.open(self.paths, self.agent_dir)
-            except StoreLocked:
+            except StoreLocked as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise Conflict(f"{exc} for over {self.wait:g} s; the fetch's verified bytes were "
+                                   "not stored") from None
                 time.sleep(0.05)
 
 
