@@ -109,7 +109,7 @@ async def test_deeply_nested_body_line_leaves_no_file(world) -> None:  # noqa: F
     header, rest = _header_and_rest(world)
     line = b'{"type":"message","message":{"role":"user","content":' + b"[" * 5000 + b"]" * 5000 + b"}}\n"
     branch = world["liar"].add(json.dumps(header).encode() + b"\n" + line + rest)
-    await refused(world, branch, InvalidInput, "line 2 is JSON nested too deeply")
+    await refused(world, branch, InvalidInput, "line 2 nests JSON deeper than 512 levels")
     assert not (world["agent"] / A1).exists()
 
 
