@@ -148,7 +148,7 @@ class Node:
             "fetch": self._c_fetch, "read": self._c_read}
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         self._stack.callback(lambda: path.unlink(missing_ok=True))

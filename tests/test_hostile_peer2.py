@@ -23,7 +23,7 @@ from p2pnode.errors import Conflict, InvalidInput, PeerUnavailable, Verification
 from p2pnode.fetch import OpenPerUse, PeerAddress, fetch_branch
 from p2pnode.identity import load_or_create_identity
 from p2pnode.library import Library
-from p2pnode.node import CONTROL_MAX_BODY, Node, NodeConfig
+from p2pnode.node import CONTROL_MAX_BODY, FETCH_LIMITS, Node, NodeConfig
 from p2pnode.paths import NodePaths
 from p2pnode.pisession import HostileHeader, InvalidHeader
 from p2pnode.provider import NOT_FOUND_BODY, PeerServer
@@ -565,3 +565,30 @@ def test_status_warns_when_it_cannot_tighten(tmp_path: Path, monkeypatch: pytest
     err = capsys.readouterr().err
     assert f"{paths.home / 'manifest.json'} is mode 0644: other local users can read it" in err
     assert f"{paths.home} is mode 0755: other local users can enter it" in err
+
+
+async def test_a_node_fetch_stops_when_its_caller_goes(world, tmp_path: Path) -> None:  # noqa: F811
+    """`p2pnode fetch` through the node, from a silent peer: when the caller disconnects
+    (Ctrl-C), the node's fetch is cancelled at once instead of running to its bound."""
+    agent = tmp_path / "node-agent"
+    agent.mkdir()
+    paths = NodePaths(tmp_path / "node-home")
+    node = Node(paths, NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent))
+    await node.start()
+    liar = world["liar"]
+    node.trust.trust(liar.identity.node_id)
+    liar.trust.trust(node.identity.node_id)
+    server, slow = await raw_tls_peer(world, silent)
+    try:
+        control = aiohttp.UnixConnector(path=str(paths.home / "control.sock"))
+        async with aiohttp.ClientSession(connector=control) as s:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await s.post("http://node/v1/fetch", json={"branch": "a" * 64, "peers": [str(slow)]})
+        assert list(node.transfers) == ["a" * 64]  # still running: the peer is silent
+        async with asyncio.timeout(FETCH_LIMITS.progress_timeout / 2):  # well before the stall bound
+            while node.transfers:
+                await asyncio.sleep(0.05)
+    finally:
+        server.close()
+        await node.close()
