@@ -76,6 +76,8 @@ class PeerServer:
         self._handshaking: dict[str, int] = defaultdict(int)
         """Connections per source address whose TLS handshake has not finished."""
         self._upgrades: set[asyncio.Future[None]] = set()
+        self._connections: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
+        """Authenticated connections per peer fingerprint (max_connections_per_peer)."""
         self.tls = server_context(identity, trust)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -340,6 +342,7 @@ class _HeadDeadline(asyncio.Protocol):
     def __init__(self, server: PeerServer, inner: web_protocol.RequestHandler) -> None:
         self.server, self.inner = server, inner
         self.transport: asyncio.BaseTransport | None = None
+        self.fingerprint: bytes | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -358,6 +361,11 @@ class _HeadDeadline(asyncio.Protocol):
         if self.transport is not None:
             self.server._disarm(self.transport)
             self.server._busy.discard(self.transport)
+            if self.fingerprint is not None:
+                mine = self.server._connections.get(self.fingerprint, set())
+                mine.discard(self.transport)
+                if not mine:
+                    self.server._connections.pop(self.fingerprint, None)
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -410,6 +418,15 @@ class _HandshakeGate(asyncio.Protocol):
         if tls is None:
             transport.abort()  # type: ignore[attr-defined]
             return
+        fp = peer_fingerprint(tls.get_extra_info("ssl_object"))
+        if fp is not None:
+            mine = server._connections[fp]
+            if len(mine) >= server.limits.max_connections_per_peer:
+                log.info("closing a connection of %s: %d open already", format_node_id(fp), len(mine))
+                tls.abort()
+                return
+            mine.add(tls)
+            app.fingerprint = fp
         app.connection_made(tls)
 
     def data_received(self, data: bytes) -> None:  # reading is paused until start_tls takes over

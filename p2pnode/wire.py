@@ -87,6 +87,9 @@ class Limits:
     Content-Length with a few bytes)."""
     tls_handshake_timeout: float = 5.0
     """Server: seconds an incoming connection has to complete its TLS handshake."""
+    max_connections_per_peer: int = 16
+    """Server: authenticated connections of one trusted peer at once; more are closed after
+    the handshake (each holds TLS buffers and up to 32 parsed pipelined requests)."""
     max_handshakes_per_source: int = 8
     max_handshakes: int = 128
     """Server: connections not yet past the TLS handshake (not yet known to be trusted), per

@@ -592,3 +592,36 @@ async def test_a_node_fetch_stops_when_its_caller_goes(world, tmp_path: Path) ->
     finally:
         server.close()
         await node.close()
+
+
+async def test_a_trusted_peer_gets_a_bounded_number_of_connections(world, tmp_path: Path) -> None:  # noqa: F811
+    """Twenty TLS connections of one trusted peer: the first `max_connections_per_peer` are
+    served, the rest closed after the handshake; closing some frees their places."""
+    client, tls = trusted_client(world, tmp_path)
+    limits = wire.Limits(max_connections_per_peer=4)
+    server = PeerServer(world["lib"], world["me"], world["trust"], limits)
+    await server.start("127.0.0.1", 0)
+    request = f"GET {wire.PATH_CATALOG} HTTP/1.1\r\nHost: p\r\n\r\n".encode()
+
+    async def served(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> bool:
+        reader, writer = conn
+        writer.write(request)
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(BOUND):
+                return (await reader.readline()).startswith(b"HTTP/1.1 200")
+        return False
+
+    conns = [await asyncio.open_connection("127.0.0.1", server.port, ssl=tls) for _ in range(20)]
+    try:
+        outcomes = [await served(c) for c in conns]
+        assert outcomes == [True] * 4 + [False] * 16
+        for _, writer in conns[:2]:
+            writer.close()
+        await asyncio.sleep(0.2)
+        again = [await asyncio.open_connection("127.0.0.1", server.port, ssl=tls) for _ in range(2)]
+        conns += again
+        assert [await served(c) for c in again] == [True, True]
+    finally:
+        for _, writer in conns:
+            writer.close()
+        await server.close()
