@@ -21,8 +21,9 @@ The order of work, and why:
 3. Only after the store committed it, the requested session is written where Pi finds it
    (placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
 
-Peers are tried in turn.  A peer that sends bytes failing verification is dropped for the
-rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
+Peers are tried in turn, and never redirect us.  A peer that sends bytes failing
+verification, or makes no progress for `Limits.progress_timeout` in any phase, is dropped for
+the rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
 blob prefixes survive a broken link, so the next attempt, on the same or another peer,
 continues where the last one stopped.
 """

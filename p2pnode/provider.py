@@ -11,8 +11,12 @@ What is served is decided by `lib.offered_object(hash)`: only sidecars, sessions
 blobs reachable from offered (shared, not unshared) branches.  Anything else, even a hash
 the store holds, and any malformed hash, gets exactly the answer a hash that does not exist
 gets (404, same body).  Per peer: at most `limits.max_concurrent_requests` requests at once
-(more get 429), request bodies up to `limits.max_batch_request` bytes, and a peer that stops
-reading for `limits.slow_reader_timeout` seconds is disconnected.  Untrusting a peer aborts
+(more get 429), `limits.max_connections_per_peer` connections, request bodies up to
+`limits.max_batch_request` bytes, and a peer that stops reading for
+`limits.slow_reader_timeout` seconds is disconnected.  Before trust is known: pending TLS
+handshakes are bounded per source and in all, each with a deadline (_HandshakeGate); after
+it, a request head and a body each have `limits.request_timeout` (_HeadDeadline, slowloris),
+and every answer waits for the socket before the next pipelined request is served.  Untrusting a peer aborts
 its open connections at once; the trust file is re-read about every second so that
 `p2pnode untrust` from another process takes effect too.
 
