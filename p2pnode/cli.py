@@ -88,6 +88,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = via_node(args, "status", {})
     if status is None:
         status = offline_status(node_paths(args))
+    for problem in node_paths(args).privacy_problems():
+        print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
     if args.json:
         print_json(status)
         return 0
@@ -99,7 +101,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("running    no (start it with `p2pnode serve`)")
     print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
     for b in status["shared"]:
-        print(f"  {b['branch'][:16]}  {b['size']:>10}  {b['title'] or ''}")
+        print(f"  {b['branch'][:16]}  {b['size']:>10}  {_one_line(b['title'], 90)}")
     trusted = [p for p in status["peers"] if p["trusted"]]
     print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
           f"{len(status['peers']) - len(trusted)} untrusted seen")
@@ -161,8 +163,15 @@ def _short(h: str | None) -> str:
     return h[:16] if h else "-"
 
 
+def shown(text: object) -> str:
+    """Text that may come from a peer (titles, header fields, paths, reasons), safe to print
+    on a terminal: every non-printable character (C0, DEL, C1 such as U+009B, a terminal's
+    CSI, bidi controls) is written as a visible escape instead of reaching the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _one_line(text: str | None, width: int) -> str:
-    flat = " ".join((text or "").split())
+    flat = shown(" ".join((text or "").split()))
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
@@ -187,9 +196,9 @@ def cmd_share(args: argparse.Namespace) -> int:
         with open_library(args) as lib:
             result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi).as_dict()
     for warning in result.get("warnings", []):
-        print(f"p2pnode: warning: {warning}", file=sys.stderr)
+        print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
     for notice in result.get("notices", []):
-        print(f"p2pnode: note: {notice}", file=sys.stderr)
+        print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
     ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
     if args.json:
         print_json(dict(result, ticket=ticket) if ticket else result)
@@ -230,13 +239,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"sidecar     {sidecar}")
     print(f"session     {info.src}  ({info.size} bytes, {info.lines} lines)")
     print(f"title       {_one_line(info.title, 90)}")
-    print(f"header      id {h.get('id')}  timestamp {h.get('timestamp')}")
-    print(f"            cwd {h.get('cwd')}")
+    print(f"header      id {shown(h.get('id'))}  timestamp {shown(h.get('timestamp'))}")
+    print(f"            cwd {shown(h.get('cwd'))}")
     if h.get("parent_session"):
-        print(f"            parentSession {h.get('parent_session')}")
+        print(f"            parentSession {shown(h.get('parent_session'))}")
     if info.lineage_cut:
-        print(f"lineage cut shared with --no-lineage: parentSession {info.lineage_cut} was not followed")
-    print(f"path        {info.path or '-'}")
+        print(f"lineage cut shared with --no-lineage: parentSession {shown(info.lineage_cut)} "
+              "was not followed")
+    print(f"path        {shown(info.path or '-')}")
     print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
     print("lineage")
     ancestors = list(reversed(lineage))
@@ -399,8 +409,7 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
     import asyncio
 
     from p2pnode.discovery import lan_peers
-    from p2pnode.fetch import fetch_branch
-    from p2pnode.library import Library
+    from p2pnode.fetch import OpenPerUse, fetch_branch
 
     paths = node_paths(args)
     pi = pi_dirs(args)
@@ -411,9 +420,9 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
         peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
     bar = ProgressBar()
     try:
-        with Library.open(paths) as lib:
-            result = asyncio.run(fetch_branch(lib, branch, peers, ident, trust, agent_dir=pi.agent,
-                                              progress=bar, session_dir=pi.sessions))
+        result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, ident, trust,  # the store is
+                                          agent_dir=pi.agent, progress=bar,  # locked only per step
+                                          session_dir=pi.sessions))
     finally:
         bar.finish()
     return result.as_dict()
@@ -433,12 +442,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
               f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
         for where, why in result["dropped_peers"].items():
-            print(f"dropped  {where}: {why}")
+            print(f"dropped  {shown(where)}: {shown(why)}")
         if result["path"] and not result["conflict"]:
-            print(f"path     {result['path']}")
-            print(f"continue with:  pi --fork {shlex.quote(result['path'])}")
+            print(f"path     {shown(result['path'])}")
+            print(f"continue with:  pi --fork {shown(shlex.quote(result['path']))}")
     if result["conflict"]:
-        print(f"p2pnode: {result['conflict']}", file=sys.stderr)
+        print(f"p2pnode: {shown(result['conflict'])}", file=sys.stderr)
         return 7  # errors.Conflict.exit_code
     return 0
 
@@ -589,7 +598,7 @@ def _os_error_subject(exc: OSError) -> str:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"p2pnode: {message}", file=sys.stderr)
+    print(f"p2pnode: {shown(message)}", file=sys.stderr)
     return code
 
 

@@ -18,22 +18,26 @@ The order of work, and why:
    as the peer sent them: the store keeps those (after decoding and re-hashing them itself)
    instead of compressing the line again.  A peer without line manifests gets the
    whole-blob fallback: a streamed GET with `Range` resume, hashed on the fly.
-3. The requested session is written where Pi finds it (placement.py), if `agent_dir` is given.
+3. Only after the store committed it, the requested session is written where Pi finds it
+   (placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
 
-Peers are tried in turn.  A peer that sends bytes failing verification is dropped for the
-rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
+Peers are tried in turn, and never redirect us.  A peer that sends bytes failing
+verification, or makes no progress for `Limits.progress_timeout` in any phase, is dropped for
+the rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
 blob prefixes survive a broken link, so the next attempt, on the same or another peer,
 continues where the last one stopped.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import re
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,15 +46,27 @@ import aiohttp
 import blake3
 
 from p2pnode import wire
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
+from p2pnode.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    P2PNodeError,
+    PeerUnavailable,
+    Refused,
+    VerificationFailed,
+)
 from p2pnode.identity import Identity, format_node_id, parse_node_id
+from p2pnode.library import Library
+from p2pnode.manifest import PlacedFiles
+from p2pnode.paths import NodePaths
 from p2pnode.pisession import find_header, placed_names
 from p2pnode.placement import Placement, PlacementConflict, place_session
 from p2pnode.sessionstore import is_split
-from p2pnode.sidecar import Sidecar, parse_sidecar
+from p2pnode.sidecar import InvalidSidecar, Sidecar, parse_sidecar
 from p2pnode.tls import client_context
 from p2pnode.trust import TrustStore
 from store import StoredBlob
+from store.errors import StoreLocked
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -108,7 +124,7 @@ class FetchResult:
     seconds_transfer: float = 0.0
     """Receiving and verifying the sessions' bytes (sidecars, manifests, lines, re-hash)."""
     seconds_store: float = 0.0
-    """Storing the verified sessions (`Library.add_fetched`; the file is placed meanwhile)."""
+    """Storing the verified sessions (`Library.add_fetched`; the file is placed afterwards)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +132,41 @@ class FetchResult:
 
 class LineageError(VerificationFailed):
     """A parent chain that loops or is deeper than the limit."""
+
+
+class PeerStalled(PeerUnavailable):
+    """A peer that made no progress for `Limits.progress_timeout` seconds: dropped at once."""
+
+
+@dataclass(frozen=True)
+class OpenPerUse:
+    """The library of a one-shot fetch (no node running), opened for each local step (a
+    look-up, the verified commit) and closed before the next wait on a peer: the store's
+    lock is never held while a peer is slow, so other commands keep working meanwhile."""
+
+    paths: NodePaths
+    agent_dir: Path | None = None
+    wait: float = 10.0
+    """Seconds to wait for the store's lock when another command holds it."""
+
+    def __call__(self) -> Library:
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                return Library.open(self.paths, self.agent_dir)
+            except StoreLocked as exc:
+                if time.monotonic() > deadline:
+                    raise Conflict(f"{exc} for over {self.wait:g} s; the fetch's verified bytes were "
+                                   "not stored") from None
+                time.sleep(0.05)
+
+
+LibraryOpener = Callable[[], AbstractContextManager[Any]]
+
+
+def _opener(lib: Any) -> LibraryOpener:
+    """An open Library (the node's) is used as it is; OpenPerUse opens one per step."""
+    return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
 
 
 class NotOffered(Exception):
@@ -134,7 +185,8 @@ class _Peer:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, self._accepted),
                                            limit=4),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout,
+            timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
+                                          sock_connect=limits.connect_timeout,
                                           sock_read=limits.slow_reader_timeout),
             auto_decompress=False,
         )
@@ -155,7 +207,15 @@ class _Peer:
     async def close(self) -> None:
         await self.session.close()
 
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """Every request to a peer: redirects are never followed (a 3xx could lead past the
+        TLS pin, to plain http or to another host); `_check` refuses them."""
+        return self.session.request(method, self.base + path, allow_redirects=False, **kw)
+
     def _check(self, resp: aiohttp.ClientResponse, what: str) -> None:
+        if 300 <= resp.status < 400:
+            raise wire.WireError(f"peer {self.addr} answered {resp.status} (a redirect) for {what}; "
+                                 "peers must not redirect")
         if resp.status == 404:
             raise NotOffered(what)
         if resp.status == 403:
@@ -164,23 +224,24 @@ class _Peer:
             raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
                                               message=f"unexpected status for {what}")
 
-    async def get_small(self, path: str, limit: int, what: str) -> bytes:
-        """A whole response body of at most `limit` bytes (larger is a lie, refused)."""
-        async with self.session.get(self.base + path) as resp:
+    async def get_small(self, path: str, limit: int, what: str,
+                        too_big: type[P2PNodeError] = wire.WireError) -> bytes:
+        """A whole response body of at most `limit` bytes (larger is refused with `too_big`)."""
+        async with self.request("GET", path) as resp:
             self._check(resp, what)
             if (resp.content_length or 0) > limit:
-                raise wire.WireError(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
+                raise too_big(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
             body = bytearray()
             async for chunk in resp.content.iter_any():
                 body += chunk
                 self.bytes_received += len(chunk)
                 if len(body) > limit:
-                    raise wire.WireError(f"{what}: peer sent more than the limit of {limit} bytes")
+                    raise too_big(f"{what}: peer sent more than the limit of {limit} bytes")
             return bytes(body)
 
     async def sidecar(self, branch: str) -> tuple[bytes, Sidecar]:
         raw = await self.get_small(wire.PATH_OBJECT.format(hash=branch), self.limits.max_sidecar,
-                                   f"sidecar {branch}")
+                                   f"sidecar {branch}", InvalidSidecar)
         return raw, parse_sidecar(raw, branch)
 
     async def line_manifest(self, src: str) -> list[wire.LineRef]:
@@ -203,6 +264,7 @@ class _Pool:
                 raise Refused(f"node {p.node_id} is not trusted here; run `p2pnode trust {p.node_id}` first")
         self.peers = [_Peer(p, identity, trust, limits) for p in dict.fromkeys(peers)]
         self.me = identity.node_id
+        self.limits = limits
 
     async def close(self) -> None:
         for p in self.peers:
@@ -228,13 +290,17 @@ class _Pool:
                 break
             for peer in active:
                 try:
-                    return await op(peer)
+                    return await self._watched(peer, op)
+                except PeerStalled as exc:
+                    self.drop(peer, str(exc), PeerUnavailable)
                 except NotOffered:
                     not_offered.add(peer)
                 except Refused as exc:
                     self.drop(peer, str(exc), Refused)
-                except (VerificationFailed, InvalidInput) as exc:  # lying bytes
+                except VerificationFailed as exc:  # lying bytes
                     self.drop(peer, f"sent data that failed verification: {exc}", VerificationFailed)
+                except InvalidInput as exc:  # bytes that hash right but are not valid (a bad sidecar)
+                    self.drop(peer, f"sent invalid data: {exc}", InvalidInput)
                 except aiohttp.ClientConnectorCertificateError as exc:
                     self.drop(peer, f"TLS: {exc.certificate_error}", Refused)
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -259,6 +325,27 @@ class _Pool:
         return (f"{them} closed every connection right after the TLS handshake: it does not trust this node "
                 f"{self.me}; ask them to run: p2pnode trust {self.me}")
 
+    async def _watched(self, peer: _Peer, op: Callable[[_Peer], Awaitable[T]]) -> T:
+        """`op(peer)`, cancelled with PeerStalled when a `progress_timeout` window passes with
+        fewer than `progress_bytes` received: the one deadline no phase of a request can dodge
+        (a connect or TLS handshake that hangs, headers that never end, 1xx answers, a trickle)."""
+        task = asyncio.ensure_future(op(peer))
+        try:
+            while True:
+                mark = peer.bytes_received
+                done, _ = await asyncio.wait([task], timeout=self.limits.progress_timeout)
+                if done:
+                    return task.result()
+                moved = peer.bytes_received - mark
+                if moved < self.limits.progress_bytes:
+                    raise PeerStalled(f"no progress for {self.limits.progress_timeout:g} s ({moved} bytes, "
+                                      f"fewer than {self.limits.progress_bytes}); peer dropped")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
     def _failure(self, what: str, not_offered: set[_Peer]) -> P2PNodeError:
         reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
         if not self.peers:
@@ -268,6 +355,8 @@ class _Pool:
         failures = {p.failure for p in self.peers if p.dropped}
         if VerificationFailed in failures:
             return VerificationFailed(f"{what}: no peer sent verifiable data ({reasons})")
+        if InvalidInput in failures:
+            return InvalidInput(f"{what}: no peer sent valid data ({reasons})")
         if failures == {Refused}:
             return Refused(f"{what}: refused ({reasons})")
         return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
@@ -302,6 +391,32 @@ def split_lines(data: bytes) -> list[bytes]:
     return lines
 
 
+MAX_JSON_DEPTH = 512
+"""Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
+the store's title and JSON checks) recurses through, far beyond any real Pi entry."""
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def json_depth(line: bytes) -> int:
+    """The deepest bracket nesting of a JSON line, strings left out (brackets inside strings
+    are text); cheap for real lines, whose structural brackets are few."""
+    depth = peak = 0
+    for c in _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
+        depth += 1 if c in b"[{" else -1
+        peak = max(peak, depth)
+    return peak
+
+
+def check_nesting(lines: list[bytes], src: str) -> None:
+    """InvalidInput for a line nested deeper than MAX_JSON_DEPTH, before anything is stored
+    (only lines with more opening brackets than that are looked at)."""
+    for number, line in enumerate(lines, 1):
+        if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
+            raise InvalidInput(f"fetched session {src}: line {number} nests JSON deeper than "
+                               f"{MAX_JSON_DEPTH} levels; refused")
+
+
 def check_header(lines: list[bytes], src: str) -> None:
     """Refuse a session that is not a Pi session, or whose header fields would place it
     outside Pi's sessions dir or break Pi's id rule (InvalidHeader / HostileHeader), before
@@ -311,7 +426,7 @@ def check_header(lines: list[bytes], src: str) -> None:
 
 class _Fetch:
     def __init__(self, lib: Any, pool: _Pool, limits: wire.Limits, progress: Progress | None) -> None:
-        self.lib = lib
+        self.lib = _opener(lib)
         self.pool = pool
         self.limits = limits
         self.progress = progress
@@ -323,15 +438,16 @@ class _Fetch:
         self.lines_total = 0
         self._done = self._total = 0
 
-    async def _lib(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
+    async def _lib(self, fn: Callable[[Any], T]) -> T:
+        """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
+        return await _using(self.lib, fn)
 
     async def walk(self, branch: str) -> list[tuple[str, bytes, Sidecar]]:
         """The branches to fetch, requested first, up to the first one held locally."""
         chain: list[tuple[str, bytes, Sidecar]] = []
         seen: set[str] = set()
         current: str | None = branch
-        while current is not None and not await self._lib(self.lib.has_branch, current):
+        while current is not None and not await self._lib(functools.partial(_has_branch, branch=current)):
             if current in seen:
                 raise LineageError(f"lineage of {branch}: parent cycle at branch {current}")
             if len(chain) >= self.limits.max_chain_depth:
@@ -366,7 +482,7 @@ class _Fetch:
 
     async def _missing(self, manifest: list[wire.LineRef]) -> list[wire.LineRef]:
         unique = list({r.hash: r for r in manifest}.values())
-        held = await self._lib(lambda: [self.lib.has_line(r.hash) for r in unique])
+        held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
     async def _batches(self, peer: _Peer, missing: list[wire.LineRef]) -> None:
@@ -406,8 +522,8 @@ class _Fetch:
         run: list[wire.BatchBlob] = []
         run_bytes = 0
         try:
-            async with peer.session.post(peer.base + wire.PATH_BATCH, data=body,
-                                         headers={"Content-Type": "application/octet-stream"}) as resp:
+            async with peer.request("POST", wire.PATH_BATCH, data=body,
+                                    headers={"Content-Type": "application/octet-stream"}) as resp:
                 peer._check(resp, f"batch of {len(group)} lines")
                 async for chunk in resp.content.iter_any():
                     peer.bytes_received += len(chunk)
@@ -442,8 +558,8 @@ class _Fetch:
     async def _assemble(self, manifest: list[wire.LineRef], src: str) -> list[bytes] | None:
         """All lines in order, or None if the manifest lied: they do not hash to `src`, or
         they are not the file cut at its newlines."""
-        def build() -> list[bytes] | None:
-            lines = [self.lines.get(r.hash) or self.lib.line(r.hash) for r in manifest]
+        def build(lib: Any) -> list[bytes] | None:
+            lines = [self.lines.get(r.hash) or lib.line(r.hash) for r in manifest]
             hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
             for line in lines:
                 hasher.update(line)
@@ -459,8 +575,7 @@ class _Fetch:
         async def attempt(peer: _Peer) -> bytes:
             nonlocal hasher
             headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
-            url = peer.base + wire.PATH_OBJECT.format(hash=src)
-            async with peer.session.get(url, headers=headers) as resp:
+            async with peer.request("GET", wire.PATH_OBJECT.format(hash=src), headers=headers) as resp:
                 peer._check(resp, f"session {src}")
                 if resp.status == 200 and buf:  # the peer ignored Range: start over
                     buf.clear()
@@ -488,6 +603,18 @@ class _Fetch:
         return await self.pool.run(f"session {src}", attempt)
 
 
+async def _using(opener: LibraryOpener, fn: Callable[[Any], T]) -> T:
+    def run() -> T:
+        with opener() as lib:
+            return fn(lib)
+
+    return await asyncio.to_thread(run)
+
+
+def _has_branch(lib: Any, branch: str) -> bool:
+    return bool(lib.has_branch(branch))
+
+
 def _decode_all(blobs: list[wire.BatchBlob]) -> list[bytes]:
     return [wire.decode_blob(b) for b in blobs]
 
@@ -512,10 +639,12 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
                        limits: wire.Limits = wire.DEFAULT_LIMITS,
                        session_dir: Path | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
+    `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
     `session_dir`: Pi's session-dir override, where the session is then placed (flat)."""
     wire.check_hex_hash(branch_hex, "branch hash")
+    opener = _opener(lib)
     pool = _Pool(peers, identity, trust, limits)
-    placing: asyncio.Future[Placement | PlacementConflict] | None = None
+    requested: bytes | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
         t0 = time.perf_counter()
@@ -524,16 +653,21 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
         for branch, raw_sidecar, sc in reversed(chain):
             lines = await job.session(sc.src)
             check_header(lines, sc.src)
+            await asyncio.to_thread(check_nesting, lines, sc.src)
             t1 = time.perf_counter()
-            if branch == branch_hex and agent_dir is not None:  # verified: write the file meanwhile
-                placing = asyncio.ensure_future(
-                    asyncio.to_thread(_place, agent_dir, lines, sc.src, lib, session_dir))
-            await asyncio.to_thread(lib.add_fetched, raw_sidecar, lines, job.blobs.values())
+            blobs = list(job.blobs.values())
+            add = functools.partial(_add_fetched, sidecar=raw_sidecar, lines=lines, blobs=blobs)
+            try:
+                await _using(opener, add)
+            except RecursionError:
+                raise InvalidInput(f"fetched session {sc.src}: JSON nested too deeply; refused") from None
+            if branch == branch_hex:
+                requested = b"".join(lines)
             t2 = time.perf_counter()
             log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
                      branch, len(lines), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
-        info = await asyncio.to_thread(lib.branch, branch_hex)
+        info = await _using(opener, lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
@@ -541,28 +675,30 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
                              seconds_store=round(store, 4))
     finally:
         await pool.close()
-        if placing is not None and not placing.done():
-            await asyncio.wait([placing])
-    if agent_dir is not None:
-        if placing is None:  # already held: place the stored copy
-            data = await asyncio.to_thread(lib.session_bytes, info.src)
-            placing = asyncio.ensure_future(asyncio.to_thread(_place, agent_dir, [data], info.src, lib,
-                                                                session_dir))
-        placed = await placing
+    if agent_dir is not None:  # only now, after the store committed the verified session
+        placed = await _using(opener, lambda lib: _place(agent_dir, requested, branch_hex, info.src, lib,
+                                                         session_dir))
         if isinstance(placed, PlacementConflict):
             result.path, result.conflict = str(placed.path), str(placed)
         else:
             result.path, result.written = str(placed.path), placed.written
-            await asyncio.to_thread(lib.record_path, branch_hex, placed.path)
     return result
 
 
-def _place(agent_dir: Path, lines: list[bytes], src: str, lib: Any,
+def _add_fetched(lib: Any, sidecar: bytes, lines: list[bytes], blobs: list[StoredBlob]) -> None:
+    lib.add_fetched(sidecar, lines, blobs)
+
+
+def _place(agent_dir: Path, data: bytes | None, branch: str, src: str, lib: Any,
            session_dir: Path | None) -> Placement | PlacementConflict:
+    """Place the fetched bytes (or, for a branch already held, the stored copy); record the path."""
     try:
-        return place_session(agent_dir, b"".join(lines), src, lib.has_session, session_dir)
+        placed = place_session(agent_dir, data if data is not None else lib.session_bytes(src), src,
+                               PlacedFiles(lib.paths.placed), session_dir)
     except PlacementConflict as exc:
         return exc
+    lib.record_path(branch, placed.path)
+    return placed
 
 
 async def get_catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,

@@ -430,7 +430,7 @@ class Library:
 
     def offered_object(self, hash_hex: str) -> str | None:
         """"sidecar", "session" or "line" if the hash is reachable from an offered branch
-        (its ancestors included), else None: peers get nothing else."""
+        (its offered ancestors included), else None: peers get nothing else."""
         with self._lock:
             generation = self.sessions.generation
             if self._offered is None or self._offered[0] != generation:
@@ -438,11 +438,16 @@ class Library:
             return self._offered[1].get(hash_hex)
 
     def _reachable(self) -> dict[str, str]:
+        """What this node's user chose to offer: offered branches and their ancestors, except
+        that the walk stops at a branch that is not offered (unshared, or fetched and never
+        shared here): a branch whose parent a peer chose cannot make an unshared one visible."""
         kinds: dict[str, str] = {}
         for info in self.branches():
             branch: str | None = info.branch
             while branch is not None and branch not in kinds and self.has_branch(branch):
                 record = self.sessions.branch(branch)
+                if not record.offered:
+                    break
                 kinds[branch] = "sidecar"
                 if record.src not in kinds:
                     for line_hash in self.sessions.line_hashes(record.src):
@@ -477,4 +482,10 @@ class Library:
                                                {b.hash: b for b in stored})
                 except BlobMismatch as exc:
                     raise VerificationFailed(f"fetched branch {branch}: {exc}") from None
-            return self._info(self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent))
+            # a fetched branch is not offered on until this node's user shares it, and fetching
+            # one the user unshared does not offer it again
+            offered = self.has_branch(branch) and self.sessions.branch(branch).offered
+            record = self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent)
+            if record.offered != offered:
+                record = self.sessions.set_offered(branch, offered)
+            return self._info(record)

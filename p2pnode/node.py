@@ -28,6 +28,7 @@ import base64
 import contextlib
 import dataclasses
 import errno
+import json
 import logging
 import os
 import signal
@@ -57,6 +58,8 @@ DEFAULT_PORT = 47470
 LIVENESS_INTERVAL = 5.0
 LIVENESS_TIMEOUT = 4.0
 HOLDER_QUERY_SECONDS = 2.0
+CONTROL_MAX_BODY = 1 << 20
+"""Largest control request body (bytes); more is answered 413.  Real ones are under 1 KiB."""
 FETCH_LIMITS = dataclasses.replace(DEFAULT_LIMITS, slow_reader_timeout=8.0)
 """A holder whose link stalls this long is left for the next one (a LAN peer is near or gone)."""
 
@@ -142,13 +145,13 @@ class Node:
     async def _start_control(self) -> None:
         path = control_socket(self.paths)
         path.unlink(missing_ok=True)  # left by a node that was killed (a live one was refused)
-        app = web.Application(middlewares=[_errors_as_json])
+        app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
             "fetch": self._c_fetch, "read": self._c_read}
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         self._stack.callback(lambda: path.unlink(missing_ok=True))
@@ -255,9 +258,11 @@ class Node:
         }
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
-        call, args = body.get("call"), body.get("args") or []
-        if call not in READ_CALLS or not isinstance(args, list):
+        call, args = _field(body, "call", str), _field(body, "args", list) or []
+        if call not in READ_CALLS:
             raise InvalidInput(f"control: {call!r} is not a read-only library call")
+        if not all(isinstance(a, str | bool) for a in args):
+            raise InvalidInput("control: read arguments must be strings or booleans")
         value = await asyncio.to_thread(getattr(self.lib, str(call)), *args)
         if isinstance(value, bytes):
             return {"b64": base64.b64encode(value).decode()}
@@ -269,25 +274,26 @@ class Node:
         return await self.status()
 
     async def _c_share(self, body: dict[str, Any]) -> dict[str, Any]:
-        cwd, target = body.get("cwd") or None, body.get("target") or None
+        cwd, target = _field(body, "cwd", str) or None, _field(body, "target", str) or None
         if cwd and target and not os.path.isabs(target) and (Path(cwd) / target).exists():
             target = str(Path(cwd) / target)  # a path relative to the caller, not to the node
-        result = await asyncio.to_thread(self.lib.share, target, latest=bool(body.get("latest")),
-                                         no_lineage=bool(body.get("no_lineage")), cwd=cwd, pi=_pi_dirs(body))
+        result = await asyncio.to_thread(self.lib.share, target, latest=bool(_field(body, "latest", bool)),
+                                         no_lineage=bool(_field(body, "no_lineage", bool)), cwd=cwd,
+                                         pi=_pi_dirs(body))
         log.info("shared %s (%s)", result.branch, result.path)
         await self.announce()
         return result.as_dict()
 
     async def _c_unshare(self, body: dict[str, Any]) -> dict[str, Any]:
-        branch = str(body.get("branch", ""))
+        branch = _field(body, "branch", str) or ""
         await asyncio.to_thread(self.lib.unshare, branch)
         log.info("unshared %s", branch)
         await self.announce()
         return {"branch": branch}
 
     async def _c_fetch(self, body: dict[str, Any]) -> dict[str, Any]:
-        branch = str(body.get("branch", ""))
-        peers = [PeerAddress.parse(str(text)) for text in body.get("peers") or []]
+        branch = _field(body, "branch", str) or ""
+        peers = [PeerAddress.parse(text) for text in _field(body, "peers", list, str) or []]
         peers = peers or await self.holders(branch)
         if not peers:
             raise PeerUnavailable(f"branch {branch}: no trusted peer on the LAN offers it")
@@ -300,9 +306,13 @@ class Node:
 
         pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
         try:
-            result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
-                                        agent_dir=pi.agent, progress=on_progress,
-                                        limits=FETCH_LIMITS, session_dir=pi.sessions)
+            async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
+                result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
+                                            agent_dir=pi.agent, progress=on_progress,
+                                            limits=FETCH_LIMITS, session_dir=pi.sessions)
+        except TimeoutError:
+            raise PeerUnavailable(f"fetch {branch}: not done after {FETCH_LIMITS.fetch_timeout:g} s; "
+                                  "given up") from None
         except P2PNodeError as exc:
             log.info("fetch %s refused or failed: %s", branch, exc)
             raise
@@ -335,6 +345,9 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
     except P2PNodeError as exc:
         return web.json_response({"error": type(exc).__name__, "message": str(exc),
                                   "exit_code": exc.exit_code}, status=400)
+    except web.HTTPRequestEntityTooLarge:
+        return web.json_response({"error": "RequestTooLarge", "exit_code": InvalidInput.exit_code,
+                                  "message": f"control request over {CONTROL_MAX_BODY} bytes"}, status=413)
     except Exception as exc:  # a bug or a store error: logged here, reported there
         log.exception("control %s failed", request.path)
         return web.json_response({"error": type(exc).__name__, "exit_code": 1, "message":
@@ -346,13 +359,26 @@ def _json_handler(fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
     async def handle(request: web.Request) -> web.Response:
         try:
             body = await request.json() if request.can_read_body else {}
-        except ValueError as exc:
-            raise InvalidInput(f"control request is not JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInput(f"control request is not JSON: {type(exc).__name__}") from None
         if not isinstance(body, dict):
             raise InvalidInput("control request must be a JSON object")
         return web.json_response(await fn(body))
 
     return handle
+
+
+def _field(body: dict[str, Any], key: str, kind: type, items: type | None = None) -> Any:
+    """body[key] if it is a `kind` (a list: of `items`), or None if absent; any other type is
+    InvalidInput, answered 400 (never a 500 from deeper down)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    wrong = not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))
+    if wrong or (items is not None and not all(isinstance(v, items) for v in value)):
+        what = f"a list of {items.__name__}" if items else f"a {kind.__name__}"
+        raise InvalidInput(f"control: {key!r} must be {what}, not {json.dumps(value)[:40]}")
+    return value
 
 
 # --- `p2pnode serve` ----------------------------------------------------------------------------

@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+
+log = logging.getLogger(__name__)
+
+STATE_DIR_MODE = 0o700
+STATE_FILE_MODE = 0o600
+"""The node's state (keys, trust, what was shared and fetched) is for its user alone, whatever
+the umask and whatever modes an existing home had."""
 
 SESSION_DIR_ENV = "PI_CODING_AGENT_SESSION_DIR"
 
@@ -72,6 +81,11 @@ class NodePaths:
         return self.home / "manifest.json"
 
     @property
+    def placed(self) -> Path:
+        """What fetches placed under Pi's sessions dir (manifest.PlacedFiles)."""
+        return self.home / "placed.json"
+
+    @property
     def identity(self) -> Path:
         return self.home / "identity"
 
@@ -80,11 +94,37 @@ class NodePaths:
         return self.home / "trust.json"
 
     def ensure(self) -> NodePaths:
-        """Home and store dir 0700: sessions and keys are the user's alone (the store would
-        make its dir with the umask's mode)."""
-        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.store.mkdir(exist_ok=True, mode=0o700)
+        """Create the home (0700) and tighten what is already there (privacy_problems says
+        what could not be tightened)."""
+        self.home.mkdir(parents=True, exist_ok=True, mode=STATE_DIR_MODE)
+        self.store.mkdir(exist_ok=True, mode=STATE_DIR_MODE)
+        for path, mode in self._state_entries():
+            if mode & 0o077:
+                want = STATE_DIR_MODE if stat.S_ISDIR(mode) else STATE_FILE_MODE
+                try:
+                    os.chmod(path, stat.S_IMODE(mode) & want)
+                except OSError as exc:
+                    log.warning("cannot make %s private: %s", path, exc)
         return self
+
+    def privacy_problems(self) -> list[str]:
+        """State that other local users can read or enter (for `status` to warn about)."""
+        return [f"{path} is mode {stat.S_IMODE(mode):04o}: other local users can "
+                f"{'enter it' if stat.S_ISDIR(mode) else 'read it'} (chmod go-rwx {path})"
+                for path, mode in self._state_entries() if mode & 0o077]
+
+    def _state_entries(self) -> list[tuple[Path, int]]:
+        """The home and what is directly in it (the store's own files are the store's care;
+        a closed home keeps them from others anyway).  Symlinks are left alone."""
+        entries = []
+        for path in [self.home, *(self.home.iterdir() if self.home.is_dir() else [])]:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISLNK(st.st_mode):
+                entries.append((path, st.st_mode))
+        return entries
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ SESSION_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 255 bytes.  `share` and `fetch` apply the same rule, so no branch is offered that a peer
 could not place."""
 _SAFE_TIMESTAMP = re.compile(r"[0-9A-Za-z:.+-]{1,64}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0, DEL and C1 (U+0080-U+009F: U+009B is a terminal's CSI)."""
 
 
 class InvalidHeader(InvalidInput):
@@ -66,6 +67,8 @@ def parse_header(line: bytes, where: str) -> SessionHeader:
         obj = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidHeader(f"{where}: the first line is not a JSON Pi session header ({exc})") from None
+    except RecursionError:
+        raise InvalidHeader(f"{where}: the first line nests too deeply to be a Pi session header") from None
     if not isinstance(obj, dict) or obj.get("type") != "session":
         raise InvalidHeader(f"{where}: the first line is not a Pi session header (type is not \"session\")")
     fields: dict[str, Any] = {}

@@ -12,22 +12,25 @@ The bytes go to a hidden temp file in the target directory, are fsynced, then pu
 with `link()` (which, unlike `rename()`, never replaces a file that appeared meanwhile), and
 the directory is fsynced: Pi sees no file or the whole file.
 
-If a file is already at the path: the same bytes mean nothing to do.  An older version of
-the same session that this node holds (its hash is `known`) and that is a prefix of the new
-bytes is replaced by the grown version (rename over it, after checking that it did not change
-meanwhile): nothing in it is lost.  A file that is the same bytes plus the final newline pi 1.5.2
-adds to a session it opens is the same version.  Any other file is kept untouched and
+If a file is already at the path: the same bytes mean nothing to do, and so does a file that
+is the same bytes plus the final newline pi 1.5.2 adds to a session it opens.  A file that a
+fetch placed (recorded in `placed.json`, manifest.PlacedFiles) and that is still byte-identical
+to what it placed (or that plus pi 1.5.2's final newline) may be replaced by a version whose
+bytes extend it (rename over it, after checking that it did not change meanwhile): nothing in
+it is lost.  Any other file (the user's own session, shared or not, grown or not; one that
+changed since a fetch placed it; a symlink, dangling or not; a directory) is kept untouched and
 reported as `PlacementConflict`.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from p2pnode.errors import Conflict
 from p2pnode.hashing import hash_file, hash_prefix, new_hasher
+from p2pnode.manifest import PlacedFile, PlacedFiles
 from p2pnode.pisession import HostileHeader, header_index, parse_header, placed_names
 from store.durability import flush_data
 from store.fileio import fsync_dir
@@ -36,10 +39,10 @@ SESSION_FILE_MODE = 0o644
 
 
 class PlacementConflict(Conflict):
-    def __init__(self, path: Path, ours: str, theirs: str) -> None:
+    def __init__(self, path: Path, ours: str, what: str) -> None:
         super().__init__(
-            f"{path} already exists with different content (blake3 {theirs}); it was kept, "
-            f"the fetched session {ours} stays in the node's store (`p2pnode cat` prints it)"
+            f"{path} already exists {what}; it was kept, and the fetched session {ours} was not "
+            f"written there: it is in the node's store (`p2pnode cat <branch>` prints it)"
         )
         self.path = path
 
@@ -100,10 +103,10 @@ def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) 
     return target
 
 
-def place_session(agent_dir: Path, data: bytes, src_hex: str,
-                  known: Callable[[str], bool] = lambda _h: False,
+def place_session(agent_dir: Path, data: bytes, src_hex: str, placed: PlacedFiles | None = None,
                   session_dir: Path | None = None) -> Placement:
-    """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them."""
+    """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them, and record
+    in `placed` what was written there."""
     readable = pi_readable(data)
     placed_hex = src_hex if readable is data else hash_bytes(readable)
     data = readable
@@ -111,37 +114,50 @@ def place_session(agent_dir: Path, data: bytes, src_hex: str,
     target = session_path(agent_dir, data, session_dir)
     target.parent.mkdir(exist_ok=True)
     target = session_path(agent_dir, data, session_dir)  # re-check now that the directory exists
-    if target.exists():
-        return _existing(target, data, src_hex, placed_hex, known)
+    if os.path.lexists(target):  # a dangling symlink too: never followed, never replaced
+        return _existing(target, data, src_hex, placed_hex, placed)
     tmp = _write_temp(target.parent, src_hex, data)
     try:
         os.link(tmp, target)
     except FileExistsError:
-        return _existing(target, data, src_hex, placed_hex, known)
+        return _existing(target, data, src_hex, placed_hex, placed)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(target.parent)
+    if placed is not None:
+        placed.record(target, PlacedFile(len(data), placed_hex))
     return Placement(target, written=True)
 
 
 def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
-              known: Callable[[str], bool]) -> Placement:
-    before = os.stat(target)
+              placed: PlacedFiles | None) -> Placement:
+    before = os.lstat(target)
+    if not stat.S_ISREG(before.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(before.st_mode) else "a directory" if stat.S_ISDIR(
+            before.st_mode) else "a special file"
+        raise PlacementConflict(target, src_hex, f"as {kind}, not a regular file")
     theirs = hash_file(target)
     if theirs == placed_hex or (not data.endswith(b"\n") and theirs == hash_bytes(data + b"\n")):
         return Placement(target, written=False)  # the same version (pi 1.5.2 may have added a final \n)
-    grown = before.st_size < len(data) and (
-        (known(theirs) and _is_prefix(target, data))
-        or (known(hash_prefix(target, before.st_size - 1)) and _is_prefix(target, data, newline_added=True)))
-    if not grown:
-        raise PlacementConflict(target, src_hex, theirs)
+    record = placed.get(target) if placed is not None else None
+    as_placed = record == PlacedFile(before.st_size, theirs)
+    newline_added = not as_placed and record is not None and record.size == before.st_size - 1 and (
+        record == PlacedFile(before.st_size - 1, hash_prefix(target, before.st_size - 1)))
+    if not (as_placed or newline_added):
+        raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
+                                                 "placed: it is this node's user's own file")
+    if not (before.st_size < len(data) and _is_prefix(target, data, newline_added=newline_added)):
+        raise PlacementConflict(target, src_hex, f"as a version a fetch placed (blake3 {theirs}) that the "
+                                                 "fetched bytes do not extend")
+    assert placed is not None
     tmp = _write_temp(target.parent, src_hex, data)
-    after = os.stat(target)
+    after = os.lstat(target)
     if _stamp(after) != _stamp(before):
         tmp.unlink()
-        raise PlacementConflict(target, src_hex, "(changed while being replaced)")
+        raise PlacementConflict(target, src_hex, "and changed while being replaced")
     os.replace(tmp, target)
     fsync_dir(target.parent)
+    placed.record(target, PlacedFile(len(data), placed_hex))
     return Placement(target, written=True, replaced=theirs)
 
 

@@ -82,6 +82,8 @@ def parse_sidecar(data: bytes, expected_branch: str | None = None) -> Sidecar:
         obj = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidSidecar(f"{where} is not UTF-8 JSON: {exc}") from None
+    except RecursionError:  # 4096 bytes of '[' nest deeper than the parser recurses
+        raise InvalidSidecar(f"{where} is JSON nested too deeply to be a sidecar") from None
     if not isinstance(obj, dict):
         raise InvalidSidecar(f"{where} is not a JSON object")
     if obj.get("type") != "branch":

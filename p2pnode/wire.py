@@ -68,6 +68,28 @@ class Limits:
     slow_reader_timeout: float = 30.0
     """Seconds a server waits for a peer to take the next chunk, and a fetcher for the next bytes."""
     connect_timeout: float = 10.0
+    """A fetcher's bound on TCP connect plus TLS handshake to a peer."""
+    progress_timeout: float = 5.0
+    progress_bytes: int = 64 << 10
+    """A fetcher drops a peer whose request, in any phase (connect, TLS, headers, sidecar,
+    manifest, batch, blob), has not finished and has moved fewer than `progress_bytes` body
+    bytes in the last `progress_timeout` seconds: a stall, a 1 byte/s trickle or endless
+    `102 Processing` answers cost at most that long per attempt (a LAN link moves 64 KiB in ms)."""
+    fetch_timeout: float = 3600.0
+    """Total bound on one fetch run by the node (`/v1/fetch`)."""
+    request_timeout: float = 10.0
+    """Server: seconds a connection has to deliver a request's headers (from the handshake or
+    the previous answer) and, separately, its body; then it is closed (slowloris, a huge
+    Content-Length with a few bytes)."""
+    tls_handshake_timeout: float = 5.0
+    """Server: seconds an incoming connection has to complete its TLS handshake."""
+    max_connections_per_peer: int = 16
+    """Server: authenticated connections of one trusted peer at once; more are closed after
+    the handshake (each holds TLS buffers and up to 32 parsed pipelined requests)."""
+    max_handshakes_per_source: int = 8
+    max_handshakes: int = 128
+    """Server: connections not yet past the TLS handshake (not yet known to be trusted), per
+    source address and in all; more are closed at once.  Each costs a 256 KiB TLS buffer."""
 
     @property
     def max_batch_request(self) -> int:
@@ -169,6 +191,8 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
         raise
     except (ValueError, KeyError, TypeError, InvalidInput) as exc:
         raise WireError(f"malformed catalog: {exc}") from exc
+    except RecursionError:
+        raise WireError("malformed catalog: JSON nested too deeply") from None
     return CatalogMessage(generation, node, entries)
 
 
@@ -353,11 +377,13 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range → (start, end exclusive); None = whole."""
     if not header:
         return None
-    m = re.fullmatch(r"bytes=(\d*)-(\d*)", header.strip())
+    m = re.fullmatch(r"bytes=([0-9]*)-([0-9]*)", header.strip())  # ASCII digits only (RFC 9110)
     if not m or (not m.group(1) and not m.group(2)):
         raise RangeNotSatisfiable(header)
     if not m.group(1):
         n = int(m.group(2))
+        if n == 0 or size == 0:  # a suffix of zero bytes is unsatisfiable (RFC 9110, 14.1.1)
+            raise RangeNotSatisfiable(header)
         return (max(0, size - n), size)
     start = int(m.group(1))
     end = min(size, int(m.group(2)) + 1) if m.group(2) else size

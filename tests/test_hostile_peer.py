@@ -244,18 +244,21 @@ async def test_manifest_that_cuts_lines_elsewhere(world) -> None:
     await refused(world, branch, VerificationFailed, "does not cut it at its newlines")
 
 
-async def test_oversized_and_invalid_sidecars(world) -> None:
-    liar = world["liar"]
-    pad = b"x" * 5000
-    big = b'{"type":"branch","version":1,"src":"' + b"a" * 64 + b'","parent":null,"pad":"' + pad + b'"}'
-    liar.objects[blake3.blake3(big).hexdigest()] = big
-    await refused(world, blake3.blake3(big).hexdigest(), VerificationFailed, "limit (of )?4096")
-    bad = b'{"type":"branch","version":2,"src":"' + b"a" * 64 + b'","parent":null}'
-    liar.objects[blake3.blake3(bad).hexdigest()] = bad
-    await refused(world, blake3.blake3(bad).hexdigest(), VerificationFailed, "version 2, expected 1")
-    upper = b'{"type":"branch","version":1,"src":"' + b"A" * 64 + b'","parent":null}'
-    liar.objects[blake3.blake3(upper).hexdigest()] = upper
-    await refused(world, blake3.blake3(upper).hexdigest(), VerificationFailed, "not 64 lowercase hex")
+@pytest.mark.parametrize("sidecar, match", [
+    (b'{"type":"branch","version":1,"src":"' + b"a" * 64 + b'","parent":null,"pad":"' + b"x" * 5000 + b'"}',
+     "limit 4096"),
+    (b'{"type":"branch","version":2,"src":"' + b"a" * 64 + b'","parent":null}', "version 2, expected 1"),
+    (b'{"type":"branch","version":true,"src":"' + b"a" * 64 + b'","parent":null}', "version True"),
+    (b'{"type":"branch","version":1.0,"src":"' + b"a" * 64 + b'","parent":null}', "version 1.0"),
+    (b'{"type":"branch","version":1,"version":1,"src":"' + b"a" * 64 + b'","parent":null}', "duplicate keys"),
+    (b'{"type":"branch","version":1,"src":"' + b"A" * 64 + b'","parent":null}', "not 64 lowercase hex"),
+    (b"[" * 4000 + b"]" * 96, "nested too deeply"),
+])
+async def test_oversized_and_invalid_sidecars(world, sidecar: bytes, match: str) -> None:
+    """Bytes that hash to the branch asked for but are no valid sidecar: invalid input (exit 4)."""
+    world["liar"].objects[blake3.blake3(sidecar).hexdigest()] = sidecar
+    await refused(world, blake3.blake3(sidecar).hexdigest(), InvalidInput, match)
+    assert InvalidInput.exit_code == 4
 
 
 async def test_sidecar_that_does_not_hash_to_the_branch(world) -> None:

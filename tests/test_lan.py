@@ -135,6 +135,7 @@ def test_holder_cut_mid_transfer_fetch_completes_from_the_other(net: dict[str, L
     branch = h1.share(src)
     r = h2.fetch(branch, timeout=120)
     assert r.returncode == 0, r.stderr
+    assert h2.share(Path(json.loads(r.stdout)["path"])) == branch  # fetched: offered on only if shared
     for host in ("h1", "h2"):
         lab.rate(host, LINK_MBIT)
     fetch = lab.spawn("h3", sys.executable, "-m", "p2pnode", "fetch", branch, "--json", env=h3.env)

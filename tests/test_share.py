@@ -287,7 +287,7 @@ def test_add_fetched_verifies_then_offers(lib: Library, agent: Path, tmp_path: P
             other.add_fetched(sidecar.replace(b'"version":1', b'"version":9'), lines)
         assert other.branches(include_unshared=True) == [] and other.store.turn_count == 0
         info = other.add_fetched(sidecar, lines)  # its parent is not held here: allowed
-        assert info.branch == shared.branch and info.parent == shared.parent and info.offered
+        assert info.branch == shared.branch and info.parent == shared.parent and not info.offered
         assert other.session_bytes(shared.src) == find(agent, A6).read_bytes()
         assert other.lineage(shared.branch) == [info]
         turns = other.store.turn_count

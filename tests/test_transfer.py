@@ -107,8 +107,9 @@ def test_fetch_lineage_byte_identical(nodes, corpus_dir: Path) -> None:
     assert not list(b.agent.glob("*.jsonl"))  # nothing in the agent dir root
     for rel, fetched in zip((B3, B2, B1), result["fetched"][1:], strict=True):  # ancestors, verbatim
         assert b.run("cat", fetched).stdout.encode() == (corpus_dir / rel).read_bytes()
-    ls = json.loads(b.run("ls", "--json").stdout)
-    assert {i["branch"] for i in ls} == set(result["fetched"])  # fetched branches are offered on
+    assert json.loads(b.run("ls", "--json").stdout) == []  # fetched branches are not offered on
+    ls = json.loads(b.run("ls", "--all", "--json").stdout)
+    assert {i["branch"] for i in ls} == set(result["fetched"]) and not any(i["offered"] for i in ls)
     # the same fetch again: nothing to move, the file is already there
     with a.serving() as port:
         again = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
