@@ -289,6 +289,7 @@ class _Pool:
             if not active:
                 break
             for peer in active:
+                peer.accepted = None  # set again if this attempt's handshake accepts the peer
                 try:
                     return await self._watched(peer, op)
                 except PeerStalled as exc:
@@ -363,9 +364,11 @@ class _Pool:
 
 
 def _closed_by_peer(exc: BaseException) -> bool:
-    """Connected, then closed by the other side (not: could not connect)."""
-    closed = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError)
-    return closed and not isinstance(exc, aiohttp.ClientConnectorError)
+    """Connected, then closed by the other side (not: could not connect).  A reset while TLS
+    finishes is a ClientConnectorError without an errno: the peer hung up in the handshake."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return not (isinstance(exc.os_error, OSError) and exc.os_error.errno)
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError)
 
 
 def _describe_network_error(exc: BaseException, me: str) -> str:

@@ -95,6 +95,8 @@ def is_header_candidate(line: bytes) -> bool:
         json.loads(line)
     except (UnicodeDecodeError, ValueError):
         return False
+    except RecursionError:
+        return True  # JSON too deep for Python's parser: parse_header refuses it as the header
     return True
 
 
@@ -294,7 +296,7 @@ def has_system_prompt(path: Path) -> bool:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         message = obj.get("message") if isinstance(obj, dict) else None
         if obj.get("type") == "message" and isinstance(message, dict) and message.get("role") == "system":
@@ -314,7 +316,7 @@ def line_title(line: bytes) -> tuple[str, str] | None:
         return None
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None

@@ -80,6 +80,7 @@ class PeerServer:
         self._handshaking: dict[str, int] = defaultdict(int)
         """Connections per source address whose TLS handshake has not finished."""
         self._upgrades: set[asyncio.Future[None]] = set()
+        self._closing = False
         self._connections: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
         """Authenticated connections per peer fingerprint (max_connections_per_peer)."""
         self.tls = server_context(identity, trust)
@@ -105,6 +106,7 @@ class PeerServer:
 
     async def close(self) -> None:
         self.trust.remove_listener(self._on_untrusted)
+        self._closing = True  # handshakes that finish from now on find no HTTP server to join
         for task in list(self._upgrades):
             task.cancel()
         if self._poller:
@@ -384,13 +386,21 @@ class _HandshakeGate(asyncio.Protocol):
     a 256 KiB buffer per TLS connection), the source's pending handshakes are counted: over
     `max_handshakes_per_source` or `max_handshakes` in all, the connection is closed at once.
     Otherwise the TLS handshake runs with its deadline, and only then is the connection handed
-    to the HTTP server (wrapped in _HeadDeadline)."""
+    to the HTTP server (wrapped in _HeadDeadline).
+
+    Bytes that arrive before start_tls takes the connection over (the ClientHello: uvloop
+    starts reading after connection_made whatever pause came before) are kept and handed to
+    the TLS protocol once it is in place, through its public BufferedProtocol interface."""
+
+    EARLY_LIMIT = 64 * 1024
+    """More than a ClientHello before TLS started is not a TLS client."""
 
     def __init__(self, server: PeerServer, make_handler: Callable[[], web_protocol.RequestHandler]) -> None:
         self.server, self.make_handler = server, make_handler
+        self.early = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.pause_reading()  # type: ignore[attr-defined]  # the ClientHello waits for start_tls
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         source = str(peer[0]) if peer else "?"
         pending, limits = self.server._handshaking, self.server.limits
@@ -404,23 +414,38 @@ class _HandshakeGate(asyncio.Protocol):
         self.server._upgrades.add(task)
         task.add_done_callback(self.server._upgrades.discard)
 
+    def data_received(self, data: bytes) -> None:
+        self.early += data
+        if len(self.early) > self.EARLY_LIMIT:
+            log.debug("closing a connection: %d bytes before TLS started", len(self.early))
+            self.transport.abort()  # type: ignore[attr-defined]
+
     async def _upgrade(self, transport: asyncio.BaseTransport, source: str) -> None:
         server = self.server
         app = _HeadDeadline(server, self.make_handler())
+        handshake = asyncio.ensure_future(asyncio.get_running_loop().start_tls(
+            transport, app, server.tls, server_side=True,  # type: ignore[arg-type]
+            ssl_handshake_timeout=server.limits.tls_handshake_timeout))
         try:
-            tls = await asyncio.get_running_loop().start_tls(
-                transport, app, server.tls, server_side=True,  # type: ignore[arg-type]
-                ssl_handshake_timeout=server.limits.tls_handshake_timeout)
+            while transport.get_protocol() is self and not handshake.done():
+                await asyncio.sleep(0)  # until start_tls has put its TLS protocol in place
+            if self.early and not handshake.done():
+                _feed(transport.get_protocol(), bytes(self.early))
+                self.early.clear()
+            tls = await handshake
         except (OSError, TimeoutError, ConnectionError, asyncio.CancelledError) as exc:
             log.debug("TLS handshake from %s failed: %s", source, exc)
+            handshake.cancel()
             transport.abort()  # type: ignore[attr-defined]
             return
         finally:
             server._handshaking[source] -= 1
             if not server._handshaking[source]:
                 del server._handshaking[source]
-        if tls is None:
-            transport.abort()  # type: ignore[attr-defined]
+        if tls is None or tls.is_closing() or server._closing:
+            # uvloop can hand back a transport whose handshake failed just after completing (our
+            # pin check refused the client): it is closed already, and the app must not see it
+            (tls or transport).abort()  # type: ignore[attr-defined]
             return
         fp = peer_fingerprint(tls.get_extra_info("ssl_object"))
         if fp is not None:
@@ -433,8 +458,19 @@ class _HandshakeGate(asyncio.Protocol):
             app.fingerprint = fp
         app.connection_made(tls)
 
-    def data_received(self, data: bytes) -> None:  # reading is paused until start_tls takes over
-        pass
+
+def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
+    """Hand `data` to a protocol as if the transport had read it."""
+    if isinstance(protocol, asyncio.BufferedProtocol) or hasattr(protocol, "get_buffer"):
+        view = memoryview(data)
+        while view:
+            buf = protocol.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            protocol.buffer_updated(n)  # type: ignore[attr-defined]
+            view = view[n:]
+    else:
+        protocol.data_received(data)  # type: ignore[attr-defined]
 
 
 class _DeadlineSite(web.TCPSite):

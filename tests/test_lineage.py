@@ -20,6 +20,7 @@ from test_transfer import Node
 
 from p2pnode.errors import NotFound
 from p2pnode.library import Library
+from p2pnode.manifest import PlacedFiles
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.pisession import LineageCycle, header_index, session_dir_name, session_file_name
 from p2pnode.placement import place_session
@@ -121,6 +122,8 @@ def test_share_back_across_three_and_four_nodes(tmp_path: Path, corpus_dir: Path
     with c.serving() as c_port:
         got_b = b.fetch_json(c_shared["branch"], "--from", f"127.0.0.1:{c_port}")
     assert got_b["fetched"] == [c_shared["branch"]]
+    # fetched sessions are offered on only once this node's user shares them (issue 13/15)
+    assert json.loads(b.run("share", got_b["path"], "--json").stdout)["branch"] == c_shared["branch"]
     with b.serving() as b_port:  # A is not serving
         got_d = d.fetch_json(c_shared["branch"], "--from", f"127.0.0.1:{b_port}")
     assert len(got_d["fetched"]) == 4
@@ -176,13 +179,14 @@ def fetch_into(sender: Library, receiver: Library, branch: str, agent: Path) -> 
     for info in reversed(chain):
         lines = [sender.line(r.hash) for r in sender.line_manifest(info.src)]
         receiver.add_fetched(sender.sidecar_bytes(info.branch), lines)
-    placed = place_session(agent, sender.session_bytes(chain[0].src), chain[0].src, receiver.has_session)
+    placed = place_session(agent, sender.session_bytes(chain[0].src), chain[0].src,
+                           PlacedFiles(receiver.paths.placed))
     receiver.record_path(branch, placed.path)
     return placed.path
 
 
 def placed_fork(bob: Library) -> tuple[str, Path]:
-    fork = next(i for i in bob.branches() if i.parent is not None)
+    fork = next(i for i in bob.branches(include_unshared=True) if i.parent is not None)
     assert fork.path is not None
     return fork.branch, Path(fork.path)
 
@@ -224,12 +228,12 @@ def test_a_final_newline_added_by_pi_is_the_same_version(tmp_path: Path, corpus_
     agent = tmp_path / "agent"
     with Library.open(NodePaths(tmp_path / "bob"), agent_dir=agent) as bob:
         info = bob.add_fetched(Sidecar(src, None).encode(), data.splitlines(keepends=True))
-        placed = place_session(agent, data, src, bob.has_session).path
+        placed = place_session(agent, data, src, PlacedFiles(bob.paths.placed)).path
         bob.record_path(info.branch, placed)
         fork = pi_fork(placed, agent, tmp_path / "w", "b0b0-3", pi="1.5.2")
         assert placed.read_bytes() == data + b"\n"
         assert bob.share(str(fork)).parent == info.branch
-        again = place_session(agent, data, src, bob.has_session)
+        again = place_session(agent, data, src, PlacedFiles(bob.paths.placed))
         assert again.path == placed and not again.written
 
 
