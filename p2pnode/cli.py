@@ -76,11 +76,11 @@ def via_node(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from p2pnode.node import DEFAULT_PORT, NodeConfig, serve
-    from store import aio
+    from sysio import eventloop
 
     port = DEFAULT_PORT if args.port is None else args.port
     config = NodeConfig(host=args.host, port=port, mdns=not args.no_mdns)
-    aio.run(serve(node_paths(args), config))
+    eventloop.run(serve(node_paths(args), config))
     return 0
 
 

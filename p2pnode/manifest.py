@@ -12,7 +12,8 @@ from pathlib import Path
 
 from p2pnode.errors import InvalidInput
 from p2pnode.sidecar import is_hash_hex
-from store.fileio import atomic_write, locked
+from sysio.files import atomic_write
+from sysio.locks import locked
 
 
 class ManifestCorrupt(InvalidInput):

@@ -7,7 +7,7 @@ import sys
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    from .fsck import fsck
+    from store.fsck import fsck
 
     report = fsck(args.path, full=args.full, repair=args.repair)
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import loopback_address, run_service
+    from store.service.server import loopback_address, run_service
 
     try:
         tcp = loopback_address(args.tcp) if args.tcp is not None else None
@@ -44,7 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .errors import StoreError
+    from store.errors import StoreError
 
     try:
         return int(args.func(args))

@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import heads as headfiles
-from .blobpack import INDEX, PACK, BlobPack, scan_pack
-from .codec import DecodeError, blob_hash, decode_stored
-from .engine import DAMAGE, LOCK, Store, StoreConfig
-from .errors import CorruptRecord, StoreLocked, UnknownTurn
-from .fileio import lock_with_timeout
-from .patches import PatchLog, patches_lost
-from .records import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
-from .turnlog import LOG, TurnLog
-from .types import NO_TURN, RecoveryNotes
+from store.api import DAMAGE, LOCK, Store, StoreConfig
+from store.codec import DecodeError, blob_hash, decode_stored
+from store.errors import CorruptRecord, StoreLocked, UnknownTurn
+from store.files import heads as headfiles
+from store.files.blobpack import INDEX, PACK, BlobPack, scan_pack
+from store.files.patchlog import PatchLog, patches_lost
+from store.files.turnlog import LOG, TurnLog
+from store.layout import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
+from store.types import NO_TURN, RecoveryNotes
+from sysio.locks import lock_with_timeout
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .records import PATCH_REPLACE
-from .types import NO_TURN, ContextHead, Patch, Turn
+from store.layout import PATCH_REPLACE
+from store.types import NO_TURN, ContextHead, Patch, Turn
 
 
 def mark(heads: Iterable[ContextHead], read_turn: Callable[[int], Turn], turn_count: int,

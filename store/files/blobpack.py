@@ -17,10 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .durability import flush_data, write_at
-from .errors import CorruptRecord
-from .fileio import TMP_SUFFIX, atomic_write, fsync_dir, open_private
-from .records import (
+from store.errors import CorruptRecord
+from store.layout import (
     BLOB_CRC,
     BLOB_HEADER,
     BLOB_MAGIC_BYTES,
@@ -38,7 +36,9 @@ from .records import (
     decode_blob_header,
     encode_blob,
 )
-from .types import RecoveryNotes
+from store.types import RecoveryNotes
+from sysio.files import TMP_SUFFIX, atomic_write, fsync_dir, open_private
+from sysio.flush import flush_data, write_at
 
 PACK = "blobs.pack"
 INDEX = "blobs.idx"

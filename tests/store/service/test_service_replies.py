@@ -1,7 +1,7 @@
 """Exactly one reply per request carried out, whatever bad bytes follow the good ones.
 
 A client of this test's own speaks the frame protocol in raw bytes laid out from
-docs/PROTOCOL.md (struct only: no store.frames, store.messages or store.client), over a
+docs/PROTOCOL.md (struct only: no store.service frames, messages or client), over a
 real Unix socket to a real server on a real store.  Each stream is N good APPEND_TURN /
 GET_HEAD requests followed, in the same write, by one bad thing; it is sent in one write,
 split in two at every byte, byte by byte, and in random chunks.  Afterwards every request
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from store import Store
-from store.server import ServiceLimits, StoreServer
+from store.service.server import ServiceLimits, StoreServer
 
 HEADER = struct.Struct("<IHHQ")  # len, msg_type, flags, req_id
 REPLY = 0x0001

@@ -20,17 +20,18 @@ from pathlib import Path
 import pytest
 
 from store import Store, TurnInput, UnknownBlob
-from store import heads as headfiles
+from store.files import heads as headfiles
 from store.fsck import fsck
-from store.records import Snapshot
+from store.layout import Snapshot
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(
     """
     import json, os, signal, sys, threading
-    from store import Store, heads
-    from store.heads import WAL_BYTES
+    from store import Store
+    from store.files import heads
+    from store.files.heads import WAL_BYTES
     path, after = sys.argv[1], int(sys.argv[2])
     blocked = threading.Event()
     real_write = heads.write_snapshot
@@ -131,7 +132,8 @@ def test_batches_bigger_than_the_wal_while_the_checkpointer_runs(tmp_path: Path)
 IDLE_CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
-    from store import Store, heads
+    from store import Store
+    from store.files import heads
     s = Store.open(sys.argv[1])
     ctx = s.create_context().context_id
     n = 0

@@ -2,7 +2,7 @@
 
 All integers are little-endian.  Each record ends in a CRC32 (zlib) over every byte before
 it, so a torn or flipped record is recognised.  docs/FORMAT.md describes each layout and
-carries test vectors that tests/test_store_api.py checks against this module.
+carries test vectors that tests/store/test_api.py checks against this module.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from .errors import CorruptRecord
-from .types import Patch, Turn
+from store.errors import CorruptRecord
+from store.types import Patch, Turn
 
 HASH_LEN = 32
 ZERO_HASH = bytes(HASH_LEN)

@@ -3,7 +3,7 @@
 Every method sends one request and awaits its reply; run many at once (asyncio.gather) and
 they share the connection, up to the server's max_in_flight.  An ERROR reply raises the
 same exception class the engine would have raised (UnknownContext, ParentConflict, ...),
-or a ServiceError subclass for the service's own codes (store/frames.py).
+or a ServiceError subclass for the service's own codes (store/service/frames.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
-from store import aio
-from store import messages as m
 from store.errors import (
     CorruptRecord,
     DamagedPayload,
@@ -30,7 +28,8 @@ from store.errors import (
     UnknownContext,
     UnknownTurn,
 )
-from store.frames import (
+from store.service import messages as m
+from store.service.frames import (
     FLAG_REPLY,
     HEADER_SIZE,
     SERVICE_ERRORS,
@@ -43,6 +42,7 @@ from store.frames import (
     encode_frame,
 )
 from store.types import ContextHead, Patch, Turn, TurnInput
+from sysio import eventloop
 
 R = TypeVar("R")
 
@@ -316,7 +316,7 @@ class SyncStoreClient:
         self, path: str | os.PathLike[str] | None = None, *, tcp: tuple[str, int] | None = None,
         timeout: float = 10.0,
     ) -> None:  # fmt: skip
-        self._loop = aio.new_event_loop()
+        self._loop = eventloop.new_event_loop()
         try:
             self._client = self._loop.run_until_complete(StoreClient.connect(path, tcp=tcp, timeout=timeout))
         except BaseException:

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import messages as m
-from store.frames import (
+from store.service import messages as m
+from store.service.frames import (
     FLAG_REPLY,
     HEADER_SIZE,
     KEEP_BUFFER,
@@ -29,7 +29,7 @@ from store.frames import (
 )
 from store.types import ContextHead, Patch, Turn, TurnInput
 
-PROTOCOL_MD = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
+PROTOCOL_MD = Path(__file__).resolve().parents[3] / "docs" / "PROTOCOL.md"
 
 HASH_A = bytes(range(32))
 HASH_B = bytes(range(32, 64))

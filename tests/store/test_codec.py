@@ -16,9 +16,9 @@ import pytest
 import zstandard
 
 from store.codec import DecodeError, blob_hash, decode_bounded, decode_stored, frame_size
-from store.records import CODEC_RAW, CODEC_ZSTD
+from store.layout import CODEC_RAW, CODEC_ZSTD
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = os.urandom(2000) + b"compressible " * 4000
 
 

@@ -32,9 +32,9 @@ from store import (
     UnknownContext,
     UnknownTurn,
 )
-from store import messages as m
-from store.client import StoreClient, SyncStoreClient
-from store.frames import (
+from store.service import messages as m
+from store.service.client import StoreClient, SyncStoreClient
+from store.service.frames import (
     FLAG_REPLY,
     HEADER,
     BadRequest,
@@ -46,9 +46,9 @@ from store.frames import (
     ShuttingDown,
     encode_frame,
 )
-from store.server import ServiceLimits, StoreServer
+from store.service.server import ServiceLimits, StoreServer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

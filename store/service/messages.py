@@ -19,7 +19,7 @@ from enum import IntEnum
 from operator import attrgetter
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from store.frames import ErrorCode, MalformedFrame, UnknownMessage
+from store.service.frames import ErrorCode, MalformedFrame, UnknownMessage
 from store.types import ContextHead, Patch, Turn, TurnInput
 
 PROTOCOL_VERSION = 1

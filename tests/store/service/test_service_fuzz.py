@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import Store, Turn, TurnInput
-from store import messages as m
-from store.client import StoreClient
-from store.frames import FLAG_REPLY, HEADER, ErrorCode, FrameDecoder, ProtocolError, encode_frame
-from store.server import ServiceLimits, StoreServer
+from store.service import messages as m
+from store.service.client import StoreClient
+from store.service.frames import FLAG_REPLY, HEADER, ErrorCode, FrameDecoder, ProtocolError, encode_frame
+from store.service.server import ServiceLimits, StoreServer
 
 HASH = bytes(range(32))
 
@@ -189,7 +189,7 @@ async def fuzz_connection(path: Path, data: bytes, hello: bool) -> list[int]:
 async def test_live_server_survives_thousands_of_mutated_frames_and_others_are_unaffected(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="store.server")
+    caplog.set_level(logging.ERROR, logger="store.service.server")
     rng = random.Random(7)
     limits = ServiceLimits(
         max_frame=1 << 16, max_payload=1 << 15, max_in_flight=16, read_timeout=2, idle_timeout=5

@@ -12,11 +12,11 @@ import time
 from bisect import bisect_right
 from pathlib import Path
 
-from .durability import flush_data, write_at
-from .errors import CorruptRecord
-from .fileio import open_private
-from .records import PATCH_SIZE, Snapshot, decode_patch, encode_patch
-from .types import Patch, RecoveryNotes
+from store.errors import CorruptRecord
+from store.layout import PATCH_SIZE, Snapshot, decode_patch, encode_patch
+from store.types import Patch, RecoveryNotes
+from sysio.files import open_private
+from sysio.flush import flush_data, write_at
 
 LOG = "patches.log"
 

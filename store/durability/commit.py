@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .durability import write_at
+from sysio.flush import write_at
 
 
 class GroupCommit:

@@ -25,7 +25,7 @@ from store import Store
 from store.fsck import fsck
 from store.types import NO_TURN
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "soak_store.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_store.py"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from store import Store, StoreConfig, TurnInput, UnknownBlob
 from store.fsck import fsck
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def blob(i: int, size: int = 3000) -> bytes:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from store import Store, TurnInput, durability
+from store import Store, TurnInput
 from store.fsck import fsck
+from sysio import flush
 
 FAKE_F_FULLFSYNC = 51  # macOS's value; never passed to the real fcntl here
 REAL_FSYNC = os.fsync
@@ -96,10 +97,10 @@ def test_full_fsync_refused_falls_back_to_fsync(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(fcntl, "fcntl", fake_fcntl)
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        durability.flush_data(fd)
+        flush.flush_data(fd)
     finally:
         os.close(fd)
-    durability.flush_dir(tmp_path)
+    flush.flush_dir(tmp_path)
     assert len(refused) == 2 and no_fdatasync == ["fsync", "fsync"]
 
 

@@ -36,8 +36,6 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, cast
 
-from store import aio
-from store import messages as m
 from store.errors import (
     CorruptRecord,
     DamagedPayload,
@@ -51,7 +49,8 @@ from store.errors import (
     UnknownContext,
     UnknownTurn,
 )
-from store.frames import (
+from store.service import messages as m
+from store.service.frames import (
     FLAG_REPLY,
     HEADER,
     BadRequest,
@@ -70,6 +69,7 @@ from store.frames import (
     UnsupportedVersion,
 )
 from store.types import Turn
+from sysio import eventloop
 
 log = logging.getLogger(__name__)
 
@@ -820,7 +820,7 @@ def run_service(
 
     Prints one line `listening unix=<path> tcp=<host:port>` on stdout once it accepts.
     """
-    from store.engine import Store
+    from store.api import Store
 
     sock = Path(socket_path) if socket_path else Path(f"{os.fspath(store_path)}.sock")
 
@@ -835,5 +835,5 @@ def run_service(
             await stop.wait()
 
     with Store.open(store_path) as store:
-        aio.run(main())
+        eventloop.run(main())
     return 0

@@ -39,13 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from . import heads as headfiles
-from .blobpack import PACK, BlobPack, remove_leftovers
-from .cache import LRU
-from .codec import DecodeError, blob_hash, compressor, decode_stored
-from .commit import GroupCommit
-from .durability import flush_data
-from .errors import (
+from store.cache import LRU
+from store.codec import DecodeError, blob_hash, compressor, decode_stored
+from store.durability.commit import GroupCommit
+from store.errors import (
     BlobMismatch,
     CorruptRecord,
     DamagedPayload,
@@ -59,10 +56,12 @@ from .errors import (
     UnknownContext,
     UnknownTurn,
 )
-from .fileio import fsync_dir, lock_with_timeout, open_private, private_dir
-from .gc import mark
-from .patches import PatchLog, patches_lost
-from .records import (
+from store.files import heads as headfiles
+from store.files.blobpack import PACK, BlobPack, remove_leftovers
+from store.files.patchlog import PatchLog, patches_lost
+from store.files.turnlog import TurnLog
+from store.gc import mark
+from store.layout import (
     BLOB_HEADER,
     BLOB_OVERHEAD,
     CODEC_RAW,
@@ -80,8 +79,7 @@ from .records import (
     encode_blob,
     encode_wal,
 )
-from .turnlog import TurnLog
-from .types import (
+from store.types import (
     NO_TURN,
     ContextHead,
     Page,
@@ -92,6 +90,9 @@ from .types import (
     TurnBlobRef,
     TurnInput,
 )
+from sysio.files import fsync_dir, open_private, private_dir
+from sysio.flush import flush_data
+from sysio.locks import lock_with_timeout
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")

@@ -28,7 +28,6 @@ import blake3
 import pytest
 
 from store import Store, StoreConfig, TurnInput
-from store.blobpack import scan_pack
 from store.errors import (
     CorruptRecord,
     ParentConflict,
@@ -40,8 +39,9 @@ from store.errors import (
     UnknownContext,
     UnknownTurn,
 )
+from store.files.blobpack import scan_pack
 from store.fsck import fsck
-from store.records import (
+from store.layout import (
     IDX_ENTRY,
     IDX_HEADER,
     IDX_PREFIX_LEN,

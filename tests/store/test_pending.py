@@ -1,11 +1,11 @@
-"""Blobs that small appends leave raw in the WAL for the packer (store/engine.py docstring).
+"""Blobs that small appends leave raw in the WAL for the packer (store/api.py docstring).
 
 An append of a new small blob by a writer alone does not compress it: the WAL record carries
 it raw, reads find it in memory, and the next checkpoint (or GC, close, put_blob,
 get_stored_blob, pack_pending) compresses it into the pack.  These tests check that it is
 readable and stored once all along, that put_blob and peers never see it half-stored, that
 a checkpoint packs it before dropping its WAL, that a crash before packing loses nothing
-(tests/test_store_recovery.py) and that recovery packs it compressed.
+(tests/store/test_recovery.py) and that recovery packs it compressed.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import threading
 from pathlib import Path
 
 from store import Store, TurnInput
-from store import heads as headfiles
-from store.client import StoreClient
+from store.files import heads as headfiles
 from store.fsck import fsck
-from store.records import CODEC_RAW, CODEC_ZSTD
-from store.server import StoreServer
+from store.layout import CODEC_RAW, CODEC_ZSTD
+from store.service.client import StoreClient
+from store.service.server import StoreServer
 
 
 def text(seed: int, n: int = 12_000) -> bytes:

@@ -16,11 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .commit import zero_extend
-from .durability import flush_data, write_at
-from .errors import CorruptRecord
-from .fileio import atomic_write, fsync_dir, open_private
-from .records import (
+from store.durability.commit import zero_extend
+from store.errors import CorruptRecord
+from store.layout import (
     WAL_DELETE,
     Snapshot,
     WalRecord,
@@ -28,7 +26,9 @@ from .records import (
     encode_snapshot,
     scan_wal,
 )
-from .types import RecoveryNotes, Turn
+from store.types import RecoveryNotes, Turn
+from sysio.files import atomic_write, fsync_dir, open_private
+from sysio.flush import flush_data, write_at
 
 SNAPSHOT = "heads.tbl"
 PREVIOUS = "heads.tbl.prev"

@@ -1,4 +1,4 @@
-"""Crash-safe whole-file writes, private files and directories, inter-process locks.
+"""Crash-safe whole-file writes, private files and directories.
 
 Every small state file of the store and of the node goes through `atomic_write`: a reader
 sees the old file or the new one, never a torn one, because the bytes go to a temp file in
@@ -7,21 +7,14 @@ the same directory that is fsynced and renamed over the target, then the directo
 Every file the store creates is 0600 and its directory 0700, whatever the umask and whatever
 was there before: `open_private` and `private_dir` set the mode explicitly (a umask can only
 narrow what os.open asks for, and an existing file keeps its old mode).
-
-Locks are `flock` (Linux, macOS, the BSDs).  Windows has no `fcntl`: it is not supported (see
-docs/ARCHITECTURE.md), and taking a lock there raises `LockUnsupported` rather than running
-a store that two processes could open at once.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from .durability import flush_data, flush_dir
+from sysio.flush import flush_data, flush_dir
 
 try:
     import fcntl
@@ -33,13 +26,8 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
-class LockUnsupported(OSError):
-    def __init__(self, path: Path) -> None:
-        super().__init__(f"cannot lock {path}: this platform has no flock (Windows is not supported)")
-
-
 def fsync_dir(path: Path) -> None:
-    """The directory's names, durably (see store.durability.flush_dir)."""
+    """The directory's names, durably (see sysio.flush.flush_dir)."""
     flush_dir(path)
 
 
@@ -88,34 +76,3 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
-
-
-@contextlib.contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path` (created if missing) for a read-modify-write."""
-    if fcntl is None:
-        raise LockUnsupported(lock_path)
-    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
-    """An fd holding an exclusive flock on `lock_path`, or None if another process kept it for
-    `timeout` seconds.  Closing the fd releases the lock."""
-    if fcntl is None:
-        raise LockUnsupported(lock_path)
-    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.02)

@@ -26,12 +26,11 @@ from typing import Any
 
 import pytest
 
-from store import Store, TurnInput
-from store import engine as engine_mod
-from store.client import StoreClient
+from store import Store, TurnInput, api
 from store.errors import StoreFailed, StoreFull
 from store.fsck import fsck
-from store.server import StoreServer
+from store.service.client import StoreClient
+from store.service.server import StoreServer
 from store.types import NO_TURN
 
 WRAPPED = ("write", "pwrite", "fdatasync", "fsync", "replace", "rename")
@@ -144,7 +143,7 @@ OPERATIONS: dict[str, Callable[[Store, Acked], None]] = {
 
 @pytest.fixture(autouse=True)
 def _index_every_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_mod, "INDEX_TAIL_MAX", 0)
+    monkeypatch.setattr(api, "INDEX_TAIL_MAX", 0)
 
 
 def _steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: Callable[[Store, Acked], None]) -> list[str]:

@@ -18,9 +18,9 @@ import pytest
 
 from store import CorruptRecord, Store, TurnInput, UnknownBlob
 from store.fsck import fsck
-from store.records import CODEC_ZSTD, TURN_SIZE, encode_blob, scan_wal
+from store.layout import CODEC_ZSTD, TURN_SIZE, encode_blob, scan_wal
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(
     """

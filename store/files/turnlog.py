@@ -15,11 +15,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .durability import flush_data, write_at
-from .errors import CorruptRecord, UnknownTurn
-from .fileio import open_private
-from .records import SKIP, TURN_SIZE, decode_turn, encode_turn, skip_crc
-from .types import NO_TURN, Turn
+from store.errors import CorruptRecord, UnknownTurn
+from store.layout import SKIP, TURN_SIZE, decode_turn, encode_turn, skip_crc
+from store.types import NO_TURN, Turn
+from sysio.files import open_private
+from sysio.flush import flush_data, write_at
 
 LOG = "turns.log"
 SKIPS = "turns.skip"

@@ -27,7 +27,7 @@ from store import (
     UnknownContext,
     UnknownTurn,
 )
-from store.records import (
+from store.layout import (
     CODEC_RAW,
     CODEC_ZSTD,
     TURN_SIZE,
@@ -38,7 +38,7 @@ from store.records import (
 )
 from store.types import Turn
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
 
 
 @pytest.fixture

@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 
 from store import CorruptRecord, DamagedPayload, Store
-from store.blobpack import scan_pack
-from store.client import StoreClient
+from store.api import DAMAGE
 from store.codec import blob_hash
-from store.engine import DAMAGE
+from store.files.blobpack import scan_pack
 from store.fsck import fsck
-from store.records import BLOB_HEADER, CODEC_ZSTD, WAL_SIZE, scan_wal
-from store.server import ServiceLimits, StoreServer
+from store.layout import BLOB_HEADER, CODEC_ZSTD, WAL_SIZE, scan_wal
+from store.service.client import StoreClient
+from store.service.server import ServiceLimits, StoreServer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 

@@ -1,0 +1,1 @@
+"""How writes become durable: group commit of the append-only files (fails closed)."""
