@@ -23,6 +23,7 @@ from ordinary import OrdinaryUser
 
 import p2pnode
 import store
+import sysio
 from p2pnode import cli
 from p2pnode.library import Library
 from p2pnode.paths import NodePaths
@@ -46,8 +47,8 @@ def _exception_names() -> set[str]:
     """Every exception class a message could leak: builtins, the store, the node, aiohttp, ssl."""
     import aiohttp  # noqa: F401  (its classes are subclasses of builtins' by now)
 
-    for package in (p2pnode, store):
-        for mod in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+    for package in (p2pnode, store, sysio):
+        for mod in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if mod.name != "p2pnode.__main__" and mod.name != "store.__main__":
                 importlib.import_module(mod.name)
     seen: set[type] = set()

@@ -11,34 +11,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
-from store.errors import (
-    CorruptRecord,
-    DamagedPayload,
-    ParentConflict,
-    PayloadTooLarge,
-    StoreClosed,
-    StoreError,
-    StoreFailed,
-    TurnNotInContext,
-    UnknownBlob,
-    UnknownContext,
-    UnknownTurn,
-)
+from store.errors import StoreError
 from store.service import messages as m
+from store.service.errors import exception_from
 from store.service.frames import (
     FLAG_REPLY,
     HEADER_SIZE,
-    SERVICE_ERRORS,
-    ErrorCode,
     FrameDecoder,
     FrameTooLarge,
     MalformedFrame,
     ProtocolError,
-    ServiceError,
     encode_frame,
 )
 from store.types import ContextHead, Patch, Turn, TurnInput
@@ -53,40 +38,6 @@ HELLO_MAX_FRAME = 1 << 20
 class ConnectionClosed(StoreError):
     def __init__(self, pending: int) -> None:
         super().__init__(f"the store service connection closed with {pending} requests unanswered")
-
-
-_STORE_ERRORS: dict[int, Callable[[m.ErrorReply, m.Request], StoreError]] = {
-    ErrorCode.UNKNOWN_CONTEXT: lambda e, r: UnknownContext(e.arg0),
-    ErrorCode.UNKNOWN_TURN: lambda e, r: UnknownTurn(e.arg0),
-    ErrorCode.UNKNOWN_BLOB: lambda e, r: UnknownBlob(getattr(r, "blob_hash", b"")),
-    ErrorCode.PARENT_CONFLICT: lambda e, r: ParentConflict(getattr(r, "context_id", 0), e.arg0, e.arg1),
-    ErrorCode.PAYLOAD_TOO_LARGE: lambda e, r: PayloadTooLarge(e.arg0, e.arg1),
-    ErrorCode.CORRUPT: lambda e, r: CorruptRecord("store service", e.arg0, e.message),
-    ErrorCode.STORE_CLOSED: lambda e, r: StoreClosed(),
-    ErrorCode.STORE_ERROR: lambda e, r: StoreError(e.message),
-    ErrorCode.TURN_NOT_IN_CONTEXT: lambda e, r: TurnNotInContext(e.arg0, e.arg1),
-    ErrorCode.DAMAGED_PAYLOAD: lambda e, r: _damaged_payload(e),
-    ErrorCode.STORE_FAILED: lambda e, r: StoreFailed.make("behind the service", e.message, e.arg0),
-}
-_DAMAGED = re.compile(r"payload blob ([0-9a-f]{64}) is damaged: (.*)", re.DOTALL)
-
-
-def _damaged_payload(err: m.ErrorReply) -> DamagedPayload:
-    """arg0 is the turn; the message names the blob (as DamagedPayload's own text does)."""
-    found = _DAMAGED.search(err.message)
-    if found is None:
-        return DamagedPayload(err.arg0, b"", err.message)
-    return DamagedPayload(err.arg0, bytes.fromhex(found.group(1)), found.group(2))
-
-
-def exception_from(err: m.ErrorReply, req: m.Request | None, req_id: int) -> StoreError:
-    """The exception an ERROR reply stands for (the request supplies what the reply omits)."""
-    make = _STORE_ERRORS.get(err.code)
-    if make is not None and req is not None:
-        return make(err, req)
-    cls = SERVICE_ERRORS.get(err.code, ServiceError)
-    text = err.message if cls is not ServiceError else f"{err.code_name()}: {err.message}"
-    return cls(text, req_id, err.arg0, err.arg1)
 
 
 def _read_opts(payloads: bool, patched: bool) -> int:

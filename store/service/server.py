@@ -37,25 +37,16 @@ from queue import SimpleQueue
 from typing import Any, cast
 
 from store.errors import (
-    CorruptRecord,
-    DamagedPayload,
-    ParentConflict,
     PayloadTooLarge,
-    StoreClosed,
     StoreError,
-    StoreFailed,
-    TurnNotInContext,
-    UnknownBlob,
-    UnknownContext,
-    UnknownTurn,
 )
 from store.service import messages as m
+from store.service.errors import error_reply
 from store.service.frames import (
     FLAG_REPLY,
     HEADER,
     BadRequest,
     BadSequence,
-    ErrorCode,
     Frame,
     FrameDecoder,
     IdleTimeout,
@@ -70,6 +61,7 @@ from store.service.frames import (
 )
 from store.types import Turn
 from sysio import eventloop
+from sysio.sockets import listener_at
 
 log = logging.getLogger(__name__)
 
@@ -126,37 +118,6 @@ class ServiceLimits:
             version, self.max_frame, self.max_payload, self.max_in_flight, self.max_turns,
             round(self.idle_timeout * 1000), round(self.read_timeout * 1000),
         )  # fmt: skip
-
-
-def error_reply(exc: BaseException) -> m.ErrorReply:
-    """The ERROR for an exception: its code, the numbers the code carries, its message."""
-    if isinstance(exc, ServiceError):
-        return m.ErrorReply(exc.code, str(exc), exc.arg0, exc.arg1)
-    if isinstance(exc, UnknownContext):
-        return m.ErrorReply(ErrorCode.UNKNOWN_CONTEXT, str(exc), exc.context_id)
-    if isinstance(exc, UnknownTurn):
-        return m.ErrorReply(ErrorCode.UNKNOWN_TURN, str(exc), exc.turn_id)
-    if isinstance(exc, UnknownBlob):
-        return m.ErrorReply(ErrorCode.UNKNOWN_BLOB, str(exc))
-    if isinstance(exc, ParentConflict):
-        return m.ErrorReply(ErrorCode.PARENT_CONFLICT, str(exc), exc.expected, exc.actual)
-    if isinstance(exc, PayloadTooLarge):
-        return m.ErrorReply(ErrorCode.PAYLOAD_TOO_LARGE, str(exc), exc.size, exc.limit)
-    if isinstance(exc, DamagedPayload):
-        return m.ErrorReply(ErrorCode.DAMAGED_PAYLOAD, str(exc), exc.turn_id)
-    if isinstance(exc, CorruptRecord):
-        return m.ErrorReply(ErrorCode.CORRUPT, str(exc), max(exc.offset, 0))  # -1: no record to point at
-    if isinstance(exc, TurnNotInContext):
-        return m.ErrorReply(ErrorCode.TURN_NOT_IN_CONTEXT, str(exc), exc.context_id, exc.turn_id)
-    if isinstance(exc, StoreClosed):
-        return m.ErrorReply(ErrorCode.STORE_CLOSED, str(exc))
-    if isinstance(exc, StoreFailed):
-        return m.ErrorReply(ErrorCode.STORE_FAILED, exc.reason, exc.errno)
-    if isinstance(exc, StoreError):
-        return m.ErrorReply(ErrorCode.STORE_ERROR, f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, (ValueError, TypeError)):
-        return m.ErrorReply(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}")
-    return m.ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
 
 # --- request handlers: engine call in, reply payload out ---------------------------------
@@ -793,15 +754,9 @@ def _bind_unix(path: Path) -> socket.socket:
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise FileExistsError(f"{path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)
-        else:
+        if listener_at(path):
             raise FileExistsError(f"{path}: a store service is already listening there")
-        finally:
-            probe.close()
+        path.unlink(missing_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
