@@ -5,7 +5,8 @@ This package knows nothing of Pi sessions, peers or the command line.
 """
 from __future__ import annotations
 
-from store.api import GCStats, Store, StoreConfig
+from store.api import Store
+from store.config import GCStats, StoreConfig
 from store.errors import (
     BlobMismatch,
     CorruptRecord,

@@ -5,25 +5,17 @@ An append writes, in this order: the blob (if new) to `blobs.pack`, the turn rec
 turn record, the new head and a copy of the new blob's record (up to EMBED_MAX bytes).  It
 then waits for group commit, whose leader fdatasyncs the WAL (after the pack when a big blob
 went to the pack alone) and only then makes the new head visible.  The pack and `turns.log`
-are synced at checkpoints; on open, the WAL since the last checkpoint restores what they lost,
-and a WAL record whose blob is nowhere ends the replay (it was never acknowledged).
-Checkpoints run on a background thread once the WAL is half full: an append waits for one
-WAL switch at most, never for the syncs and the snapshot (see _checkpoint).
-
-A small append by a writer alone does not wait for zstd: its new blob goes into the WAL raw
-and waits in memory (`_pending`, where reads find it) until the next checkpoint compresses
-it into the pack, just before it syncs the pack.  Until then the WAL copy is what makes it
-durable, and recovery compresses such copies as it restores them.  Packing only at
-checkpoints also keeps the pack from growing between them, so an append's fdatasync of the
-pre-zeroed WAL has no file size to commit (packing after every append measured slower).
-Handing the compression to another thread *while the append waited* was measured slower
-(0.42-0.55 ms against 0.21-0.32 ms: on two loaded cores the hand-off waits for a core); here
-nobody waits.  Big batches (share imports) compress on the prepare threads as before, and
-put_blob, which has no WAL record, always compresses first.
+are synced at checkpoints (store/durability/checkpoint.py); on open, the WAL since the last
+checkpoint restores what they lost (store/recovery.py), and a WAL record whose blob is
+nowhere ends the replay (it was never acknowledged).  A small append by a writer alone
+leaves its new blob raw in the WAL for the packer (store/durability/packer.py).
 
 Locks: one process per store directory (`flock` on `LOCK`); in the process a lock per context
 (head updates are linearizable per context), 64 blob shard locks (double-checked insert), one
 write lock (TurnID sequencer, log and WAL slots) and a gate that GC holds exclusively.
+
+Over ~400 lines because the Store's state is shared by every public call; the parts that run
+apart from a call (recovery, checkpoints, packing, group commit) live in their own modules.
 """
 from __future__ import annotations
 
@@ -35,12 +27,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from store import recovery
 from store.cache import LRU
-from store.codec import DecodeError, blob_hash, compressor, decode_stored
+from store.codec import DecodeError, blob_hash, decode_stored
+from store.config import GCStats, StoreConfig
+from store.durability import checkpoint, packer
 from store.durability.commit import GroupCommit
 from store.errors import (
     BlobMismatch,
@@ -58,24 +52,18 @@ from store.errors import (
 )
 from store.files import heads as headfiles
 from store.files.blobpack import PACK, BlobPack, remove_leftovers
-from store.files.patchlog import PatchLog, patches_lost
+from store.files.patchlog import PatchLog
 from store.files.turnlog import TurnLog
 from store.gc import mark
 from store.layout import (
-    BLOB_HEADER,
-    BLOB_OVERHEAD,
     CODEC_RAW,
-    CODEC_ZSTD,
     PATCH_REPLACE,
     PATCH_TOMBSTONE,
-    TURN_SIZE,
     WAL_DELETE,
     WAL_HEAD,
     WAL_TURN,
     ZERO_HASH,
-    Snapshot,
     WalRecord,
-    decode_blob_header,
     encode_blob,
     encode_wal,
 )
@@ -90,43 +78,15 @@ from store.types import (
     TurnBlobRef,
     TurnInput,
 )
-from sysio.files import fsync_dir, open_private, private_dir
-from sysio.flush import flush_data
+from sysio.files import fsync_dir, private_dir
 from sysio.locks import lock_with_timeout
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 P = ParamSpec("P")
 LOCK = "LOCK"
-DAMAGE = "damage.log"
-INDEX_TAIL_MAX = 1 << 16  # blobs kept in memory beyond blobs.idx before a checkpoint folds them in
-PROBE = 64 << 10  # a payload larger than 2 * PROBE is first probed with its first PROBE bytes
 PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on PREPARE_THREADS threads
 PREPARE_THREADS = 2
-PENDING_MAX = 8 << 20  # raw bytes of new blobs that may wait to be compressed into the pack
-
-
-@dataclass(frozen=True, slots=True)
-class StoreConfig:
-    durable: bool = True
-    """False: no fsync at all (bulk import).  A process crash loses nothing; a power loss or
-    OS crash can lose recent writes.  close() still syncs everything."""
-    zstd_level: int = 3
-    max_payload: int = 256 << 20  # one Pi line: the peer protocol's max_blob (docs/PROTOCOL.md)
-    turn_cache_entries: int = 100_000
-    blob_cache_bytes: int = 64 << 20
-    lock_timeout: float = 10.0
-    gc_grace_seconds: float = 3600.0
-    """put_blob'd blobs that no turn references yet survive GC for this long."""
-
-
-@dataclass(frozen=True, slots=True)
-class GCStats:
-    live_blobs: int
-    dropped_blobs: int
-    bytes_freed: int
-    pack_bytes: int
-    seconds: float
 
 
 class _Gate:
@@ -170,18 +130,6 @@ class _Gate:
                 self._cond.notify_all()
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """A payload hashed and (unless already stored) compressed, before any lock is taken."""
-
-    hash: bytes
-    raw_len: int
-    codec: int = CODEC_RAW
-    stored: bytes | None = None
-    deferred: bool = False
-    """Raw for now: the WAL carries it and the packer compresses it later."""
-
-
 def _sizes(items: Sequence[Any]) -> list[int]:
     return [len(i) if isinstance(i, bytes) else len(getattr(i, "stored", b"")) for i in items]
 
@@ -193,16 +141,6 @@ def _parallel(items: Sequence[Any], sizes: list[int]) -> bool:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def record_damage(root: Path, messages: list[str]) -> None:
-    """Keep what recovery found damaged (it repaired or dropped it) for fsck to report."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    fd = open_private(root / DAMAGE, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    with open(fd, "a", encoding="utf-8") as f:
-        f.writelines(f"{stamp} {m}\n" for m in messages)
-        f.flush()
-        flush_data(f.fileno())
 
 
 def _writes(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
@@ -265,10 +203,15 @@ class Store:
         (root / headfiles.NEXT).unlink(missing_ok=True)
         self._checkpointing = False
         """The checkpointer switched WALs and is syncing and writing the snapshot."""
-        self._wal = self._recover(headfiles.load(root, notes, self._log_damaged))
+        self._logged: dict[int, tuple[int, int, int, int]] = {}
+        """Each context's head as the WAL has it (head, depth, flags, created): what the next
+        checkpoint snapshots; recovery fills it."""
+        loaded = headfiles.load(root, notes, functools.partial(recovery.log_damaged, self))
+        self._wal = recovery.recover(self, loaded)
         self._stopping = False
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._checkpointer, name="store-checkpoint", daemon=True)
+        self._thread = threading.Thread(target=functools.partial(checkpoint.thread_main, self),
+                                        name="store-checkpoint", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -288,176 +231,6 @@ class Store:
             raise
 
     # --- recovery ----------------------------------------------------------------------------
-
-    def _recover(self, loaded: headfiles.LoadedHeads) -> headfiles.HeadWal:
-        """Replay the head WAL onto turns.log and the pack.  Nothing acknowledged is dropped:
-        a turn whose blob is damaged or lost is kept (its payload reads as DamagedPayload), and
-        no TurnID that turns.log, the WAL or a head ever held is handed out again."""
-        log = self._turns
-        r = headfiles.replay(loaded, log.count, log.slot_ok, self._slot_readable,
-                             lambda h: self._pack.locate(h) is not None, self._pack.damage_of)
-        notes = self.recovery_notes
-        notes.merge(r.notes)
-        patch_loss = patches_lost(self._patches.seq, loaded.snapshot)
-        if patch_loss:
-            notes.add(patch_loss, damage=True)
-            self._patches.seq = loaded.snapshot.patch_seq  # a seq is never handed out twice
-        for rec in r.blobs.values():
-            self._pack.append(self._repacked(rec))
-        for t in r.writes:
-            log.write(t)
-        self._damaged = {h: why for h, (_, why) in r.damaged.items()}
-        end = self._log_end(r.end, loaded.wal_damaged)
-        if os.path.getsize(self.root / "turns.log") != end * TURN_SIZE:
-            log.truncate(end)  # drops a torn tail; zero slots for ids lost everywhere
-        for tid in range(log.skips_valid_upto() + 1, end + 1):
-            try:
-                log.set_jump(tid, log.compute_jump(log.read(tid), self._read_turn))
-            except (CorruptRecord, UnknownTurn):
-                continue  # a damaged record (or one its chain needs): reads walk by parent there
-        self._logged = r.logged
-        self._next_ctx = r.next_context_id
-        self._heads = {c: ContextHead(c, head, depth, created, flags)
-                       for c, (head, depth, flags, created) in r.logged.items()}
-        self._commit.set_durable_turn_id(end)
-        if notes.damage:
-            record_damage(self.root, notes.damage)
-        snap_gen = loaded.snapshot.generation
-        if r.replayed or r.writes or loaded.damaged or loaded.fresh:
-            top = max([snap_gen, *headfiles.wal_generations(self.root)])
-            self._wal = headfiles.HeadWal(self.root, top, self.config.durable)
-            self._checkpoint()  # the next WAL generation starts empty
-            return self._wal
-        return headfiles.HeadWal(self.root, snap_gen, self.config.durable)
-
-    def _log_end(self, end: int, wal_damaged: bool) -> int:
-        """Where turns.log ends after recovery: after every id the WAL, a head or the snapshot
-        names (end), and after every valid record beyond that too.  Records beyond the WAL's
-        are kept without a head (the WAL lost them, or they were never acknowledged): their
-        ids may have been seen, so they are never reused.  Only damaged records past all of
-        that, a crash's torn tail, are dropped."""
-        last = self._turns.count
-        while last > end and not self._slot_readable(last):
-            last -= 1
-        if last > end:
-            self.recovery_notes.add(
-                f"turns.log: turns {end + 1}..{last} have no head WAL record: kept, no head moved to them"
-                + (" (the head WAL lost their records)" if wal_damaged else " (never acknowledged)"),
-                damage=wal_damaged)
-        elif self._turns.count > end:
-            self.recovery_notes.append(f"turns.log: torn tail after turn {end} dropped")
-        return max(end, last)
-
-    def _repacked(self, rec: bytes) -> bytes:
-        """A blob's WAL copy as the pack should hold it: compressed, if an append left it raw."""
-        hdr = decode_blob_header(rec)
-        if hdr is None or hdr.codec != CODEC_RAW:
-            return rec
-        p = self._compress(hdr.hash, rec[BLOB_HEADER.size : BLOB_HEADER.size + hdr.stored_len])
-        assert p.stored is not None
-        return rec if p.codec == CODEC_RAW else encode_blob(hdr.hash, p.codec, p.raw_len, p.stored)
-
-    def _log_damaged(self, snap: Snapshot) -> bool:
-        """turns.log lost its end: shorter than the checkpoint, or the last record is bad."""
-        end = snap.checkpoint_turn_id
-        return self._turns.count < end or (end > 0 and not self._slot_readable(end))
-
-    def _slot_readable(self, turn_id: int) -> bool:
-        try:
-            self._turns.read(turn_id)
-            return True
-        except (CorruptRecord, UnknownTurn):
-            return False
-
-    def _checkpoint(self, sync: bool | None = None) -> None:
-        """Snapshot every head and start a new WAL generation.  Caller holds the write lock.
-        Syncs unless the store is not durable (then only at close: sync=True)."""
-        sync = self.config.durable if sync is None else sync
-        old, snap = self._switch_wal(sync)
-        self._finish_checkpoint(old, snap, sync)
-
-    def _switch_wal(self, sync: bool) -> tuple[headfiles.HeadWal, Snapshot]:
-        """First half of a checkpoint, under the write lock: sync the WAL, move writers to the
-        next generation and take the snapshot of the heads the old one ends with."""
-        new = self._take_next_wal()
-        with self._sync_lock:
-            old = self._wal
-            if sync:
-                try:
-                    old.sync()  # a leader about to sync would sync the new WAL, not this one
-                except BaseException:
-                    new.close(trim=False)
-                    raise
-            self._wal_synced = (new.gen, new.pos)
-            self._wal = new
-            heads = [(c, *v) for c, v in sorted(self._logged.items())]
-            snap = Snapshot(new.gen, self._next_ctx, self._turns.count, self._patches.seq, heads)
-        return old, snap
-
-    def _finish_checkpoint(self, old: headfiles.HeadWal, snap: Snapshot, sync: bool) -> None:
-        """Second half, without the write lock: make turns.log and the pack durable up to the
-        switch, then write the snapshot that lets recovery skip the old WAL.  Until that
-        snapshot exists, recovery replays the old generation and the new one."""
-        try:
-            self._pack_pending()  # the old WAL's raw blob copies are about to be dropped
-            end = self._pack.end
-            if sync:
-                self._turns.sync()
-                self._pack.sync()
-            with self._sync_lock:
-                self._pack_synced = max(self._pack_synced, end)
-            headfiles.write_snapshot(self.root, snap, durable=sync)
-        except BaseException:
-            old.close(trim=False)  # the store fails: its fd must not outlive close()
-            raise
-        old.close()
-        if len(self._pack) - self._pack.indexed > INDEX_TAIL_MAX:
-            self._pack.write_index()
-
-    def _take_next_wal(self) -> headfiles.HeadWal:
-        """The next WAL generation, from the file the checkpointer prepared if there is one.
-        Its name becomes durable with the first sync (the snapshot may come later)."""
-        with self._prepare_lock:
-            fd, self._next_fd = self._next_fd, None
-            new = headfiles.HeadWal(self.root, self._wal.gen + 1, self.config.durable, prepared=fd)
-        new.name_durable = False
-        return new
-
-    def _checkpointer(self) -> None:
-        """Background thread: prepare the next WAL generation, and checkpoint once the WAL is
-        half full, so that appends neither zero a new WAL nor wait for the syncs and the
-        snapshot (only for the switch, which holds the write lock for one fdatasync)."""
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stopping:
-                return
-            try:
-                with self._gate.shared():  # GC and close checkpoint by themselves
-                    self._prepare_next_wal()
-                    if self._wal.pos > headfiles.WAL_BYTES // 2:
-                        self._background_checkpoint()
-                        self._prepare_next_wal()
-            except OSError as exc:
-                self._fail(exc)  # writers waiting for the checkpoint get StoreFailed
-            except Exception:  # noqa: BLE001 - the append that finds the WAL full retries and raises
-                log.exception("%s: background checkpoint failed", self.root)
-
-    def _prepare_next_wal(self) -> None:
-        with self._prepare_lock:
-            if self._next_fd is None and self.config.durable:
-                self._next_fd = headfiles.prepare_next(self.root)
-
-    def _background_checkpoint(self) -> None:
-        with self._write_lock:
-            if self._wal.pos <= headfiles.WAL_BYTES // 2:
-                return  # an append checkpointed meanwhile
-            old, snap = self._switch_wal(self.config.durable)
-            self._checkpointing = True
-        try:
-            self._finish_checkpoint(old, snap, self.config.durable)
-        finally:
-            self._checkpointing = False
 
     def _sync(self) -> None:
         """The group commit leader's sync: the pack first if a writer needs it, then the WAL."""
@@ -520,44 +293,7 @@ class Store:
                 lock = self._ctx_locks[ctx] = threading.Lock()
             return lock
 
-    def _prepare(self, payload: bytes | TurnBlobRef, defer: bool = False) -> _Prepared:
-        """Hash, and compress unless stored already or (defer) small enough to leave for the
-        packer: raw in the WAL, compressed later (see the module docstring).  Only a writer
-        alone defers: with others in flight its compression overlaps their sync anyway, and
-        deferring would only pile work on the checkpointer and fill the WAL four times faster."""
-        if isinstance(payload, TurnBlobRef):
-            h = payload.payload_hash
-            loc = self._pack.locate(h)
-            if loc is not None:
-                return _Prepared(h, loc.raw_len)
-            waiting = self._pending.get(h)
-            if waiting is None:
-                raise UnknownBlob(h)
-            return _Prepared(h, len(waiting))
-        n = len(payload)
-        if n > self.config.max_payload:
-            raise PayloadTooLarge(n, self.config.max_payload)
-        h = blob_hash(payload)
-        if self._pack.locate(h) is not None or h in self._pending:
-            return _Prepared(h, n)
-        if (defer and self.config.durable and n + BLOB_OVERHEAD <= headfiles.EMBED_MAX
-                and self._commit.writers <= 1 and self._pending_bytes < PENDING_MAX):
-            return _Prepared(h, n, CODEC_RAW, bytes(payload), deferred=True)
-        return self._compress(h, bytes(payload))
-
-    def _compress(self, h: bytes, payload: bytes) -> _Prepared:
-        """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
-        payloads (images) without compressing all of them."""
-        cctx = compressor(self.config.zstd_level)
-        n = len(payload)
-        if n > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97:
-            return _Prepared(h, n, CODEC_RAW, payload)
-        packed = cctx.compress(payload)
-        if len(packed) >= n:
-            return _Prepared(h, n, CODEC_RAW, payload)
-        return _Prepared(h, n, CODEC_ZSTD, packed)
-
-    def _ensure_blob(self, p: _Prepared) -> bytes:
+    def _ensure_blob(self, p: packer.Prepared) -> bytes:
         """Double-checked insert: the blob is stored once however many writers race.  Returns
         the BlobRecord to copy into the WAL (b'' when the pack has it durably or it is too big
         to copy; then the pack is synced before the WAL)."""
@@ -589,22 +325,7 @@ class Store:
         """Compress into the pack now the blobs recent appends left raw in the WAL (the next
         checkpoint would)."""
         with self._gate.shared():
-            self._pack_pending()
-
-    def _pack_pending(self) -> None:
-        """Caller holds the gate.  No sync: the WAL copies cover the blobs until the next
-        checkpoint, which syncs the pack before it drops them."""
-        for h in list(self._pending):
-            with self._shards[h[0] & 63]:
-                data = self._pending.get(h)
-                if data is None:  # another packer was first
-                    continue
-                p = self._compress(h, data)
-                assert p.stored is not None
-                self._pack.append(encode_blob(h, p.codec, p.raw_len, p.stored))
-                with self._pending_lock:
-                    del self._pending[h]
-                    self._pending_bytes -= p.raw_len
+            packer.pack_pending(self)
 
     def _copy_or_sync(self, rec: bytes) -> bytes:
         if not self.config.durable:
@@ -637,11 +358,11 @@ class Store:
     def put_blob(self, data: bytes) -> bytes:
         """Store data (once) durably; it survives GC for gc_grace_seconds until a turn uses it."""
         with self._gate.shared():
-            p = self._prepare(data)
+            p = packer.prepare(self, data)
             self._ensure_blob(p)
             self._pins[p.hash] = time.monotonic()
             if p.hash in self._pending:  # an append's WAL copy is not durable yet: pack and sync it
-                self._pack_pending()
+                packer.pack_pending(self)
             loc = self._pack.locate(p.hash)
             if loc is not None and loc.offset >= self._pack_synced:
                 self._pack_wanted = True
@@ -697,7 +418,7 @@ class Store:
         if self._pack.damage_of(h) is None:
             self._pack.mark_damaged(h, reason)
             log.warning("%s: blob %s is damaged: %s", self.root, h.hex(), reason)
-            record_damage(self.root, [f"blob {h.hex()} found damaged when read: {reason}"])
+            recovery.record_damage(self.root, [f"blob {h.hex()} found damaged when read: {reason}"])
 
     def _payload(self, turn: Turn, h: bytes) -> bytes:
         """Caller holds the gate.  Blob h as the payload of turn: a damaged blob, or one that is
@@ -727,7 +448,7 @@ class Store:
             now = time.monotonic()
             unsynced = False
             for blob in blobs:
-                self._ensure_blob(_Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored)))
+                self._ensure_blob(packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored)))
                 self._pins[blob.hash] = now
                 loc = self._pack.locate(blob.hash)
                 unsynced = unsynced or (loc is not None and loc.offset >= self._pack_synced)
@@ -751,7 +472,7 @@ class Store:
         self._check_open()
         with self._gate.shared():
             if h in self._pending:
-                self._pack_pending()
+                packer.pack_pending(self)
             loc = self._pack.locate(h)
             if loc is None:
                 raise UnknownBlob(h)
@@ -852,7 +573,7 @@ class Store:
         """Caller holds the write lock.  A full WAL is checkpointed first, unless the
         checkpointer is finishing one (then the WAL grows past its pre-zeroed size)."""
         if not self._wal.has_room(len(data)) and not self._checkpointing:
-            self._checkpoint()
+            checkpoint.run(self)
         self._wal.append(data)
         pos = self._wal.pos
         if self._checkpointing or pos <= headfiles.WAL_BYTES // 4:
@@ -933,13 +654,13 @@ class Store:
         self._turns.write_run(run, jumps)
         self._note_head(WAL_TURN, head)
 
-    def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[_Prepared]:
+    def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[packer.Prepared]:
         """Big batches on the prepare threads; small ones here, leaving their new blobs to
         the packer (_prepare with defer)."""
         items = [i.payload if isinstance(i, TurnInput) else i for i in inputs]
         if _parallel(items, _sizes(items)):
-            return self._map(self._prepare, items)
-        return [self._prepare(i, defer=True) for i in items]
+            return self._map(functools.partial(packer.prepare, self), items)
+        return [packer.prepare(self, i, defer=True) for i in items]
 
     def _map(self, fn: Callable[[Any], R], items: Sequence[Any]) -> list[R]:
         """fn over items; a big batch on a small thread pool (zstd and blake3 release the GIL),
@@ -1067,7 +788,7 @@ class Store:
                         self._pins)
             phase("marked")
             with self._write_lock:  # the WAL must not name blobs the sweep drops
-                self._checkpoint()
+                checkpoint.run(self)
             with self._write_lock, self._sync_lock:
                 kept, dropped, freed = self._pack.compact(live, phase)
                 self._pack_synced = self._pack.end
@@ -1079,7 +800,7 @@ class Store:
         """Snapshot every head now and start a new WAL generation (the background thread does
         this when the WAL is half full; fault-injection tests call it directly)."""
         with self._gate.shared(), self._write_lock:
-            self._checkpoint()
+            checkpoint.run(self)
 
     def close(self) -> None:
         if self._closed:
@@ -1094,7 +815,7 @@ class Store:
                 if self._failed is None:
                     # a bulk import's checkpoints were not synced
                     if self._wal.pos or not self.config.durable:
-                        self._checkpoint(sync=True)
+                        checkpoint.run(self, sync=True)
                     self._turns.sync()
                     self._pack.flush_for_close()
             except OSError as exc:

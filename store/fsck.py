@@ -17,14 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from store.api import DAMAGE, LOCK, Store, StoreConfig
+from store.api import LOCK, Store
 from store.codec import DecodeError, blob_hash, decode_stored
+from store.config import StoreConfig
 from store.errors import CorruptRecord, StoreLocked, UnknownTurn
 from store.files import heads as headfiles
 from store.files.blobpack import INDEX, PACK, BlobPack, scan_pack
 from store.files.patchlog import PatchLog, patches_lost
 from store.files.turnlog import LOG, TurnLog
 from store.layout import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
+from store.recovery import DAMAGE
 from store.types import NO_TURN, RecoveryNotes
 from sysio.locks import lock_with_timeout
 

@@ -28,7 +28,7 @@ from p2pnode import cli
 from p2pnode.library import Library
 from p2pnode.paths import NodePaths
 from p2pnode.sidecar import Sidecar, blake3_hex
-from store.api import StoreConfig
+from store.config import StoreConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 B5 = "--tmp-pi-harness-work-beta--/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"

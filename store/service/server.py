@@ -500,8 +500,8 @@ Done = Callable[[Reply | None, BaseException | None], None]
 class _Workers:
     """Threads that run blocking engine calls and hand each result back to the event loop.
 
-    A bare SimpleQueue plus call_soon_threadsafe costs about half of run_in_executor's
-    hand-off, which shows next to a ~0.2 ms durable append.
+    A bare SimpleQueue plus call_soon_threadsafe, not run_in_executor: its hand-off is the
+    cheaper one, which counts next to a durable append (docs/BENCHMARKS.md).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:

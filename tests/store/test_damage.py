@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from store import CorruptRecord, DamagedPayload, Store
-from store.api import DAMAGE
 from store.codec import blob_hash
 from store.files.blobpack import scan_pack
 from store.fsck import fsck
 from store.layout import BLOB_HEADER, CODEC_ZSTD, WAL_SIZE, scan_wal
+from store.recovery import DAMAGE
 from store.service.client import StoreClient
 from store.service.server import ServiceLimits, StoreServer
 

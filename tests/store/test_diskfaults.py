@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from store import Store, TurnInput, api
+from store import Store, TurnInput
+from store.durability import checkpoint
 from store.errors import StoreFailed, StoreFull
 from store.fsck import fsck
 from store.service.client import StoreClient
@@ -143,7 +144,7 @@ OPERATIONS: dict[str, Callable[[Store, Acked], None]] = {
 
 @pytest.fixture(autouse=True)
 def _index_every_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api, "INDEX_TAIL_MAX", 0)
+    monkeypatch.setattr(checkpoint, "INDEX_TAIL_MAX", 0)
 
 
 def _steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: Callable[[Store, Acked], None]) -> list[str]:
