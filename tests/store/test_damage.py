@@ -27,7 +27,8 @@ from store.fsck import fsck
 from store.layout import BLOB_HEADER, CODEC_ZSTD, WAL_SIZE, scan_wal
 from store.recovery import DAMAGE
 from store.service.client import StoreClient
-from store.service.server import ServiceLimits, StoreServer
+from store.service.limits import ServiceLimits
+from store.service.server import StoreServer
 
 REPO = Path(__file__).resolve().parents[2]
 

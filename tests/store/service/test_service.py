@@ -46,7 +46,8 @@ from store.service.frames import (
     ShuttingDown,
     encode_frame,
 )
-from store.service.server import ServiceLimits, StoreServer
+from store.service.limits import ServiceLimits
+from store.service.server import StoreServer
 
 REPO = Path(__file__).resolve().parents[3]
 

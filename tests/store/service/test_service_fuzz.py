@@ -21,7 +21,8 @@ from store import Store, Turn, TurnInput
 from store.service import messages as m
 from store.service.client import StoreClient
 from store.service.frames import FLAG_REPLY, HEADER, ErrorCode, FrameDecoder, ProtocolError, encode_frame
-from store.service.server import ServiceLimits, StoreServer
+from store.service.limits import ServiceLimits
+from store.service.server import StoreServer
 
 HASH = bytes(range(32))
 

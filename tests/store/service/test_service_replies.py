@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from store import Store
-from store.service.server import ServiceLimits, StoreServer
+from store.service.limits import ServiceLimits
+from store.service.server import StoreServer
 
 HEADER = struct.Struct("<IHHQ")  # len, msg_type, flags, req_id
 REPLY = 0x0001
