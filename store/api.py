@@ -50,7 +50,7 @@ from store.errors import (
     UnknownContext,
     UnknownTurn,
 )
-from store.files import heads as headfiles
+from store.files import headwal, snapshot
 from store.files.blobpack import PACK, BlobPack, remove_leftovers
 from store.files.patchlog import PatchLog
 from store.files.turnlog import TurnLog
@@ -199,14 +199,14 @@ class Store:
         self._wal_synced = (0, 0)
         self._prepare_lock = threading.Lock()
         self._next_fd: int | None = None
-        """The next WAL generation, zero-filled by the checkpointer (headfiles.prepare_next)."""
-        (root / headfiles.NEXT).unlink(missing_ok=True)
+        """The next WAL generation, zero-filled by the checkpointer (headwal.prepare_next)."""
+        (root / headwal.NEXT).unlink(missing_ok=True)
         self._checkpointing = False
         """The checkpointer switched WALs and is syncing and writing the snapshot."""
         self._logged: dict[int, tuple[int, int, int, int]] = {}
         """Each context's head as the WAL has it (head, depth, flags, created): what the next
         checkpoint snapshots; recovery fills it."""
-        loaded = headfiles.load(root, notes, functools.partial(recovery.log_damaged, self))
+        loaded = snapshot.load(root, notes, functools.partial(recovery.log_damaged, self))
         self._wal = recovery.recover(self, loaded)
         self._stopping = False
         self._wake = threading.Event()
@@ -330,7 +330,7 @@ class Store:
     def _copy_or_sync(self, rec: bytes) -> bytes:
         if not self.config.durable:
             return b""  # nothing is synced anyway; a process crash keeps the page cache
-        if len(rec) <= headfiles.EMBED_MAX:
+        if len(rec) <= headwal.EMBED_MAX:
             return rec
         self._pack_wanted = True
         return b""
@@ -576,9 +576,9 @@ class Store:
             checkpoint.run(self)
         self._wal.append(data)
         pos = self._wal.pos
-        if self._checkpointing or pos <= headfiles.WAL_BYTES // 4:
+        if self._checkpointing or pos <= headwal.WAL_BYTES // 4:
             return
-        if pos > headfiles.WAL_BYTES // 2 or (self._next_fd is None and self.config.durable):
+        if pos > headwal.WAL_BYTES // 2 or (self._next_fd is None and self.config.durable):
             self._wake.set()  # a quarter full: prepare the next generation; half: checkpoint
 
     def _note_head(self, kind: int, head: ContextHead) -> None:
@@ -827,7 +827,7 @@ class Store:
             if self._next_fd is not None:
                 os.close(self._next_fd)
                 if not failed:  # else the next open removes it
-                    (self.root / headfiles.NEXT).unlink()
+                    (self.root / headwal.NEXT).unlink()
             self._pack.close()
             self._turns.close()
             self._patches.close()

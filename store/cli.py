@@ -1,4 +1,4 @@
-"""The store's command line (`python -m store fsck|serve`).
+"""The store's command line (`python -m store fsck`, `serve`).
 
 `run_fsck` is the fsck command's one body (check, print the report, exit code), which
 `p2pnode fsck` calls too, so that both print the same report the same way.  `p2pnode` builds

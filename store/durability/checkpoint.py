@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from store.durability import packer
-from store.files import heads as headfiles
+from store.files import headwal, snapshot
 from store.layout import Snapshot
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def run(store: Store, sync: bool | None = None) -> None:
     finish(store, old, snap, sync)
 
 
-def switch_wal(store: Store, sync: bool) -> tuple[headfiles.HeadWal, Snapshot]:
+def switch_wal(store: Store, sync: bool) -> tuple[headwal.HeadWal, Snapshot]:
     """First half of a checkpoint, under the write lock: sync the WAL, move writers to the
     next generation and take the snapshot of the heads the old one ends with."""
     new = take_next_wal(store)
@@ -49,7 +49,7 @@ def switch_wal(store: Store, sync: bool) -> tuple[headfiles.HeadWal, Snapshot]:
     return old, snap
 
 
-def finish(store: Store, old: headfiles.HeadWal, snap: Snapshot, sync: bool) -> None:
+def finish(store: Store, old: headwal.HeadWal, snap: Snapshot, sync: bool) -> None:
     """Second half, without the write lock: make turns.log and the pack durable up to the
     switch, then write the snapshot that lets recovery skip the old WAL.  Until that
     snapshot exists, recovery replays the old generation and the new one."""
@@ -61,7 +61,7 @@ def finish(store: Store, old: headfiles.HeadWal, snap: Snapshot, sync: bool) -> 
             store._pack.sync()
         with store._sync_lock:
             store._pack_synced = max(store._pack_synced, end)
-        headfiles.write_snapshot(store.root, snap, durable=sync)
+        snapshot.write_snapshot(store.root, snap, durable=sync)
     except BaseException:
         old.close(trim=False)  # the store fails: its fd must not outlive close()
         raise
@@ -70,12 +70,12 @@ def finish(store: Store, old: headfiles.HeadWal, snap: Snapshot, sync: bool) -> 
         store._pack.write_index()
 
 
-def take_next_wal(store: Store) -> headfiles.HeadWal:
+def take_next_wal(store: Store) -> headwal.HeadWal:
     """The next WAL generation, from the file the checkpointer prepared if there is one.
     Its name becomes durable with the first sync (the snapshot may come later)."""
     with store._prepare_lock:
         fd, store._next_fd = store._next_fd, None
-        new = headfiles.HeadWal(store.root, store._wal.gen + 1, store.config.durable, prepared=fd)
+        new = headwal.HeadWal(store.root, store._wal.gen + 1, store.config.durable, prepared=fd)
     new.name_durable = False
     return new
 
@@ -92,7 +92,7 @@ def thread_main(store: Store) -> None:
         try:
             with store._gate.shared():  # GC and close checkpoint by themselves
                 prepare_next_wal(store)
-                if store._wal.pos > headfiles.WAL_BYTES // 2:
+                if store._wal.pos > headwal.WAL_BYTES // 2:
                     background(store)
                     prepare_next_wal(store)
         except OSError as exc:
@@ -104,12 +104,12 @@ def thread_main(store: Store) -> None:
 def prepare_next_wal(store: Store) -> None:
     with store._prepare_lock:
         if store._next_fd is None and store.config.durable:
-            store._next_fd = headfiles.prepare_next(store.root)
+            store._next_fd = headwal.prepare_next(store.root)
 
 
 def background(store: Store) -> None:
     with store._write_lock:
-        if store._wal.pos <= headfiles.WAL_BYTES // 2:
+        if store._wal.pos <= headwal.WAL_BYTES // 2:
             return  # an append checkpointed meanwhile
         old, snap = switch_wal(store, store.config.durable)
         store._checkpointing = True

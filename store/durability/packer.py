@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from store.codec import blob_hash, compressor
 from store.errors import PayloadTooLarge, UnknownBlob
-from store.files import heads as headfiles
+from store.files import headwal
 from store.layout import BLOB_HEADER, BLOB_OVERHEAD, CODEC_RAW, CODEC_ZSTD, decode_blob_header, encode_blob
 from store.types import TurnBlobRef
 
@@ -60,7 +60,7 @@ def prepare(store: Store, payload: bytes | TurnBlobRef, defer: bool = False) -> 
     h = blob_hash(payload)
     if store._pack.locate(h) is not None or h in store._pending:
         return Prepared(h, n)
-    if (defer and store.config.durable and n + BLOB_OVERHEAD <= headfiles.EMBED_MAX
+    if (defer and store.config.durable and n + BLOB_OVERHEAD <= headwal.EMBED_MAX
             and store._commit.writers <= 1 and store._pending_bytes < PENDING_MAX):
         return Prepared(h, n, CODEC_RAW, bytes(payload), deferred=True)
     return compress(store, h, bytes(payload))

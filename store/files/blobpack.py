@@ -1,10 +1,10 @@
-"""`blobs.pack` (append-only BlobRecords) and `blobs.idx`, its rebuildable index.
+"""`blobs.pack`: append-only BlobRecords, their scan and repair on open, lookups through the
+index (store/files/blobindex.py), and the GC sweep's crash-safe pack swap.
 
-The index file is one sorted run of BlobIndexEntry with a 256-way fan-out table, read through
-mmap with a binary search, so opening costs nothing per blob.  Blobs appended since the index
-was last written live in an in-memory dict (the "tail"); the index header records how many
-pack bytes it covers, and opening scans only the pack beyond that.  When the index is missing,
-damaged or does not describe this pack, it is rebuilt from the pack.
+Blobs appended since the index was last written live in an in-memory dict (the "tail");
+the index header records how many pack bytes it covers, and opening scans only the pack
+beyond that.  When the index is missing, damaged or does not describe this pack, it is
+rebuilt from the pack.
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import heapq
 import mmap
 import os
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from store.errors import CorruptRecord
+from store.files.blobindex import INDEX, BlobIndex, check_index, encode_index, index_entry
 from store.layout import (
     BLOB_CRC,
     BLOB_HEADER,
@@ -25,11 +25,7 @@ from store.layout import (
     IDX_ENTRY,
     IDX_FANOUT,
     IDX_HEADER,
-    IDX_HEADER_CRC,
-    IDX_MAGIC,
     IDX_PREFIX_LEN,
-    IDX_VERSION,
-    ZERO_HASH,
     BlobHeader,
     BlobLocation,
     blob_record_ok,
@@ -41,7 +37,6 @@ from sysio.files import TMP_SUFFIX, atomic_write, fsync_dir, open_private
 from sysio.flush import flush_data, write_at
 
 PACK = "blobs.pack"
-INDEX = "blobs.idx"
 
 
 @dataclass
@@ -119,37 +114,6 @@ def scan_pack(buf: mmap.mmap | bytes, start: int = 0) -> PackScan:
     return scan
 
 
-def _entry(h: bytes, loc: BlobLocation) -> bytes:
-    return IDX_ENTRY.pack(h, loc.offset, loc.raw_len, loc.stored_len, loc.codec, 0)
-
-
-def encode_index(entries: list[bytes], covered_len: int, last: tuple[int, bytes] | None) -> bytes:
-    """entries: sorted packed BlobIndexEntry bytes; last: (offset, hash) of the last covered record."""
-    fan = [0] * 256
-    for e in entries:
-        fan[e[0]] += 1
-    total = 0
-    for i in range(256):
-        total += fan[i]
-        fan[i] = total
-    body = b"".join(entries)
-    last_off, last_hash = last if last else (0, ZERO_HASH)
-    head = IDX_HEADER.pack(
-        IDX_MAGIC, IDX_VERSION, 0, len(entries), covered_len, last_off, last_hash, zlib.crc32(body)
-    ) + IDX_FANOUT.pack(*fan)
-    return head + IDX_HEADER_CRC.pack(zlib.crc32(head)) + body
-
-
-@dataclass(frozen=True)
-class _Index:
-    """One mapped blobs.idx.  Replaced whole, never changed, so a lookup that took it keeps a
-    consistent view while a newer index is swapped in."""
-
-    mm: mmap.mmap | None = None
-    fan: tuple[int, ...] = (0,) * 256
-    count: int = 0
-
-
 class BlobPack:
     """The pack file and its index.  Thread-safe: appends serialise on one lock; reads are
     lock-free preads of immutable records."""
@@ -165,7 +129,7 @@ class BlobPack:
         self._tail: dict[bytes, BlobLocation] = {}
         self.damaged: dict[bytes, str] = {}
         """Blobs whose only record in the scanned part of the pack failed its CRC: what is wrong."""
-        self._index = _Index()
+        self._index = BlobIndex()
         self._file_size = os.fstat(self._fd).st_size
         self._last: tuple[int, bytes] | None = None
         self._recover()
@@ -223,35 +187,16 @@ class BlobPack:
             mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
-        reason = self._check_index(mm, size)
+        reason = check_index(mm, size, self._file_size,
+                             lambda off: decode_blob_header(os.pread(self._fd, BLOB_HEADER.size, off)))
         if reason:
             mm.close()
             self.problems.append(f"{INDEX} {reason}: {self._fix}")
             return None
         _, _, _, count, covered, last_off, last_hash, _ = IDX_HEADER.unpack_from(mm, 0)
-        self._index = _Index(mm, IDX_FANOUT.unpack_from(mm, IDX_HEADER.size), count)
+        self._index = BlobIndex(mm, IDX_FANOUT.unpack_from(mm, IDX_HEADER.size), count)
         self._last = (last_off, last_hash) if count else None
         return int(covered)
-
-    def _check_index(self, mm: mmap.mmap, size: int) -> str | None:
-        magic, version, _, count, covered, last_off, last_hash, ecrc = IDX_HEADER.unpack_from(mm, 0)
-        hlen = IDX_HEADER.size + IDX_FANOUT.size
-        (hcrc,) = IDX_HEADER_CRC.unpack_from(mm, hlen)
-        if magic != IDX_MAGIC or version != IDX_VERSION or zlib.crc32(memoryview(mm)[:hlen]) != hcrc:
-            return "header damaged"
-        if size != IDX_PREFIX_LEN + count * IDX_ENTRY.size:
-            return "has the wrong length"
-        if zlib.crc32(memoryview(mm)[IDX_PREFIX_LEN:]) != ecrc:
-            return "entries damaged"
-        if covered > self._file_size:
-            return "is stale (covers more than the pack holds)"
-        if count:
-            hdr = decode_blob_header(os.pread(self._fd, BLOB_HEADER.size, last_off))
-            if hdr is None or hdr.hash != last_hash or last_off + hdr.record_len != covered:
-                return "is stale (does not describe this pack)"
-        elif covered:
-            return "is stale"
-        return None
 
     # --- lookups -------------------------------------------------------------------------------
 
@@ -263,26 +208,7 @@ class BlobPack:
             return loc
         if self.damaged and h in self.damaged:
             return None
-        idx = self._index
-        mm = idx.mm
-        if mm is None or len(h) != 32:
-            return None
-        b = h[0]
-        lo = idx.fan[b - 1] if b else 0
-        hi = idx.fan[b]
-        esize = IDX_ENTRY.size
-        while lo < hi:
-            mid = (lo + hi) // 2
-            off = IDX_PREFIX_LEN + mid * esize
-            key = mm[off : off + 32]
-            if key < h:
-                lo = mid + 1
-            elif key > h:
-                hi = mid
-            else:
-                _, pack_off, raw_len, stored_len, codec, _ = IDX_ENTRY.unpack_from(mm, off)
-                return BlobLocation(pack_off, raw_len, stored_len, codec)
-        return None
+        return self._index.locate(h)
 
     def mark_damaged(self, h: bytes, reason: str) -> None:
         """A read found blob h's record damaged: lookups stop finding it (see locate)."""
@@ -348,8 +274,8 @@ class BlobPack:
     def write_index(self) -> None:
         """Fold the tail into a new blobs.idx (temp file + rename)."""
         with self._lock:
-            old = [e for e in self._index_entries() if e[:32] not in self._tail]  # a new copy wins
-            new = sorted(_entry(h, loc) for h, loc in self._tail.items())
+            old = [e for e in self._index.entries() if e[:32] not in self._tail]  # a new copy wins
+            new = sorted(index_entry(h, loc) for h, loc in self._tail.items())
             merged = list(heapq.merge(old, new)) if old else new
             atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), durable=self.durable)
             self._reload_index()
@@ -361,7 +287,7 @@ class BlobPack:
             scan = self._scan(0)
             self._tail = {hdr.hash: BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
                           for off, hdr in reversed(scan.records)}  # the first copy of a blob wins
-            self._index = _Index()
+            self._index = BlobIndex()
             last = max([*scan.records, *scan.damaged], default=None, key=lambda r: r[0])
             self._last = (last[0], last[1].hash) if last else None
         self.write_index()
@@ -369,14 +295,6 @@ class BlobPack:
     def _reload_index(self) -> None:
         if self._load_index() is None:  # we just wrote it: only a failing disk gets here
             raise CorruptRecord(INDEX, 0, "the index just written does not read back")
-
-    def _index_entries(self) -> list[bytes]:
-        mm = self._index.mm
-        if mm is None:
-            return []
-        esize = IDX_ENTRY.size
-        body = mm[IDX_PREFIX_LEN:]
-        return [body[i : i + esize] for i in range(0, len(body), esize)]
 
     # --- compaction (GC) -----------------------------------------------------------------------
 
@@ -403,7 +321,7 @@ class BlobPack:
                         continue
                     rec = encode_blob(h, loc.codec, loc.raw_len, stored)
                     write_at(fd, rec, pos)
-                    kept.append(_entry(h, BlobLocation(pos, loc.raw_len, loc.stored_len, loc.codec)))
+                    kept.append(index_entry(h, BlobLocation(pos, loc.raw_len, loc.stored_len, loc.codec)))
                     last = (pos, h)
                     pos += len(rec)
                 flush_data(fd)
@@ -437,7 +355,7 @@ class BlobPack:
 
     def close(self) -> None:
         """Close without writing (a failed store writes nothing more; see flush_for_close)."""
-        mm, self._index = self._index.mm, _Index()
+        mm, self._index = self._index.mm, BlobIndex()
         if mm is not None:
             mm.close()
         os.close(self._fd)

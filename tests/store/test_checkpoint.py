@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from store import Store, TurnInput, UnknownBlob
-from store.files import heads as headfiles
+from store.files import headwal, snapshot
 from store.fsck import fsck
 from store.layout import Snapshot
 
@@ -30,11 +30,11 @@ CHILD = textwrap.dedent(
     """
     import json, os, signal, sys, threading
     from store import Store
-    from store.files import heads
-    from store.files.heads import WAL_BYTES
+    from store.files import headwal, snapshot
+    from store.files.headwal import WAL_BYTES
     path, after = sys.argv[1], int(sys.argv[2])
     blocked = threading.Event()
-    real_write = heads.write_snapshot
+    real_write = snapshot.write_snapshot
 
     def write_snapshot(root, snap, durable):
         if threading.current_thread().name == "store-checkpoint":
@@ -42,7 +42,7 @@ CHILD = textwrap.dedent(
             threading.Event().wait()  # the checkpointer never gets to write its snapshot
         real_write(root, snap, durable)
 
-    heads.write_snapshot = write_snapshot
+    snapshot.write_snapshot = write_snapshot
     s = Store.open(path)
     gen0 = s._wal.gen
     ctx = s.create_context().context_id
@@ -71,7 +71,7 @@ def test_crash_between_switch_and_snapshot_loses_nothing(tmp_path: Path) -> None
     path = tmp_path / "s"
     run = crash_mid_checkpoint(path, after=40)
     assert run["gen"] == run["gen0"] + 1, "the checkpointer switched once and stopped there"
-    assert (path / headfiles.wal_name(run["gen"])).exists()
+    assert (path / headwal.wal_name(run["gen"])).exists()
     with Store.open(path) as s:  # the older snapshot + both WALs hold every acknowledged turn
         turns = s.get_last(run["ctx"], len(run["acked"]) + 5)
         assert [t.turn_id for t in turns] == [a[0] for a in run["acked"]]
@@ -94,13 +94,13 @@ def test_the_checkpointer_checkpoints(tmp_path: Path, monkeypatch: pytest.Monkey
     if the WAL fills before the checkpointer got to run), and a reopen finds everything."""
     path = tmp_path / "s"
     calls: list[str] = []
-    real_write = headfiles.write_snapshot
+    real_write = snapshot.write_snapshot
 
     def write_snapshot(root: Path, snap: Snapshot, durable: bool) -> None:
         calls.append(threading.current_thread().name)
         real_write(root, snap, durable)
 
-    monkeypatch.setattr(headfiles, "write_snapshot", write_snapshot)
+    monkeypatch.setattr(snapshot, "write_snapshot", write_snapshot)
     s = Store.open(path)
     gen0 = s._wal.gen
     ctx = s.create_context().context_id
@@ -133,15 +133,15 @@ IDLE_CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
     from store import Store
-    from store.files import heads
+    from store.files import headwal, snapshot
     s = Store.open(sys.argv[1])
     ctx = s.create_context().context_id
     n = 0
-    while not os.path.exists(os.path.join(sys.argv[1], heads.NEXT)):  # prepared once a quarter full
+    while not os.path.exists(os.path.join(sys.argv[1], headwal.NEXT)):  # prepared once a quarter full
         s.append_turn(ctx, os.urandom(2000))
         n += 1
-        assert n < heads.WAL_BYTES // 2000, "the next generation was never prepared"
-    while os.path.getsize(os.path.join(sys.argv[1], heads.NEXT)) < heads.WAL_BYTES:
+        assert n < headwal.WAL_BYTES // 2000, "the next generation was never prepared"
+    while os.path.getsize(os.path.join(sys.argv[1], headwal.NEXT)) < headwal.WAL_BYTES:
         time.sleep(0.01)
     print(n, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -155,11 +155,11 @@ def test_a_prepared_generation_left_by_a_crash_is_dropped(tmp_path: Path) -> Non
                           capture_output=True, timeout=60)
     assert proc.returncode == -9, proc.stderr.decode()
     n = int(proc.stdout)
-    assert (path / headfiles.NEXT).stat().st_size == headfiles.WAL_BYTES
+    assert (path / headwal.NEXT).stat().st_size == headwal.WAL_BYTES
     assert fsck(path).ok
     with Store.open(path) as s:
         assert len(s.get_last(s.list_contexts()[0].context_id, n + 5)) == n
-    assert not (path / headfiles.NEXT).exists() and fsck(path, full=True).ok  # close removes it
+    assert not (path / headwal.NEXT).exists() and fsck(path, full=True).ok  # close removes it
 
 
 def test_fork_is_refused_where_gc_dropped_an_ancestors_payload(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from store import Store, TurnInput
-from store.files import heads as headfiles
+from store.files import headwal
 from store.fsck import fsck
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.service.client import StoreClient
@@ -73,14 +73,14 @@ def test_checkpoints_pack_what_waits_before_they_drop_its_wal(tmp_path: Path) ->
         first = [s.append_turn(ctx, text(10 + i)) for i in range(5)]
         assert len(s._pending) == 5
         gen = s._wal.gen
-        for n in range(headfiles.WAL_BYTES // 12_000 + 10):  # fills the WAL: a checkpoint comes
+        for n in range(headwal.WAL_BYTES // 12_000 + 10):  # fills the WAL: a checkpoint comes
             s.append_turn(ctx, os.urandom(8) + text(100 + n))
         for _ in range(500):
             if s._wal.gen > gen and all(t.payload_hash not in s._pending for t in first):
                 break
             threading.Event().wait(0.01)
         assert all(s._pack.locate(t.payload_hash) is not None for t in first)
-        assert s._pending_bytes < headfiles.WAL_BYTES
+        assert s._pending_bytes < headwal.WAL_BYTES
         assert s.payloads(first) == [text(10 + i) for i in range(5)]
 
 
