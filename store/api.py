@@ -306,7 +306,7 @@ class Store:
                     if waiting is not None:  # left raw by another append: this WAL record copies it too
                         return encode_blob(p.hash, CODEC_RAW, len(waiting), waiting)
                     # stored is None only for a blob found when prepared; GC cannot have dropped
-                    # it since: callers hold the gate from _prepare through here
+                    # it since: callers hold the gate from packer.prepare through here
                     assert p.stored is not None
                     rec = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
                     if p.deferred:
@@ -656,7 +656,7 @@ class Store:
 
     def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[packer.Prepared]:
         """Big batches on the prepare threads; small ones here, leaving their new blobs to
-        the packer (_prepare with defer)."""
+        the packer (packer.prepare with defer)."""
         items = [i.payload if isinstance(i, TurnInput) else i for i in inputs]
         if _parallel(items, _sizes(items)):
             return self._map(functools.partial(packer.prepare, self), items)

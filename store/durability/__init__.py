@@ -1,1 +1,1 @@
-"""How writes become durable: group commit of the append-only files (fails closed)."""
+"""How writes become durable: group commit (fails closed), checkpoints, and the packer."""

@@ -8,6 +8,9 @@ ClassVars (layout, reply decoder, option bits); the four with variable-length pa
 not frozen: each request builds one on both ends, and a frozen dataclass's __init__ costs
 five times as much.  The
 server answers with the same msg_type and FLAG_REPLY set, or with an ERROR frame.
+
+Over ~400 lines because it is the whole message table of the protocol, in the order of
+docs/PROTOCOL.md's tables, which tests/store/service/test_frames.py checks against it.
 """
 
 from __future__ import annotations

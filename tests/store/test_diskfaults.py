@@ -11,7 +11,7 @@ memory, and after close and reopen every acknowledged turn is there with its pay
 head names a turn that was not acknowledged, and fsck is clean.
 
 The fault is transient (the next call succeeds), as after a lost write that the kernel
-reported once: a disk that stays broken is what test_store_blockdev.py runs on real devices.
+reported once: a disk that stays broken is what tests/store/test_blockdev.py runs on real devices.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Crashes are real: a child process appends durably, reports what was acknowledged, then
 SIGKILLs itself without closing the store.  (The big random-kill campaign, every-offset
-truncation and bit flips are in test_store_crash.py and test_store_faults.py.)
+truncation and bit flips are in tests/store/test_crash.py and tests/store/test_faults.py.)
 """
 from __future__ import annotations
 
