@@ -24,9 +24,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -54,7 +53,7 @@ from store.files import headwal, snapshot
 from store.files.blobpack import PACK, BlobPack, remove_leftovers
 from store.files.patchlog import PatchLog
 from store.files.turnlog import TurnLog
-from store.gc import mark
+from store.gc import Gate, mark
 from store.layout import (
     CODEC_RAW,
     PATCH_REPLACE,
@@ -87,47 +86,6 @@ P = ParamSpec("P")
 LOCK = "LOCK"
 PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on PREPARE_THREADS threads
 PREPARE_THREADS = 2
-
-
-class _Gate:
-    """Many holders in shared mode, or GC alone.  A waiting GC blocks new shared holders."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    def shared(self) -> _Gate:
-        """`with gate.shared():` (the gate is its own context manager for the shared mode)."""
-        return self
-
-    def __enter__(self) -> None:
-        with self._cond:
-            while self._exclusive or self._waiting:
-                self._cond.wait()
-            self._shared += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._shared -= 1
-            if not self._shared and self._waiting:
-                self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting += 1
-            while self._exclusive or self._shared:
-                self._cond.wait()
-            self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
 
 
 def _sizes(items: Sequence[Any]) -> list[int]:
@@ -168,7 +126,7 @@ class Store:
         self._closed = False
         self._failed: BaseException | None = None
         """The write error that failed the store: writes are refused until it is reopened."""
-        self._gate = _Gate()
+        self._gate = Gate()
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._ctx_locks_guard = threading.Lock()
