@@ -10,11 +10,14 @@ narrow what os.open asks for, and an existing file keeps its old mode).
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
 
 from sysio.flush import flush_data, flush_dir
+
+log = logging.getLogger(__name__)
 
 try:
     import fcntl
@@ -33,16 +36,25 @@ def fsync_dir(path: Path) -> None:
 
 def private_dir(path: Path) -> None:
     """Create `path` (and parents) if missing, and make it 0700 and the files in it 0600 even
-    if they existed wider (a store made under another umask or by an older version)."""
+    if they existed wider (a store made under another umask or by an older version).  What
+    cannot be tightened (another user's file) is logged, not fatal: the node's `status`
+    names it, and a store that can still be used keeps working."""
     path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     if stat.S_IMODE(os.stat(path).st_mode) != DIR_MODE:
-        os.chmod(path, DIR_MODE)
+        _tighten(path, DIR_MODE)
     with os.scandir(path) as entries:
         for e in entries:
             if not e.is_file(follow_symlinks=False):
                 continue
             if stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
-                os.chmod(e.path, FILE_MODE)
+                _tighten(Path(e.path), FILE_MODE)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    try:
+        os.chmod(path, mode)
+    except PermissionError as exc:
+        log.warning("cannot make %s private (mode %04o): %s", path, mode, exc.strerror)
 
 
 def open_private(path: Path, flags: int) -> int:
