@@ -41,19 +41,14 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     """Exit 1 only when the check ran and found problems; a store it could not check (held by the
     running node, or none yet) is another exit code and says so."""
     from p2pnode.control import node_running, store_in_use
-    from store.fsck import fsck
+    from store.cli import run_fsck
 
     paths = node_paths(args)
     if node_running(paths):  # it holds the store's lock for as long as it runs
         raise store_in_use(paths, "check the store")
     if not any(paths.store.iterdir()):  # made empty by node_paths
         raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
-    report = fsck(paths.store, full=args.full, repair=args.repair)
-    if args.json:
-        print_json(report.as_dict())
-    else:
-        print(report.summary())
-    return 0 if report.ok else 1
+    return run_fsck(paths.store, args)
 
 
 def add_store_commands(sub: argparse._SubParsersAction) -> None:
@@ -76,11 +71,11 @@ def via_node(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from p2pnode.node import DEFAULT_PORT, NodeConfig, serve
-    from store import aio
+    from sysio import eventloop
 
     port = DEFAULT_PORT if args.port is None else args.port
     config = NodeConfig(host=args.host, port=port, mdns=not args.no_mdns)
-    aio.run(serve(node_paths(args), config))
+    eventloop.run(serve(node_paths(args), config))
     return 0
 
 

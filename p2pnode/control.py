@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import Conflict, P2PNodeError, PeerUnavailable
 from p2pnode.paths import NodePaths
+from sysio.sockets import listener_at
 
 if TYPE_CHECKING:
     from p2pnode.library import BranchInfo
@@ -56,11 +57,9 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 
 def socket_answers(path: Path) -> bool:
+    """A yes or no for the CLI: a socket that cannot be probed counts as no node."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            s.connect(str(path))
-        return True
+        return listener_at(path)
     except OSError:
         return False
 

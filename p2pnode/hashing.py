@@ -25,7 +25,8 @@ from typing import Protocol
 import blake3
 
 from p2pnode.errors import Conflict
-from store.fileio import atomic_write, locked
+from sysio.files import atomic_write
+from sysio.locks import locked
 
 CHUNK = 4 * 1024 * 1024
 PROBE = 4096

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from p2pnode.errors import InvalidInput, P2PNodeError
-from store.fileio import atomic_write
+from sysio.files import atomic_write
 
 KEY_FILE = "node.key"
 CERT_FILE = "node.crt"

@@ -27,8 +27,9 @@ from p2pnode.pisession import HostileHeader, LineageCycle
 from p2pnode.sessionstore import BranchRecord, SessionStore, Version
 from p2pnode.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
-from store.engine import Store, StoreConfig
-from store.fileio import atomic_write
+from store.api import Store
+from store.config import StoreConfig
+from sysio.files import atomic_write
 
 log = logging.getLogger(__name__)
 

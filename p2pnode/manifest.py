@@ -17,7 +17,8 @@ from typing import Any, Generic, TypeVar
 
 from p2pnode.errors import InvalidInput
 from p2pnode.sidecar import is_hash_hex
-from store.fileio import atomic_write, locked
+from sysio.files import atomic_write
+from sysio.locks import locked
 
 V = TypeVar("V")
 

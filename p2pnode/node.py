@@ -50,7 +50,7 @@ from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.provider import PeerServer
 from p2pnode.trust import TrustStore
 from p2pnode.wire import DEFAULT_LIMITS
-from store.server import StoreServer
+from store.service.server import StoreServer
 
 log = logging.getLogger("p2pnode.node")
 

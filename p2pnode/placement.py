@@ -32,8 +32,8 @@ from p2pnode.errors import Conflict
 from p2pnode.hashing import hash_file, hash_prefix, new_hasher
 from p2pnode.manifest import PlacedFile, PlacedFiles
 from p2pnode.pisession import HostileHeader, header_index, parse_header, placed_names
-from store.durability import flush_data
-from store.fileio import fsync_dir
+from sysio.files import fsync_dir
+from sysio.flush import flush_data
 
 SESSION_FILE_MODE = 0o644
 

@@ -37,10 +37,11 @@ from p2pnode.pisession import (
     line_title,
     parse_header,
 )
-from store.engine import Store
+from store.api import Store
 from store.errors import StoreError
-from store.fileio import atomic_write, locked
 from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
+from sysio.files import atomic_write
+from sysio.locks import locked
 
 TAG_LINE = 0x5069_0001
 """type_tag of a turn that holds one session line (0x5069 is "Pi": tags other store users

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.identity import format_node_id, parse_node_id
-from store.fileio import atomic_write, locked
+from sysio.files import atomic_write
+from sysio.locks import locked
 
 MAX_NAME_LEN = 100
 

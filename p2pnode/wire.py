@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from p2pnode.errors import InvalidInput, VerificationFailed
 from p2pnode.sidecar import is_hash_hex
 from store.codec import DecodeError, blob_hash, decode_stored
+from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
 PROTOCOL_VERSION = 1
@@ -34,9 +35,7 @@ PATH_LINES = PREFIX + "/lines/{src}"
 PATH_BATCH = f"{PREFIX}/batch"
 
 HASH_LEN = 32
-CODEC_RAW = 0
-CODEC_ZSTD = 1
-CODEC_END = 0xFFFF
+CODEC_END = 0xFFFF  # a batch's end frame; the blob codecs are the store's (CODEC_RAW, CODEC_ZSTD)
 
 LINE_MANIFEST_MAGIC = b"P2LM"
 LINE_MANIFEST_HEAD = struct.Struct("<4sH32sI")  # magic, version, src hash, line count

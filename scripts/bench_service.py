@@ -9,7 +9,7 @@ the same operations as direct engine calls (16 threads for the pipelined case), 
 (`appendonly yes`, `appendfsync always`, over a Unix socket too) doing XADD and
 XREVRANGE COUNT 64 through redis-py's asyncio client.  The service runs as its own process
 (`python -m store serve`), as it does for a real agent; this process runs on the event loop
-the project uses (store/aio.py: uvloop when installed), Redis's client included.  The calls
+the project uses (sysio/eventloop.py: uvloop when installed), Redis's client included.  The calls
 of the systems alternate so that noise from other tenants of the machine falls on all alike.
 
 GET_LAST(64) with payloads moves ~660 KB between processes, which a direct engine call (64
@@ -43,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _benchlib import emit, goal, goals_met, log, median, ms, now, summary_ms  # noqa: E402
 
-from store import Store, aio  # noqa: E402
-from store import messages as m  # noqa: E402
-from store.client import StoreClient  # noqa: E402
-from store.frames import HEADER_SIZE  # noqa: E402
+from store import Store  # noqa: E402
+from store.service import messages as m  # noqa: E402
+from store.service.client import StoreClient  # noqa: E402
+from store.service.frames import HEADER_SIZE  # noqa: E402
+from sysio import eventloop  # noqa: E402
 
 PAYLOAD = 10 * 1024
 CONTEXTS = 16
@@ -297,7 +298,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "durable": True,
             "transport": "Unix socket (service and Redis)",
             "service": "python -m store serve, separate process; asyncio StoreClient",
-            "event_loop": aio.loop_name(),
+            "event_loop": eventloop.loop_name(),
             "get_last_64_reply_bytes": reply_bytes,
             "redis": redis_note,
             "cpus": os.cpu_count(),
@@ -349,7 +350,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-service-"))
     try:
-        result = aio.run(run(args, work))
+        result = eventloop.run(run(args, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"goals met: {goals_met(result['goals'])}")

@@ -11,7 +11,7 @@ The writer prints one line per acknowledged operation, *after* the call returned
     C ctx head                           create_context
     F ctx base                           fork(base)
     A ctx turn parent depth hash size    append_turn / append_turns (one line per turn)
-A line cut short by the kill is not an acknowledgement.  tests/test_store_crash.py runs a
+A line cut short by the kill is not an acknowledgement.  tests/store/test_crash.py runs a
 short campaign with these functions; this script is the long variant.
 """
 from __future__ import annotations

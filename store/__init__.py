@@ -5,8 +5,9 @@ This package knows nothing of Pi sessions, peers or the command line.
 """
 from __future__ import annotations
 
-from .engine import GCStats, Store, StoreConfig
-from .errors import (
+from store.api import Store
+from store.config import GCStats, StoreConfig
+from store.errors import (
     BlobMismatch,
     CorruptRecord,
     DamagedPayload,
@@ -22,7 +23,7 @@ from .errors import (
     UnknownContext,
     UnknownTurn,
 )
-from .types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, TurnBlobRef, TurnInput
+from store.types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, TurnBlobRef, TurnInput
 
 __all__ = [
     "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "DamagedPayload", "GCStats", "Page",

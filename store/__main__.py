@@ -1,57 +1,6 @@
-"""`python -m store <command>`: store maintenance from the shell."""
-from __future__ import annotations
-
-import argparse
-import json
+"""`python -m store`: the store's command line (store/cli.py)."""
 import sys
 
+from store.cli import main
 
-def cmd_fsck(args: argparse.Namespace) -> int:
-    from .fsck import fsck
-
-    report = fsck(args.path, full=args.full, repair=args.repair)
-    print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
-    return 0 if report.ok else 1
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m store", description="turn and blob store tools")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("fsck", help="check a store: CRCs, index, heads, depths")
-    p.add_argument("path", help="the store directory")
-    p.add_argument("--full", action="store_true", help="also re-hash every blob")
-    p.add_argument("--repair", action="store_true", help="truncate torn tails and rebuild the index")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_fsck)
-    p = sub.add_parser("serve", help="serve a store over the frame protocol (docs/PROTOCOL.md)")
-    p.add_argument("path", help="the store directory")
-    p.add_argument("--socket", help="Unix socket path (default: PATH.sock beside the store)")
-    p.add_argument("--tcp", metavar="HOST:PORT", help="also listen on this loopback address")
-    p.set_defaults(func=cmd_serve)
-    return parser
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import loopback_address, run_service
-
-    try:
-        tcp = loopback_address(args.tcp) if args.tcp is not None else None
-    except ValueError as exc:  # a usage error: one line, exit 2, before the store is opened
-        print(f"python -m store serve: --tcp: {exc}", file=sys.stderr)
-        return 2
-    return run_service(args.path, args.socket, tcp)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from .errors import StoreError
-
-    try:
-        return int(args.func(args))
-    except StoreError as exc:
-        print(f"store: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

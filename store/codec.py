@@ -23,7 +23,7 @@ import threading
 import blake3
 import zstandard
 
-from .records import CODEC_RAW, CODEC_ZSTD
+from store.layout import CODEC_RAW, CODEC_ZSTD
 
 ZSTD_MAGIC = 0xFD2FB528
 WINDOW_MAX = 1 << 23

@@ -17,16 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import heads as headfiles
-from .blobpack import INDEX, PACK, BlobPack, scan_pack
-from .codec import DecodeError, blob_hash, decode_stored
-from .engine import DAMAGE, LOCK, Store, StoreConfig
-from .errors import CorruptRecord, StoreLocked, UnknownTurn
-from .fileio import lock_with_timeout
-from .patches import PatchLog, patches_lost
-from .records import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
-from .turnlog import LOG, TurnLog
-from .types import NO_TURN, RecoveryNotes
+from store.api import LOCK, Store
+from store.codec import DecodeError, blob_hash, decode_stored
+from store.config import StoreConfig
+from store.errors import CorruptRecord, StoreLocked, UnknownTurn
+from store.files import snapshot
+from store.files.blobindex import INDEX
+from store.files.blobpack import PACK, BlobPack, scan_pack
+from store.files.patchlog import PatchLog, patches_lost
+from store.files.turnlog import LOG, TurnLog
+from store.layout import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
+from store.recovery import DAMAGE, replay
+from store.types import NO_TURN, RecoveryNotes
+from sysio.locks import lock_with_timeout
 
 
 @dataclass
@@ -196,12 +199,12 @@ def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> list[int]:
 def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, depths: list[int],
                  damaged: dict[bytes, str], report: FsckReport) -> None:
     notes = RecoveryNotes()
-    loaded = headfiles.load(root, notes, lambda snap: log.count < snap.checkpoint_turn_id)
+    loaded = snapshot.load(root, notes, lambda snap: log.count < snap.checkpoint_turn_id)
 
     def readable(tid: int) -> bool:
         return 0 < tid < len(depths) and depths[tid] >= 0
 
-    r = headfiles.replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None,
+    r = replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None,
                          damaged.get)
     lost = patches_lost(patches.seq, loaded.snapshot)
     if lost:

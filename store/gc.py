@@ -1,11 +1,14 @@
-"""Mark-and-sweep GC: which blobs are live.  The sweep (copy live blobs into a new pack and
-swap it in crash-safely) is BlobPack.compact; Store.gc runs both with writers held off."""
+"""Mark-and-sweep GC: which blobs are live, and the gate that holds every other store call off
+while GC runs.  The sweep (copy live blobs into a new pack and swap it in crash-safely) is
+BlobPack.compact; Store.gc runs both behind the gate."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
-from .records import PATCH_REPLACE
-from .types import NO_TURN, ContextHead, Patch, Turn
+from store.layout import PATCH_REPLACE
+from store.types import NO_TURN, ContextHead, Patch, Turn
 
 
 def mark(heads: Iterable[ContextHead], read_turn: Callable[[int], Turn], turn_count: int,
@@ -23,3 +26,44 @@ def mark(heads: Iterable[ContextHead], read_turn: Callable[[int], Turn], turn_co
             tid = t.parent_turn_id
     live.update(p.new_payload_hash for p in patches if p.flags == PATCH_REPLACE)
     return live
+
+
+class Gate:
+    """Many holders in shared mode, or GC alone.  A waiting GC blocks new shared holders."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    def shared(self) -> Gate:
+        """`with gate.shared():` (the gate is its own context manager for the shared mode)."""
+        return self
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._waiting:
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()

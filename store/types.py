@@ -1,4 +1,4 @@
-"""Typed records that the store's API hands out.  Layouts on disk live in records.py."""
+"""Typed records that the store's API hands out.  Layouts on disk live in layout.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -23,11 +23,12 @@ from ordinary import OrdinaryUser
 
 import p2pnode
 import store
+import sysio
 from p2pnode import cli
 from p2pnode.library import Library
 from p2pnode.paths import NodePaths
 from p2pnode.sidecar import Sidecar, blake3_hex
-from store.engine import StoreConfig
+from store.config import StoreConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 B5 = "--tmp-pi-harness-work-beta--/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
@@ -46,8 +47,8 @@ def _exception_names() -> set[str]:
     """Every exception class a message could leak: builtins, the store, the node, aiohttp, ssl."""
     import aiohttp  # noqa: F401  (its classes are subclasses of builtins' by now)
 
-    for package in (p2pnode, store):
-        for mod in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+    for package in (p2pnode, store, sysio):
+        for mod in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if mod.name != "p2pnode.__main__" and mod.name != "store.__main__":
                 importlib.import_module(mod.name)
     seen: set[type] = set()

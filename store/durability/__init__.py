@@ -1,0 +1,1 @@
+"""How writes become durable: group commit (fails closed), checkpoints, and the packer."""

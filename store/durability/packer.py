@@ -1,0 +1,105 @@
+"""The packer: new blobs are hashed and compressed before any lock is taken, or left raw.
+
+A small append by a writer alone does not wait for zstd: its new blob goes into the WAL raw
+and waits in memory (`Store._pending`, where reads find it) until the next checkpoint
+compresses it into the pack (`pack_pending`), just before it syncs the pack.  Until then the
+WAL copy is what makes it durable, and recovery compresses such copies as it restores them
+(`repacked`).  Packing only at checkpoints also keeps the pack from growing between them, so
+an append's fdatasync of the pre-zeroed WAL has no file size to commit.  Compressing on
+another thread while the append waits loses on two loaded cores: the hand-off waits for a
+core (docs/BENCHMARKS.md); here nobody waits.  Big batches (share imports) compress on the
+prepare threads, and put_blob, which has no WAL record, always compresses first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from store.codec import blob_hash, compressor
+from store.errors import PayloadTooLarge, UnknownBlob
+from store.files import headwal
+from store.layout import BLOB_HEADER, BLOB_OVERHEAD, CODEC_RAW, CODEC_ZSTD, decode_blob_header, encode_blob
+from store.types import TurnBlobRef
+
+if TYPE_CHECKING:
+    from store.api import Store
+
+PROBE = 64 << 10  # a payload larger than 2 * PROBE is first probed with its first PROBE bytes
+PENDING_MAX = 8 << 20  # raw bytes of new blobs that may wait to be compressed into the pack
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A payload hashed and (unless already stored) compressed, before any lock is taken."""
+
+    hash: bytes
+    raw_len: int
+    codec: int = CODEC_RAW
+    stored: bytes | None = None
+    deferred: bool = False
+    """Raw for now: the WAL carries it and the packer compresses it later."""
+
+
+def prepare(store: Store, payload: bytes | TurnBlobRef, defer: bool = False) -> Prepared:
+    """Hash, and compress unless stored already or (defer) small enough to leave for the
+    packer: raw in the WAL, compressed later (see the module docstring).  Only a writer
+    alone defers: with others in flight its compression overlaps their sync anyway, and
+    deferring would only pile work on the checkpointer and fill the WAL four times faster."""
+    if isinstance(payload, TurnBlobRef):
+        h = payload.payload_hash
+        loc = store._pack.locate(h)
+        if loc is not None:
+            return Prepared(h, loc.raw_len)
+        waiting = store._pending.get(h)
+        if waiting is None:
+            raise UnknownBlob(h)
+        return Prepared(h, len(waiting))
+    n = len(payload)
+    if n > store.config.max_payload:
+        raise PayloadTooLarge(n, store.config.max_payload)
+    h = blob_hash(payload)
+    if store._pack.locate(h) is not None or h in store._pending:
+        return Prepared(h, n)
+    if (defer and store.config.durable and n + BLOB_OVERHEAD <= headwal.EMBED_MAX
+            and store._commit.writers <= 1 and store._pending_bytes < PENDING_MAX):
+        return Prepared(h, n, CODEC_RAW, bytes(payload), deferred=True)
+    return compress(store, h, bytes(payload))
+
+
+def compress(store: Store, h: bytes, payload: bytes) -> Prepared:
+    """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
+    payloads (images) without compressing all of them."""
+    cctx = compressor(store.config.zstd_level)
+    n = len(payload)
+    if n > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97:
+        return Prepared(h, n, CODEC_RAW, payload)
+    packed = cctx.compress(payload)
+    if len(packed) >= n:
+        return Prepared(h, n, CODEC_RAW, payload)
+    return Prepared(h, n, CODEC_ZSTD, packed)
+
+
+def pack_pending(store: Store) -> None:
+    """Caller holds the gate.  No sync: the WAL copies cover the blobs until the next
+    checkpoint, which syncs the pack before it drops them."""
+    for h in list(store._pending):
+        with store._shards[h[0] & 63]:
+            data = store._pending.get(h)
+            if data is None:  # another packer was first
+                continue
+            p = compress(store, h, data)
+            assert p.stored is not None
+            store._pack.append(encode_blob(h, p.codec, p.raw_len, p.stored))
+            with store._pending_lock:
+                del store._pending[h]
+                store._pending_bytes -= p.raw_len
+
+
+def repacked(store: Store, rec: bytes) -> bytes:
+    """A blob's WAL copy as the pack should hold it: compressed, if an append left it raw."""
+    hdr = decode_blob_header(rec)
+    if hdr is None or hdr.codec != CODEC_RAW:
+        return rec
+    p = compress(store, hdr.hash, rec[BLOB_HEADER.size : BLOB_HEADER.size + hdr.stored_len])
+    assert p.stored is not None
+    return rec if p.codec == CODEC_RAW else encode_blob(hdr.hash, p.codec, p.raw_len, p.stored)

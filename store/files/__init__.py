@@ -1,0 +1,1 @@
+"""One module per file kind of a store directory; each owns its file's reading, appending and repair."""

@@ -1,0 +1,1 @@
+"""The store's local frame-protocol service (docs/PROTOCOL.md): codecs, server, client."""

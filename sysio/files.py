@@ -1,0 +1,90 @@
+"""Crash-safe whole-file writes, private files and directories.
+
+Every small state file of the store and of the node goes through `atomic_write`: a reader
+sees the old file or the new one, never a torn one, because the bytes go to a temp file in
+the same directory that is fsynced and renamed over the target, then the directory fsynced.
+
+Every file the store creates is 0600 and its directory 0700, whatever the umask and whatever
+was there before: `open_private` and `private_dir` set the mode explicitly (a umask can only
+narrow what os.open asks for, and an existing file keeps its old mode).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from sysio.flush import flush_data, flush_dir
+
+log = logging.getLogger(__name__)
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+TMP_SUFFIX = ".tmp"
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def fsync_dir(path: Path) -> None:
+    """The directory's names, durably (see sysio.flush.flush_dir)."""
+    flush_dir(path)
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` (and parents) if missing, and make it 0700 and the files in it 0600 even
+    if they existed wider (a store made under another umask or by an older version).  What
+    cannot be tightened (another user's file) is logged, not fatal: the node's `status`
+    names it, and a store that can still be used keeps working."""
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    if stat.S_IMODE(os.stat(path).st_mode) != DIR_MODE:
+        _tighten(path, DIR_MODE)
+    with os.scandir(path) as entries:
+        for e in entries:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            if stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
+                _tighten(Path(e.path), FILE_MODE)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    try:
+        os.chmod(path, mode)
+    except PermissionError as exc:
+        log.warning("cannot make %s private (mode %04o): %s", path, mode, exc.strerror)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open for a store file: created 0600, and an existing file opened for writing is
+    tightened to 0600 (a read-only open changes nothing: fsck may run as another user)."""
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        if flags & (os.O_WRONLY | os.O_RDWR) and os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """durable=False skips the fsyncs (for caches: a power loss may then leave the old file or
+    an empty one, never a torn one on file systems that order rename after data).  The temp
+    name carries the pid, so two processes writing the same file never share a temp file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask does not decide the mode
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            flush_data(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)

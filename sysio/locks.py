@@ -1,0 +1,56 @@
+"""Inter-process locks: one writer per store, one read-modify-write per node state file.
+
+Locks are `flock` (Linux, macOS, the BSDs).  Windows has no `fcntl`: it is not supported (see
+docs/ARCHITECTURE.md), and taking a lock there raises `LockUnsupported` rather than running
+a store that two processes could open at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from sysio.files import open_private
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class LockUnsupported(OSError):
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"cannot lock {path}: this platform has no flock (Windows is not supported)")
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path` (created if missing) for a read-modify-write."""
+    if fcntl is None:
+        raise LockUnsupported(lock_path)
+    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
+    """An fd holding an exclusive flock on `lock_path`, or None if another process kept it for
+    `timeout` seconds.  Closing the fd releases the lock."""
+    if fcntl is None:
+        raise LockUnsupported(lock_path)
+    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
