@@ -9,6 +9,7 @@ import configparser
 import json
 import os
 import plistlib
+import shlex
 import signal
 import sys
 import time
@@ -122,7 +123,7 @@ def test_share_then_fetch_by_hash_alone_over_mdns(net: dict[str, LanNode], corpu
         assert fetched_file(fetcher, result) == src.read_bytes()
         assert blake3.blake3(src.read_bytes()).hexdigest() == result["src"]
     # the read commands work while the node holds the store: they go through it
-    listed = json.loads(h3.cli("ls", "--json").stdout)
+    listed = json.loads(h3.cli("ls", "--all", "--json").stdout)  # fetched: held, not offered on
     assert branch in [b["branch"] for b in listed]
     assert h3.cli("cat", branch).stdout == src.read_text()
 
@@ -289,7 +290,7 @@ def test_taken_port_and_second_node_for_one_home(lab: Lab, tmp_path: Path):
         port = node.status()["port"]
         assert port not in (47470, 0)
         again = node.cli("serve", timeout=30)
-        assert again.returncode == 1 and "already running" in again.stderr
+        assert again.returncode == 7 and "stop that node first" in again.stderr
         other = LanNode(lab, "h5", tmp_path / "other")
         explicit = other.cli("serve", "--port", str(port), timeout=30)
         assert explicit.returncode == 1 and f"cannot listen on 0.0.0.0:{port}" in explicit.stderr
@@ -304,4 +305,6 @@ def test_service_files_start_serve():
     assert unit["Service"]["ExecStart"].endswith("p2pnode serve")
     assert unit["Service"]["KillSignal"] == "SIGTERM"
     plist = plistlib.loads((REPO / "scripts" / "com.p2pnode.node.plist").read_bytes())
-    assert plist["ProgramArguments"][-1] == "serve" and plist["RunAtLoad"] is True
+    shell, flag, script = plist["ProgramArguments"]  # through sh, so that $HOME expands
+    assert (shell, flag) == ("/bin/sh", "-c") and plist["RunAtLoad"] is True
+    assert shlex.split(script)[:3] == ["exec", "$HOME/.local/bin/p2pnode", "serve"]

@@ -92,7 +92,10 @@ def test_team_loop_across_three_laptops(laptops: dict[str, Laptop], corpus_dir: 
     c_shared = json.loads(c.cli("share", str(c_fork), "--json").stdout)
     assert c_shared["parent"] == b_shared["branch"]
     originals[c_shared["branch"]] = c_fork.read_bytes()
-    assert fetched(b, c_shared["branch"])["fetched"] == [c_shared["branch"]]
+    got = fetched(b, c_shared["branch"])
+    assert got["fetched"] == [c_shared["branch"]]
+    # a fetched session is offered on only once its receiver shares it (SECURITY.md): Bob does
+    assert json.loads(b.cli("share", got["path"], "--json").stdout)["branch"] == c_shared["branch"]
 
     a.stop()  # Alice's laptop goes away; Carol starts over from an empty home, same identity
     c.stop()
