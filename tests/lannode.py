@@ -7,6 +7,7 @@ host with the same environment, so commands reach the running node over its cont
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,21 @@ class LanNode:
 
     def fetch(self, branch: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return self.cli("fetch", branch, "--json", timeout=timeout)
+
+
+@contextlib.contextmanager
+def running(nodes: Iterable[LanNode]) -> Iterator[None]:
+    """Start every node at once (each `serve` in its host), wait until all answer, stop them all."""
+    nodes = list(nodes)
+    try:
+        for node in nodes:
+            node.start(wait=False)
+        for node in nodes:
+            node.wait_running()
+        yield
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def place(corpus_dir: Path, rel: str, agent: Path) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 import blake3
 import pytest
 from lab import Lab
-from lannode import REPO, LanNode, grow, place, wait_for
+from lannode import REPO, LanNode, grow, place, running, wait_for
 
 from p2pnode.node import LIVENESS_INTERVAL
 
@@ -80,14 +80,9 @@ def net(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
         node.trust(*(n for n in (h1, h2, h3) if n is not node))
     h4.trust(h1)  # h4 trusts h1, but nobody trusts h4
     try:
-        for node in nodes.values():
-            node.start(wait=False)  # all four start at once
-        for node in nodes.values():
-            node.wait_running()
-        yield nodes
+        with running(nodes.values()):  # all four start at once
+            yield nodes
     finally:
-        for node in nodes.values():
-            node.stop()
         for host in ("h1", "h2"):
             lab.rate(host, 0)
 

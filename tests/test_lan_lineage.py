@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from lab import Lab
-from lannode import LanNode, place, wait_for
+from lannode import LanNode, place, running, wait_for
 from test_lineage import ROOT_FORK, pi_fork
 
 from p2pnode.paths import NodePaths
@@ -48,15 +48,8 @@ def laptops(lab: Lab, tmp_path: Path) -> Iterator[dict[str, Laptop]]:
     nodes = {h: Laptop(lab, h, tmp_path) for h in ("h1", "h2", "h3")}
     for node in nodes.values():
         node.trust(*(n for n in nodes.values() if n is not node))
-    try:
-        for node in nodes.values():
-            node.start(wait=False)
-        for node in nodes.values():
-            node.wait_running()
+    with running(nodes.values()):
         yield nodes
-    finally:
-        for node in nodes.values():
-            node.stop()
 
 
 @pytest.mark.parametrize("pi", ["0.73.1", "1.5.2"])
