@@ -164,10 +164,22 @@ class BlobPack:
             self.write_index()
 
     def _scan(self, start: int) -> PackScan:
+        """Scan what blobs.idx does not cover.  Read, not mapped: a page of a mapping that the
+        disk cannot deliver (an I/O error, a file cut short by another process) kills the
+        process with a signal, where a read raises an error that opening reports."""
         if self._file_size <= start:
             return PackScan(end=start)
-        with mmap.mmap(self._fd, self._file_size, prot=mmap.PROT_READ) as mm:
-            return scan_pack(mm, start)
+        data = bytearray()
+        while len(data) < self._file_size - start:
+            chunk = os.pread(self._fd, min(self._file_size - start - len(data), 8 << 20), start + len(data))
+            if not chunk:
+                break  # cut short since fstat: the scan ends where the bytes do
+            data += chunk
+        scan = scan_pack(bytes(data))
+        return PackScan(records=[(start + off, hdr) for off, hdr in scan.records],
+                        damaged=[(start + off, hdr) for off, hdr in scan.damaged],
+                        corrupt=[(start + off, why) for off, why in scan.corrupt],
+                        end=start + scan.end, torn=scan.torn)
 
     def _load_index(self) -> int | None:
         """Map blobs.idx if it is intact and describes this pack, and make it the index;
