@@ -20,9 +20,9 @@ from typing import Any
 
 from lab import Lab
 
-from p2pnode.identity import load_or_create_identity
 from p2pnode.paths import NodePaths
-from p2pnode.trust import TrustStore
+from p2pnode.peer.identity import load_or_create_identity
+from p2pnode.peer.trust import TrustStore
 
 REPO = Path(__file__).resolve().parents[1]
 

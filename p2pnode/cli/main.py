@@ -1,0 +1,611 @@
+"""The `p2pnode` command line: argument parsing and output only, over the library API.
+
+Each command is a function `cmd_<name>(args) -> int`; library errors (P2PNodeError) are
+reported on stderr as `p2pnode: <message>` with their exit code (see p2pnode/errors.py).
+Nothing else reaches the user as a traceback: `main` turns every other failure into one line
+and an exit code from README.md's table (the traceback only with P2PNODE_DEBUG=1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from p2pnode import __version__
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.paths import NodePaths
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def node_paths(args: argparse.Namespace) -> NodePaths:
+    return (NodePaths(Path(args.home)) if args.home else NodePaths.default()).ensure()
+
+
+# --- store ------------------------------------------------------------------------------
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    """Exit 1 only when the check ran and found problems; a store it could not check (held by the
+    running node, or none yet) is another exit code and says so."""
+    from p2pnode.node.control_client import node_running, store_in_use
+    from store.fsck import fsck
+
+    paths = node_paths(args)
+    if node_running(paths):  # it holds the store's lock for as long as it runs
+        raise store_in_use(paths, "check the store")
+    if not any(paths.store.iterdir()):  # made empty by node_paths
+        raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
+    report = fsck(paths.store, full=args.full, repair=args.repair)
+    if args.json:
+        print_json(report.as_dict())
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1
+
+
+def add_store_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fsck", help="check the node's store (CRCs, index, heads, depths)")
+    p.add_argument("--full", action="store_true", help="also re-hash every blob")
+    p.add_argument("--repair", action="store_true", help="truncate torn tails and rebuild the index")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fsck)
+
+
+# --- node (p2pnode serve / status; routing to a running node) ------------------------------
+
+
+def via_node(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Have the running node do `op` (it owns the store while it runs); None: no node, act here."""
+    from p2pnode.node.control_client import FETCH_TIMEOUT, call_node
+
+    return call_node(node_paths(args), op, payload, timeout=FETCH_TIMEOUT if op == "fetch" else 30.0)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from p2pnode.node.daemon import DEFAULT_PORT, NodeConfig, serve
+    from store import aio
+
+    port = DEFAULT_PORT if args.port is None else args.port
+    config = NodeConfig(host=args.host, port=port, mdns=not args.no_mdns)
+    aio.run(serve(node_paths(args), config))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = via_node(args, "status", {})
+    if status is None:
+        status = offline_status(node_paths(args))
+    for problem in node_paths(args).privacy_problems():
+        print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
+    if args.json:
+        print_json(status)
+        return 0
+    print(f"node       {status['node_id'] or '(no identity yet)'}")
+    if status["running"]:
+        print(f"running    port {status['port']} on {', '.join(status['addresses'])}"
+              f"{'' if status['mdns'] else ' (mDNS off)'}")
+    else:
+        print("running    no (start it with `p2pnode serve`)")
+    print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
+    for b in status["shared"]:
+        print(f"  {b['branch'][:16]}  {b['size']:>10}  {_one_line(b['title'], 90)}")
+    trusted = [p for p in status["peers"] if p["trusted"]]
+    print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
+          f"{len(status['peers']) - len(trusted)} untrusted seen")
+    for p in status["peers"]:
+        state = {True: "online", False: "offline", None: "unconfirmed"}[p["online"]]
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
+              f"  {p['name'] or ''}")
+    print(f"transfers  {len(status['transfers']) or 'none'}")
+    for t in status["transfers"]:
+        print(f"  {t['branch'][:16]}  {t['bytes_done']}/{t['bytes_total'] or '?'} bytes"
+              f"  from {', '.join(t['peers'])}")
+    return 0
+
+
+def offline_status(paths: NodePaths) -> dict[str, Any]:
+    """What `status` can say with no node running: identity, shared branches, trusted peers."""
+    from p2pnode.library.api import Library
+    from p2pnode.peer.identity import has_identity, load_identity
+    from p2pnode.peer.trust import TrustStore
+
+    node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
+    with Library.open(paths) as lib:
+        catalog = lib.catalog()
+        shared = [{"branch": b.branch, "title": b.title, "size": b.size} for b in lib.branches()]
+    peers: list[dict[str, Any]] = [{"node_id": t.node_id, "name": t.name, "trusted": True, "online": None,
+                                    "addresses": [], "port": None} for t in TrustStore(paths.trust).peers()]
+    return {"node_id": node_id, "running": False, "addresses": [], "port": None, "home": str(paths.home),
+            "mdns": False, "catalog_generation": catalog.generation, "shared": shared, "peers": peers,
+            "transfers": []}
+
+
+def add_node_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the node in the foreground: store service, peer server, mDNS")
+    p.add_argument("--port", type=int,
+                   help="HTTPS peer port (default 47470, or a free one if that is taken; 0 = any free port)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--no-mdns", action="store_true", help="neither announce nor browse on the LAN")
+    p.set_defaults(func=cmd_serve, default_log_level="INFO")
+    p = sub.add_parser("status", help="node id, addresses, port, peers online/offline, shares, transfers")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+
+# --- sessions (share / ls / show / cat / unshare) -------------------------------------------
+
+
+def open_library(args: argparse.Namespace) -> Any:
+    """The session library: the running node's (read-only) if there is one, else the store itself."""
+    from p2pnode.library.api import Library
+    from p2pnode.node.control_client import NodeLibrary, node_running
+
+    if node_running(node_paths(args)):  # the running node holds the store: read through it
+        return NodeLibrary(node_paths(args))
+    return Library.open(node_paths(args))  # held by another process: StoreLocked, reported by main
+
+
+def _short(h: str | None) -> str:
+    return h[:16] if h else "-"
+
+
+def shown(text: object) -> str:
+    """Text that may come from a peer (titles, header fields, paths, reasons), safe to print
+    on a terminal: every non-printable character (C0, DEL, C1 such as U+009B, a terminal's
+    CSI, bidi controls) is written as a visible escape instead of reaching the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def _one_line(text: str | None, width: int) -> str:
+    flat = shown(" ".join((text or "").split()))
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def pi_dirs(args: argparse.Namespace) -> Any:
+    """Pi's agent dir and session-dir override as this command sees them (its environment,
+    cwd and --session-dir): what counts, also when a running node does the work."""
+    import os
+
+    from p2pnode.paths import PiDirs
+
+    return PiDirs.resolve(os.getcwd(), args.session_dir)
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    import os
+
+    pi = pi_dirs(args)
+    payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
+               "cwd": os.getcwd(), "pi": pi.as_dict()}
+    result = via_node(args, "share", payload)
+    if result is None:
+        with open_library(args) as lib:
+            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi).as_dict()
+    for warning in result.get("warnings", []):
+        print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
+    for notice in result.get("notices", []):
+        print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
+    ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
+    if args.json:
+        print_json(dict(result, ticket=ticket) if ticket else result)
+    else:
+        print(result["branch"])
+        if ticket:
+            print(ticket)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with open_library(args) as lib:
+        infos = lib.branches(include_unshared=args.all)
+    if args.json:
+        print_json([i.as_dict() for i in infos])
+        return 0
+    print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
+    for i in infos:
+        when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
+        mark = "" if i.offered else " (unshared)"
+        print(f"{_short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {_short(i.parent):16}  "
+              f"{_one_line(i.header.get('cwd'), 24):24}  {_one_line(i.title, 50)}{mark}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_library(args) as lib:
+        info = lib.branch(args.branch)
+        sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
+        lineage = lib.lineage(info.branch)
+        children = lib.children(info.branch)
+    if args.json:
+        print_json({"branch": info.as_dict(), "sidecar": sidecar,
+                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children]})
+        return 0
+    h = info.header
+    print(f"branch      {info.branch}")
+    print(f"sidecar     {sidecar}")
+    print(f"session     {info.src}  ({info.size} bytes, {info.lines} lines)")
+    print(f"title       {_one_line(info.title, 90)}")
+    print(f"header      id {shown(h.get('id'))}  timestamp {shown(h.get('timestamp'))}")
+    print(f"            cwd {shown(h.get('cwd'))}")
+    if h.get("parent_session"):
+        print(f"            parentSession {shown(h.get('parent_session'))}")
+    if info.lineage_cut:
+        print(f"lineage cut shared with --no-lineage: parentSession {shown(info.lineage_cut)} "
+              "was not followed")
+    print(f"path        {shown(info.path or '-')}")
+    print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
+    print("lineage")
+    ancestors = list(reversed(lineage))
+    if ancestors[0].parent is not None:
+        print(f"  {_short(ancestors[0].parent)}  (parent not held here)")
+    for depth, a in enumerate(ancestors):
+        here = "   <- this branch" if a.branch == info.branch else ""
+        print(f"  {'   ' * depth}{'└─ ' if depth else ''}{_short(a.branch)}  {_one_line(a.title, 50)}{here}")
+    for c in children:
+        print(f"  {'   ' * len(ancestors)}└─ {_short(c.branch)}  {_one_line(c.title, 50)}")
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    with open_library(args) as lib:
+        info = lib.branch(args.branch)
+        data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
+    if args.json:
+        text = data.decode("utf-8", "replace")
+        print_json({"branch": info.branch, "src": info.src, "size": len(data),
+                    "lines": text.splitlines(keepends=True)})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_unshare(args: argparse.Namespace) -> int:
+    branch = args.branch
+    if via_node(args, "unshare", {"branch": branch}) is None:
+        with open_library(args) as lib:
+            branch = lib.unshare(branch).branch
+    if args.json:
+        print_json({"branch": branch, "offered": False})
+    else:
+        print(f"unshared {branch}")
+    return 0
+
+
+def add_session_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("share", help="share a Pi session (and its fork lineage); prints the branch hash")
+    p.add_argument("session", nargs="?",
+                   help="session file, header id or id prefix (default: newest session of cwd)")
+    p.add_argument("--latest", action="store_true", help="the newest session of the current directory")
+    p.add_argument("--no-lineage", action="store_true",
+                   help="share without its parentSession (parent null; `show` says the lineage was cut)")
+    p.add_argument("--session-dir", help="Pi's --session-dir: sessions are flat in this dir (as for pi)")
+    p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
+    p.set_defaults(func=cmd_share)
+    p = sub.add_parser("ls", help="list shared branches")
+    p.add_argument("--all", action="store_true", help="also branches that were unshared")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ls)
+    for name, func, text in (
+        ("show", cmd_show, "a branch's sidecar, header and lineage tree"),
+        ("cat", cmd_cat, "print a branch's session file, verbatim and verified"),
+        ("unshare", cmd_unshare, "stop offering a branch to peers (its bytes stay)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("branch", help="branch hash, or a unique prefix of one (at least 4 hex digits)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+
+
+# --- peers (identity, trust, fetch, standalone peer server) ---------------------------------
+
+
+def _identity(args: argparse.Namespace) -> Any:
+    from p2pnode.peer.identity import load_or_create_identity
+
+    return load_or_create_identity(node_paths(args).identity)
+
+
+def _trust(args: argparse.Namespace) -> Any:
+    from p2pnode.peer.trust import TrustStore
+
+    return TrustStore(node_paths(args).trust)
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    ident = _identity(args)
+    if args.json:
+        print_json({"node_id": ident.node_id, "cert": str(ident.cert_path), "ca": str(ident.ca_path)})
+    else:
+        print(ident.node_id)
+    return 0
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    peer = _trust(args).trust(args.node_id, name=args.name)
+    print(f"trusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
+    return 0
+
+
+def cmd_untrust(args: argparse.Namespace) -> int:
+    peer = _trust(args).untrust(args.node_id)
+    print(f"untrusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None)
+             for p in _trust(args).peers()]
+    status = via_node(args, "status", {})  # node's addition: a running node adds whom it sees on the LAN
+    if status:
+        seen = {p["node_id"]: p for p in status["peers"]}
+        for p in peers:
+            if (s := seen.pop(p["id"], None)) is not None:
+                p.update(addresses=s["addresses"], port=s["port"], online=s["online"])
+        peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
+                   "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
+    if args.json:
+        print_json(peers)
+    for p in peers if not args.json else []:
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
+            {True: "online", False: "offline", None: ""}[p["online"]]
+        print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
+    return 0
+
+
+class ProgressBar:
+    """A one-line bar on stderr for transfers over MIN_BYTES; silent when not on a terminal."""
+
+    MIN_BYTES = 4 << 20
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < self.MIN_BYTES:
+            return
+        filled = int(30 * done / total) if total else 30
+        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {100 * done // max(total, 1):3d}%"
+                         f" {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+        self.shown = True
+
+    def finish(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
+    """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
+    from p2pnode.peer import wire
+    from p2pnode.peer.get import PeerAddress
+    from p2pnode.peer.identity import format_node_id
+
+    peers = [PeerAddress.parse(text) for text in args.peer or []]
+    if wire.is_ticket(args.target):
+        ticket = wire.decode_ticket(args.target)
+        node_id = format_node_id(ticket.node)
+        peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
+        return ticket.branch.hex(), peers
+    return wire.check_hex_hash(args.target.strip().lower(), "branch hash"), peers
+
+
+def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
+    import asyncio
+
+    from p2pnode.discovery.mdns import lan_peers
+    from p2pnode.peer.get import OpenPerUse, fetch_branch
+
+    paths = node_paths(args)
+    pi = pi_dirs(args)
+    ident, trust = _identity(args), _trust(args)
+    if not peers:
+        from p2pnode.peer.identity import parse_node_id
+
+        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
+    bar = ProgressBar()
+    try:
+        result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, ident, trust,  # the store is
+                                          agent_dir=pi.agent, progress=bar,  # locked only per step
+                                          session_dir=pi.sessions))
+    finally:
+        bar.finish()
+    return result.as_dict()
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    branch, peers = _fetch_target(args)
+    result = via_node(args, "fetch", {"branch": branch, "peers": [str(p) for p in peers],
+                                      "pi": pi_dirs(args).as_dict()})
+    if result is None:
+        result = _fetch_here(args, branch, peers)
+    if args.json:
+        print_json(result)
+    else:
+        fetched = len(result["fetched"])
+        print(f"branch   {result['branch']}")
+        print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
+              f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
+        for where, why in result["dropped_peers"].items():
+            print(f"dropped  {shown(where)}: {shown(why)}")
+        if result["path"] and not result["conflict"]:
+            print(f"path     {shown(result['path'])}")
+            print(f"continue with:  pi --fork {shown(shlex.quote(result['path']))}")
+    if result["conflict"]:
+        print(f"p2pnode: {shown(result['conflict'])}", file=sys.stderr)
+        return 7  # errors.Conflict.exit_code
+    return 0
+
+
+def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
+    """A ticket for `branch_hex` if this node has an identity and a running node with known
+    addresses (`share` prints it); None otherwise."""
+    from p2pnode.node.control_client import call_node
+    from p2pnode.peer import wire
+    from p2pnode.peer.identity import has_identity, load_identity
+
+    if not has_identity(paths.identity):
+        return None
+    status = call_node(paths, "status", {}, timeout=5.0) or {}
+    port = status.get("port")
+    addresses = [(a, port) for a in status.get("addresses", []) if a not in ("0.0.0.0", "::")] if port else []
+    if not addresses:
+        return None
+    ident = load_identity(paths.identity)
+    return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+
+
+def cmd_serve_peers(args: argparse.Namespace) -> int:
+    """The peer server alone (no store service, no mDNS): for tests and scripted setups."""
+    import asyncio
+    import signal
+
+    from p2pnode.library.api import Library
+    from p2pnode.node.control_client import node_running, store_in_use
+    from p2pnode.peer.provider import PeerServer
+
+    paths = node_paths(args)
+    if node_running(paths):
+        raise store_in_use(paths, "serve peers")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        with Library.open(paths) as lib:
+            server = PeerServer(lib, _identity(args), _trust(args))
+            await server.start(args.host, args.port)
+            print(f"listening on {args.host}:{server.port}", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await server.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def add_peer_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("id", help="print this node's id (made on first use)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_id)
+    p = sub.add_parser("trust", help="allow a peer (by node id) to fetch from and serve this node")
+    p.add_argument("node_id")
+    p.add_argument("--name", help="a name to show for the peer")
+    p.set_defaults(func=cmd_trust)
+    p = sub.add_parser("untrust", help="remove a peer from the allowlist; its connections are closed")
+    p.add_argument("node_id")
+    p.set_defaults(func=cmd_untrust)
+    p = sub.add_parser("peers", help="list trusted peers, and untrusted ones a running node sees")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_peers)
+    p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
+    p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+                   help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
+    p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fetch)
+    p = sub.add_parser("serve-peers", help="run only the HTTPS peer server (no mDNS, no store service)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    p.set_defaults(func=cmd_serve_peers)
+
+
+# --- parser -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="p2pnode", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
+    parser.add_argument("--home", help="node state directory (default: $P2PNODE_HOME or the user state dir)")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_store_commands(sub)
+    add_node_commands(sub)
+    add_session_commands(sub)
+    add_peer_commands(sub)
+    return parser
+
+
+DEBUG_ENV = "P2PNODE_DEBUG"
+"""Set to 1 to see the traceback of an unexpected error (the user sees one line otherwise)."""
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`: the reader went away
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; every failure is one line on stderr and an exit code (README.md)."""
+    args: argparse.Namespace | None = None
+    try:
+        args = build_parser().parse_args(argv)
+        level = args.log_level or getattr(args, "default_log_level", "WARNING")
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        return _stdout_gone()
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as exc:
+        error = _as_node_error(exc, args)
+        if os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        return _fail(str(error), error.exit_code)
+
+
+def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeError:
+    """The P2PNodeError (message and exit code) to report for any exception a command raised."""
+    from p2pnode.node.control_client import store_in_use
+    from store.errors import PayloadTooLarge, StoreLocked
+
+    if isinstance(exc, P2PNodeError):
+        return exc
+    if isinstance(exc, StoreLocked) and args is not None:
+        return store_in_use(node_paths(args), "open the store")
+    if isinstance(exc, PayloadTooLarge):
+        return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
+    if isinstance(exc, OSError):
+        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc)}"
+        if isinstance(exc, FileNotFoundError):
+            return NotFound(text)
+        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError):
+            return InvalidInput(text)  # a path given that cannot be used: another file, or not ours
+        return P2PNodeError(text)
+    hint = f" (run with {DEBUG_ENV}=1 for the traceback)" if os.environ.get(DEBUG_ENV) != "1" else ""
+    return P2PNodeError(f"unexpected error: {str(exc) or 'no details'}{hint}")
+
+
+def _os_error_subject(exc: OSError) -> str:
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return " -> ".join(names) or "(no file named)"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"p2pnode: {shown(message)}", file=sys.stderr)
+    return code
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`p2pnode ls | head`): stop quietly.  stdout is pointed at
+    /dev/null so that the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
