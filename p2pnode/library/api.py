@@ -24,6 +24,7 @@ from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
+from p2pnode.pi.lines import LineRef
 from p2pnode.pi.session import HostileHeader, LineageCycle
 from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
@@ -36,13 +37,6 @@ ZSTD_LEVEL = 1
 """Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3
 (2.57x against 2.64x on the benchmark's sessions) at ~1.25x the speed, and compression is
 most of the cost of a first share."""
-
-
-@dataclass(frozen=True, slots=True)
-class LineRef:
-    hash: bytes
-    """32-byte BLAKE3 of the line's bytes (newline included)."""
-    length: int
 
 
 @dataclass(frozen=True)

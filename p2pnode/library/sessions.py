@@ -28,6 +28,7 @@ import blake3
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.pi.hashing import Prefix, Scan, Sink, new_hasher
+from p2pnode.pi.lines import LineSplitter, is_split
 from p2pnode.pi.session import (
     HEADER_SCAN_BYTES,
     InvalidHeader,
@@ -119,18 +120,6 @@ class _State:
     branches: dict[str, BranchRecord] = field(default_factory=dict)
 
 
-def is_split(lines: Sequence[bytes]) -> bool:
-    """Whether `lines` are a JSONL file cut at its newlines: each line ends with its only
-    newline, the last one may lack it.  (The store keeps one turn per line; a peer's line
-    manifest must not choose other cuts.)"""
-    last = len(lines) - 1
-    for i, line in enumerate(lines):
-        end = line.find(b"\n")
-        if end != len(line) - 1 and not (i == last and end < 0 and line):
-            return False
-    return True
-
-
 def _prefix_hash(lines: Sequence[bytes], size: int) -> str:
     """BLAKE3 (hex) of the first `size` bytes of the concatenated lines."""
     hasher = new_hasher()
@@ -203,8 +192,7 @@ class _Importer:
         self.warnings: list[str] = []
         self._matched = 0
         self._matching = bool(self.like)
-        self._pending: list[bytes] = []
-        """The pieces of a line that a chunk boundary cut."""
+        self._splitter = LineSplitter()
         self._batch: list[TurnInput] = []
         self._batch_bytes = 0
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import")
@@ -232,17 +220,9 @@ class _Importer:
             self._line(line)
 
     def feed(self, data: memoryview) -> None:
-        chunk = bytes(data)  # one copy of the chunk, then one per line (the turn's payload)
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            if self._pending:
-                self._line(b"".join([*self._pending, chunk[:end + 1]]))
-                self._pending.clear()
-            else:
-                self._line(chunk[start:end + 1])
-            start = end + 1
-        if start < len(chunk):
-            self._pending.append(chunk[start:])
+        # one copy of the chunk, then one per line (the turn's payload)
+        for line in self._splitter.feed(bytes(data)):
+            self._line(line)
 
     def _line(self, line: bytes) -> None:
         self.lines_seen += 1
@@ -319,9 +299,8 @@ class _Importer:
             inflight.result()
 
     def finish(self) -> None:
-        if self._pending:
-            self._line(b"".join(self._pending))
-            self._pending.clear()
+        if (last := self._splitter.rest()) is not None:
+            self._line(last)
         if self.header is None:
             self._worker.shutdown()
             raise InvalidInput(f"{self.where} is empty")

@@ -56,12 +56,12 @@ from p2pnode.errors import (
 )
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import PlacedFiles
-from p2pnode.library.sessions import is_split
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.tls import client_context
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef, is_split, split_lines
 from p2pnode.pi.placement import Placement, PlacementConflict, place_session
 from p2pnode.pi.session import find_header, placed_names
 from p2pnode.pi.sidecar import InvalidSidecar, Sidecar, parse_sidecar
@@ -244,7 +244,7 @@ class _Peer:
                                    f"sidecar {branch}", InvalidSidecar)
         return raw, parse_sidecar(raw, branch)
 
-    async def line_manifest(self, src: str) -> list[wire.LineRef]:
+    async def line_manifest(self, src: str) -> list[LineRef]:
         limit = wire.LINE_MANIFEST_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
         body = await self.get_small(wire.PATH_LINES.format(src=src), limit, f"line manifest of {src}")
         return wire.decode_line_manifest(body, bytes.fromhex(src), self.limits)
@@ -383,17 +383,6 @@ def _describe_network_error(exc: BaseException, me: str) -> str:
     return str(exc) or "network error"
 
 
-def split_lines(data: bytes) -> list[bytes]:
-    """JSONL lines with their newline; the last may lack one (the store's one turn per line)."""
-    lines, start = [], 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end + 1
-        lines.append(data[start:end])
-        start = end
-    return lines
-
-
 MAX_JSON_DEPTH = 512
 """Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
 the store's title and JSON checks) recurses through, far beyond any real Pi entry."""
@@ -483,18 +472,18 @@ class _Fetch:
                                           "or does not cut it at its newlines (failed verification)",
                            VerificationFailed)
 
-    async def _missing(self, manifest: list[wire.LineRef]) -> list[wire.LineRef]:
+    async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
         unique = list({r.hash: r for r in manifest}.values())
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _batches(self, peer: _Peer, missing: list[wire.LineRef]) -> None:
+    async def _batches(self, peer: _Peer, missing: list[LineRef]) -> None:
         """Ask `peer` for the missing lines not received yet, in batches of bounded size,
         BATCHES_IN_FLIGHT at a time so that the peer prepares one while we verify another."""
         self._total = sum(r.length for r in missing)
         todo = [r for r in missing if r.hash not in self.lines]
         self._done = self._total - sum(r.length for r in todo)
-        groups: list[list[wire.LineRef]] = [[]]
+        groups: list[list[LineRef]] = [[]]
         size = 0
         for ref in todo:
             if len(groups[-1]) >= self.limits.max_batch_hashes or size >= self.limits.batch_target_bytes:
@@ -504,7 +493,7 @@ class _Fetch:
             size += ref.length
         slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
 
-        async def one(group: list[wire.LineRef]) -> None:
+        async def one(group: list[LineRef]) -> None:
             async with slots:
                 await self._batch(peer, group)
 
@@ -516,7 +505,7 @@ class _Fetch:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _batch(self, peer: _Peer, group: list[wire.LineRef]) -> None:
+    async def _batch(self, peer: _Peer, group: list[LineRef]) -> None:
         """One batch request.  Received blobs are decompressed and hashed on worker threads
         (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read."""
         decoder = wire.BatchDecoder([r.hash for r in group], self.limits)
@@ -558,7 +547,7 @@ class _Fetch:
         if self.progress:
             self.progress(self._done, self._total)
 
-    async def _assemble(self, manifest: list[wire.LineRef], src: str) -> list[bytes] | None:
+    async def _assemble(self, manifest: list[LineRef], src: str) -> list[bytes] | None:
         """All lines in order, or None if the manifest lied: they do not hash to `src`, or
         they are not the file cut at its newlines."""
         def build(lib: Any) -> list[bytes] | None:
@@ -600,7 +589,7 @@ class _Fetch:
             if got != src:
                 buf.clear()
                 hasher = blake3.blake3()
-                raise wire.BlobMismatch(bytes.fromhex(src), bytes.fromhex(got), "session")
+                raise wire.HashMismatch(bytes.fromhex(src), bytes.fromhex(got), "session")
             return bytes(buf)
 
         return await self.pool.run(f"session {src}", attempt)

@@ -270,7 +270,7 @@ class PeerServer:
         if await self._offered(src) != "session":
             return _not_found()
         refs = await self._call(self.lib.line_manifest, src)
-        body = wire.encode_line_manifest(bytes.fromhex(src), [wire.LineRef(r.hash, r.length) for r in refs])
+        body = wire.encode_line_manifest(bytes.fromhex(src), refs)
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:

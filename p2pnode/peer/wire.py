@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from p2pnode.errors import InvalidInput, VerificationFailed
+from p2pnode.pi.lines import LineRef
 from p2pnode.pi.sidecar import is_hash_hex
 from store.codec import DecodeError, blob_hash, decode_stored
 from store.types import StoredBlob
@@ -103,7 +104,10 @@ class WireError(VerificationFailed):
     """A peer sent a malformed or lying message."""
 
 
-class BlobMismatch(WireError):
+class HashMismatch(WireError):
+    """Bytes a peer sent hash to something else than what was asked for (not the store's
+    BlobMismatch: this one is the peer's fault and ends that peer's part in a fetch)."""
+
     def __init__(self, expected: bytes, got: bytes, what: str = "blob") -> None:
         super().__init__(f"{what} {expected.hex()}: the received bytes hash to {got.hex()}")
         self.expected = expected
@@ -203,12 +207,6 @@ def _nonneg_int(v: object) -> int:
 
 
 # --- line manifests ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LineRef:
-    hash: bytes
-    length: int
 
 
 def encode_line_manifest(src: bytes, lines: list[LineRef]) -> bytes:
@@ -362,7 +360,7 @@ def decode_blob(blob: BatchBlob) -> bytes:
         raise WireError(f"blob {blob.hash.hex()}: {exc}") from None
     got = blob_hash(raw)
     if got != blob.hash:
-        raise BlobMismatch(blob.hash, got, "line blob")
+        raise HashMismatch(blob.hash, got, "line blob")
     return raw
 
 

@@ -30,6 +30,7 @@ from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import NOT_FOUND_BODY, PeerServer
 from p2pnode.peer.tls import client_context, server_context
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef
 from p2pnode.pi.session import HostileHeader
 from p2pnode.pi.sidecar import Sidecar
 
@@ -108,7 +109,7 @@ class LyingPeer:
         src = request.match_info["src"]
         if src not in self.manifests:
             return web.Response(status=404)
-        refs = [wire.LineRef(b3(ln), len(ln)) for ln in self.manifests[src]]
+        refs = [LineRef(b3(ln), len(ln)) for ln in self.manifests[src]]
         return web.Response(body=wire.encode_line_manifest(bytes.fromhex(src), refs))
 
     def frames(self, hashes: list[bytes]) -> bytes:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from p2pnode.errors import InvalidInput
 from p2pnode.peer import wire
+from p2pnode.pi.lines import LineRef
 
 LINE = b'{"type":"message"}\n'
 LINE_HASH = "c118a2b546b9ec05fcaeafcd5cba71ecf7e7881f1308efdfef3e20cbb608776d"
@@ -90,7 +91,7 @@ def test_batch_refuses_unrequested_duplicate_and_bad_frames() -> None:
 
 def test_wrong_bytes_and_zstd_bomb_are_refused() -> None:
     wrong = wire.BatchBlob(h(LINE), wire.CODEC_RAW, len(LINE), LINE.replace(b"m", b"M"))
-    with pytest.raises(wire.BlobMismatch, match=LINE_HASH):
+    with pytest.raises(wire.HashMismatch, match=LINE_HASH):
         wire.decode_blob(wrong)
     bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))  # 64 MiB in a few KB
     assert len(bomb) < 10_000
@@ -114,7 +115,7 @@ def test_batch_request_limits() -> None:
 
 def test_line_manifest_roundtrip_and_refusals() -> None:
     src = h(LINE * 2)
-    refs = [wire.LineRef(h(LINE), len(LINE))] * 2
+    refs = [LineRef(h(LINE), len(LINE))] * 2
     body = wire.encode_line_manifest(src, refs)
     assert len(body) == wire.LINE_MANIFEST_HEAD.size + 2 * 36
     assert wire.decode_line_manifest(body, src) == refs
@@ -125,7 +126,7 @@ def test_line_manifest_roundtrip_and_refusals() -> None:
     with pytest.raises(wire.WireError, match="exceeds the limit"):
         wire.decode_line_manifest(body, src, wire.Limits(max_manifest_lines=1))
     with pytest.raises(wire.WireError, match="length 0"):
-        wire.decode_line_manifest(wire.encode_line_manifest(src, [wire.LineRef(h(b""), 0)]), src)
+        wire.decode_line_manifest(wire.encode_line_manifest(src, [LineRef(h(b""), 0)]), src)
     with pytest.raises(wire.WireError, match="magic"):
         wire.decode_line_manifest(b"XXXX" + body[4:], src)
 
