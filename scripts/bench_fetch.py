@@ -40,7 +40,8 @@ from bench_share import SessionWriter, session_path  # noqa: E402  (the same Pi-
 
 from p2pnode.library.api import Library  # noqa: E402
 from p2pnode.paths import NodePaths  # noqa: E402
-from p2pnode.peer.get import PeerAddress, fetch_branch  # noqa: E402
+from p2pnode.peer.address import PeerAddress  # noqa: E402
+from p2pnode.peer.get import fetch_branch  # noqa: E402
 from p2pnode.peer.identity import Identity, load_or_create_identity  # noqa: E402
 from p2pnode.peer.trust import TrustStore  # noqa: E402
 from p2pnode.pi.lines import split_lines  # noqa: E402

@@ -98,7 +98,8 @@ ANNOUNCER = textwrap.dedent("""
 
 FETCH_TIMED = textwrap.dedent("""
     import asyncio, json, sys, time
-    from p2pnode.peer.get import PeerAddress, fetch_branch
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.get import fetch_branch
     from p2pnode.peer.identity import load_identity, parse_node_id
     from p2pnode.library.api import Library
     from p2pnode.discovery.mdns import lan_peers

@@ -393,7 +393,7 @@ class ProgressBar:
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
     """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
     from p2pnode.peer import wire
-    from p2pnode.peer.get import PeerAddress
+    from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import format_node_id
 
     peers = [PeerAddress.parse(text) for text in args.peer or []]

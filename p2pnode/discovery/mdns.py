@@ -42,7 +42,7 @@ from p2pnode.errors import InvalidInput
 from p2pnode.pi.sidecar import is_hash_hex
 
 if TYPE_CHECKING:
-    from p2pnode.peer.get import PeerAddress
+    from p2pnode.peer.address import PeerAddress
 
 log = logging.getLogger("p2pnode.discovery")
 
@@ -376,7 +376,7 @@ async def lan_peers(branch_hex: str, is_trusted: Callable[[str], bool],
     When no trusted holder answers (the branch may be older than the announced ones), every
     trusted peer seen meanwhile is returned: the fetch asks them in turn.
     """
-    from p2pnode.peer.get import PeerAddress  # here, so that discovery imports without aiohttp
+    from p2pnode.peer.address import PeerAddress  # here, so that discovery imports without aiohttp
 
     def trusted(node_id: str) -> bool:
         try:

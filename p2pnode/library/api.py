@@ -409,6 +409,10 @@ class Library:
             raise NotFound(f"line {line_hash.hex()} is not in this node's store")
         return self.sessions.blob(line_hash, "line")
 
+    def stored_line(self, line_hash: bytes) -> StoredBlob:
+        """One line as the store keeps it (compressed or raw), for serving it as it is."""
+        return self.store.get_stored_blob(line_hash)
+
     def has_line(self, line_hash: bytes) -> bool:
         return self.store.has_blob(line_hash)
 

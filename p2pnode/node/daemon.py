@@ -45,7 +45,8 @@ from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.paths import NodePaths, PiDirs
-from p2pnode.peer.get import PeerAddress, fetch_branch, get_catalog
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import fetch_branch, get_catalog
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore

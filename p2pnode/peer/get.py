@@ -21,11 +21,10 @@ The order of work, and why:
 3. Only after the store committed it, the requested session is written where Pi finds it
    (placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
 
-Peers are tried in turn, and never redirect us.  A peer that sends bytes failing
-verification, or makes no progress for `Limits.progress_timeout` in any phase, is dropped for
-the rest of this fetch; a peer whose link breaks is retried a few times.  Verified lines and
-blob prefixes survive a broken link, so the next attempt, on the same or another peer,
-continues where the last one stopped.
+Which peer is asked and what its failure means is the downloader's (downloader.py: a peer
+that lies or stalls is dropped for the fetch, a broken link is retried a few times); one
+peer's HTTPS session is link.py's.  Verified lines and blob prefixes survive a broken link,
+so the next attempt, on the same or another peer, continues where the last one stopped.
 """
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -49,22 +47,22 @@ from p2pnode.errors import (
     Conflict,
     InvalidInput,
     NotFound,
-    P2PNodeError,
-    PeerUnavailable,
-    Refused,
     VerificationFailed,
 )
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
-from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
-from p2pnode.peer.tls import client_context
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.downloader import PeerPool
+from p2pnode.peer.identity import Identity
+from p2pnode.peer.interfaces import FetchTarget
+from p2pnode.peer.link import PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef, is_split, split_lines
 from p2pnode.pi.placement import Placement, PlacementConflict, place_session
 from p2pnode.pi.session import find_header, placed_names
-from p2pnode.pi.sidecar import InvalidSidecar, Sidecar, parse_sidecar
+from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
 from store.errors import StoreLocked
 
@@ -74,36 +72,9 @@ T = TypeVar("T")
 Progress = Callable[[int, int], None]
 """progress(bytes_done, bytes_total) while session bytes arrive."""
 
-MAX_NETWORK_ERRORS = 3
-"""Broken links tolerated per peer per fetch before it is given up."""
-RETRY_PAUSE = 0.2
 BATCHES_IN_FLIGHT = 3
 DECODE_RUN = 1 << 20
 """Raw bytes of received blobs handed to a worker thread at a time for decoding."""
-
-
-@dataclass(frozen=True)
-class PeerAddress:
-    node_id: str | None
-    """The node expected at this address; None accepts any trusted node (`--from HOST:PORT`)."""
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> PeerAddress:
-        """`HOST:PORT`, `[V6]:PORT` or `NODEID@HOST:PORT`."""
-        node_id, _, hostport = text.rpartition("@")
-        m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]@]+):(\d+)", hostport)
-        if not m or not 0 < int(m.group(2) or m.group(4)) <= 65535:
-            raise InvalidInput(f"peer address {text!r} is not HOST:PORT or NODEID@HOST:PORT")
-        host = m.group(1) or m.group(3)
-        port = int(m.group(2) or m.group(4))
-        return cls(format_node_id(parse_node_id(node_id)) if node_id else None, host, port)
-
-    def __str__(self) -> str:
-        """The form `parse` reads back: `[NODEID@]HOST:PORT`."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.node_id + '@' if self.node_id else ''}{host}:{self.port}"
 
 
 @dataclass
@@ -134,10 +105,6 @@ class LineageError(VerificationFailed):
     """A parent chain that loops or is deeper than the limit."""
 
 
-class PeerStalled(PeerUnavailable):
-    """A peer that made no progress for `Limits.progress_timeout` seconds: dropped at once."""
-
-
 @dataclass(frozen=True)
 class OpenPerUse:
     """The library of a one-shot fetch (no node running), opened for each local step (a
@@ -161,226 +128,12 @@ class OpenPerUse:
                 time.sleep(0.05)
 
 
-LibraryOpener = Callable[[], AbstractContextManager[Any]]
+LibraryOpener = Callable[[], AbstractContextManager[FetchTarget]]
 
 
-def _opener(lib: Any) -> LibraryOpener:
+def _opener(lib: FetchTarget | OpenPerUse) -> LibraryOpener:
     """An open Library (the node's) is used as it is; OpenPerUse opens one per step."""
     return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
-
-
-class NotOffered(Exception):
-    """The peer answered 404: it does not offer this object (or does not exist, same answer)."""
-
-
-class _Peer:
-    """One peer for the duration of a fetch: its HTTPS session and its standing."""
-
-    def __init__(self, addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits) -> None:
-        self.addr = addr
-        self.limits = limits
-        expected = parse_node_id(addr.node_id) if addr.node_id else None
-        host = f"[{addr.host}]" if ":" in addr.host else addr.host
-        self.base = f"https://{host}:{addr.port}"
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, self._accepted),
-                                           limit=4),
-            timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
-                                          sock_connect=limits.connect_timeout,
-                                          sock_read=limits.slow_reader_timeout),
-            auto_decompress=False,
-        )
-        self.dropped: str | None = None
-        """Why this peer was given up for this fetch (None: still in use)."""
-        self.failure: type[P2PNodeError] = PeerUnavailable
-        """What giving it up means: VerificationFailed (it lied), Refused (TLS/trust), PeerUnavailable."""
-        self.network_errors = 0
-        self.closed_after_handshake = 0
-        """Network errors that were the peer hanging up on a TLS session we had accepted."""
-        self.accepted: bytes | None = None
-        """The fingerprint of the last server this side accepted in a handshake (tls.client_context)."""
-        self.bytes_received = 0
-
-    def _accepted(self, fingerprint: bytes) -> None:
-        self.accepted = fingerprint
-
-    async def close(self) -> None:
-        await self.session.close()
-
-    def request(self, method: str, path: str, **kw: Any) -> Any:
-        """Every request to a peer: redirects are never followed (a 3xx could lead past the
-        TLS pin, to plain http or to another host); `_check` refuses them."""
-        return self.session.request(method, self.base + path, allow_redirects=False, **kw)
-
-    def _check(self, resp: aiohttp.ClientResponse, what: str) -> None:
-        if 300 <= resp.status < 400:
-            raise wire.WireError(f"peer {self.addr} answered {resp.status} (a redirect) for {what}; "
-                                 "peers must not redirect")
-        if resp.status == 404:
-            raise NotOffered(what)
-        if resp.status == 403:
-            raise Refused(f"peer {self.addr} refused the request for {what} (403)")
-        if resp.status not in (200, 206):
-            raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
-                                              message=f"unexpected status for {what}")
-
-    async def get_small(self, path: str, limit: int, what: str,
-                        too_big: type[P2PNodeError] = wire.WireError) -> bytes:
-        """A whole response body of at most `limit` bytes (larger is refused with `too_big`)."""
-        async with self.request("GET", path) as resp:
-            self._check(resp, what)
-            if (resp.content_length or 0) > limit:
-                raise too_big(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
-            body = bytearray()
-            async for chunk in resp.content.iter_any():
-                body += chunk
-                self.bytes_received += len(chunk)
-                if len(body) > limit:
-                    raise too_big(f"{what}: peer sent more than the limit of {limit} bytes")
-            return bytes(body)
-
-    async def sidecar(self, branch: str) -> tuple[bytes, Sidecar]:
-        raw = await self.get_small(wire.PATH_OBJECT.format(hash=branch), self.limits.max_sidecar,
-                                   f"sidecar {branch}", InvalidSidecar)
-        return raw, parse_sidecar(raw, branch)
-
-    async def line_manifest(self, src: str) -> list[LineRef]:
-        limit = wire.LINE_MANIFEST_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
-        body = await self.get_small(wire.PATH_LINES.format(src=src), limit, f"line manifest of {src}")
-        return wire.decode_line_manifest(body, bytes.fromhex(src), self.limits)
-
-    async def catalog(self) -> wire.CatalogMessage:
-        body = await self.get_small(wire.PATH_CATALOG, self.limits.max_catalog_bytes, "catalog")
-        return wire.decode_catalog(body, self.limits)
-
-
-class _Pool:
-    """The peers of one fetch, tried in turn for each step."""
-
-    def __init__(self, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
-                 limits: wire.Limits) -> None:
-        for p in peers:
-            if p.node_id and not trust.is_trusted(parse_node_id(p.node_id)):
-                raise Refused(f"node {p.node_id} is not trusted here; run `p2pnode trust {p.node_id}` first")
-        self.peers = [_Peer(p, identity, trust, limits) for p in dict.fromkeys(peers)]
-        self.me = identity.node_id
-        self.limits = limits
-
-    async def close(self) -> None:
-        for p in self.peers:
-            await p.close()
-
-    @property
-    def bytes_received(self) -> int:
-        return sum(p.bytes_received for p in self.peers)
-
-    def dropped(self) -> dict[str, str]:
-        return {str(p.addr): p.dropped for p in self.peers if p.dropped}
-
-    def drop(self, peer: _Peer, reason: str, failure: type[P2PNodeError]) -> None:
-        peer.dropped, peer.failure = reason, failure
-        log.warning("dropping peer %s for this fetch: %s", peer.addr, reason)
-
-    async def run(self, what: str, op: Callable[[_Peer], Awaitable[T]]) -> T:
-        """`op` on the first peer that does it; raises an error that says what each peer did."""
-        not_offered: set[_Peer] = set()
-        while True:
-            active = [p for p in self.peers if not p.dropped and p not in not_offered]
-            if not active:
-                break
-            for peer in active:
-                peer.accepted = None  # set again if this attempt's handshake accepts the peer
-                try:
-                    return await self._watched(peer, op)
-                except PeerStalled as exc:
-                    self.drop(peer, str(exc), PeerUnavailable)
-                except NotOffered:
-                    not_offered.add(peer)
-                except Refused as exc:
-                    self.drop(peer, str(exc), Refused)
-                except VerificationFailed as exc:  # lying bytes
-                    self.drop(peer, f"sent data that failed verification: {exc}", VerificationFailed)
-                except InvalidInput as exc:  # bytes that hash right but are not valid (a bad sidecar)
-                    self.drop(peer, f"sent invalid data: {exc}", InvalidInput)
-                except aiohttp.ClientConnectorCertificateError as exc:
-                    self.drop(peer, f"TLS: {exc.certificate_error}", Refused)
-                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                    peer.network_errors += 1
-                    # a peer that never answered a byte, though we accepted it in the handshake
-                    peer.closed_after_handshake += (peer.accepted is not None and not peer.bytes_received
-                                                    and _closed_by_peer(exc))
-                    reason = _describe_network_error(exc, self.me)
-                    log.info("peer %s: %s (attempt %d)", peer.addr, reason, peer.network_errors)
-                    if peer.network_errors >= MAX_NETWORK_ERRORS:
-                        if peer.closed_after_handshake == peer.network_errors:
-                            self.drop(peer, self._one_sided(peer), Refused)
-                        else:
-                            self.drop(peer, reason, PeerUnavailable)
-                    await asyncio.sleep(RETRY_PAUSE)
-        raise self._failure(what, not_offered)
-
-    def _one_sided(self, peer: _Peer) -> str:
-        """We accepted the peer in the handshake and it hung up, unanswered, each time: it refused
-        our certificate (a TLS 1.3 server checks the client's after the client is done)."""
-        them = format_node_id(peer.accepted) if peer.accepted else peer.addr.node_id or "the peer"
-        return (f"{them} closed every connection right after the TLS handshake: it does not trust this node "
-                f"{self.me}; ask them to run: p2pnode trust {self.me}")
-
-    async def _watched(self, peer: _Peer, op: Callable[[_Peer], Awaitable[T]]) -> T:
-        """`op(peer)`, cancelled with PeerStalled when a `progress_timeout` window passes with
-        fewer than `progress_bytes` received: the one deadline no phase of a request can dodge
-        (a connect or TLS handshake that hangs, headers that never end, 1xx answers, a trickle)."""
-        task = asyncio.ensure_future(op(peer))
-        try:
-            while True:
-                mark = peer.bytes_received
-                done, _ = await asyncio.wait([task], timeout=self.limits.progress_timeout)
-                if done:
-                    return task.result()
-                moved = peer.bytes_received - mark
-                if moved < self.limits.progress_bytes:
-                    raise PeerStalled(f"no progress for {self.limits.progress_timeout:g} s ({moved} bytes, "
-                                      f"fewer than {self.limits.progress_bytes}); peer dropped")
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-
-    def _failure(self, what: str, not_offered: set[_Peer]) -> P2PNodeError:
-        reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
-        if not self.peers:
-            return PeerUnavailable(f"{what}: no peer to fetch from (give --from HOST:PORT or a ticket)")
-        if len(not_offered) == len(self.peers):
-            return NotFound(f"{what}: not offered by any peer ({reasons})")
-        failures = {p.failure for p in self.peers if p.dropped}
-        if VerificationFailed in failures:
-            return VerificationFailed(f"{what}: no peer sent verifiable data ({reasons})")
-        if InvalidInput in failures:
-            return InvalidInput(f"{what}: no peer sent valid data ({reasons})")
-        if failures == {Refused}:
-            return Refused(f"{what}: refused ({reasons})")
-        return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
-
-
-def _closed_by_peer(exc: BaseException) -> bool:
-    """Connected, then closed by the other side (not: could not connect).  A reset while TLS
-    finishes is a ClientConnectorError without an errno: the peer hung up in the handshake."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return not (isinstance(exc.os_error, OSError) and exc.os_error.errno)
-    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError)
-
-
-def _describe_network_error(exc: BaseException, me: str) -> str:
-    """One line for the user: no exception class names, no Python tuples (asyncio's texts have them)."""
-    if _closed_by_peer(exc):
-        return f"connection closed by the peer (cut link, or it does not trust this node {me})"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
-    if isinstance(os_error, OSError) and os_error.errno:
-        return f"cannot connect: {os.strerror(os_error.errno).lower()}"
-    return str(exc) or "network error"
 
 
 MAX_JSON_DEPTH = 512
@@ -417,7 +170,8 @@ def check_header(lines: list[bytes], src: str) -> None:
 
 
 class _Fetch:
-    def __init__(self, lib: Any, pool: _Pool, limits: wire.Limits, progress: Progress | None) -> None:
+    def __init__(self, lib: FetchTarget | OpenPerUse, pool: PeerPool, limits: wire.Limits,
+                 progress: Progress | None) -> None:
         self.lib = _opener(lib)
         self.pool = pool
         self.limits = limits
@@ -430,7 +184,7 @@ class _Fetch:
         self.lines_total = 0
         self._done = self._total = 0
 
-    async def _lib(self, fn: Callable[[Any], T]) -> T:
+    async def _lib(self, fn: Callable[[FetchTarget], T]) -> T:
         """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
         return await _using(self.lib, fn)
 
@@ -446,7 +200,7 @@ class _Fetch:
                 raise LineageError(f"lineage of {branch} is deeper than {self.limits.max_chain_depth} "
                                    "generations; refused")
             seen.add(current)
-            get_sidecar = functools.partial(_Peer.sidecar, branch=current)
+            get_sidecar = functools.partial(PeerLink.sidecar, branch=current)
             raw, sc = await self.pool.run(f"sidecar {current}", get_sidecar)
             chain.append((current, raw, sc))
             current = sc.parent
@@ -477,7 +231,7 @@ class _Fetch:
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _batches(self, peer: _Peer, missing: list[LineRef]) -> None:
+    async def _batches(self, peer: PeerLink, missing: list[LineRef]) -> None:
         """Ask `peer` for the missing lines not received yet, in batches of bounded size,
         BATCHES_IN_FLIGHT at a time so that the peer prepares one while we verify another."""
         self._total = sum(r.length for r in missing)
@@ -505,7 +259,7 @@ class _Fetch:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _batch(self, peer: _Peer, group: list[LineRef]) -> None:
+    async def _batch(self, peer: PeerLink, group: list[LineRef]) -> None:
         """One batch request.  Received blobs are decompressed and hashed on worker threads
         (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read."""
         decoder = wire.BatchDecoder([r.hash for r in group], self.limits)
@@ -550,7 +304,7 @@ class _Fetch:
     async def _assemble(self, manifest: list[LineRef], src: str) -> list[bytes] | None:
         """All lines in order, or None if the manifest lied: they do not hash to `src`, or
         they are not the file cut at its newlines."""
-        def build(lib: Any) -> list[bytes] | None:
+        def build(lib: FetchTarget) -> list[bytes] | None:
             lines = [self.lines.get(r.hash) or lib.line(r.hash) for r in manifest]
             hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
             for line in lines:
@@ -564,7 +318,7 @@ class _Fetch:
         buf = bytearray()
         hasher = blake3.blake3()
 
-        async def attempt(peer: _Peer) -> bytes:
+        async def attempt(peer: PeerLink) -> bytes:
             nonlocal hasher
             headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
             async with peer.request("GET", wire.PATH_OBJECT.format(hash=src), headers=headers) as resp:
@@ -595,7 +349,7 @@ class _Fetch:
         return await self.pool.run(f"session {src}", attempt)
 
 
-async def _using(opener: LibraryOpener, fn: Callable[[Any], T]) -> T:
+async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
     def run() -> T:
         with opener() as lib:
             return fn(lib)
@@ -603,15 +357,15 @@ async def _using(opener: LibraryOpener, fn: Callable[[Any], T]) -> T:
     return await asyncio.to_thread(run)
 
 
-def _has_branch(lib: Any, branch: str) -> bool:
-    return bool(lib.has_branch(branch))
+def _has_branch(lib: FetchTarget, branch: str) -> bool:
+    return lib.has_branch(branch)
 
 
 def _decode_all(blobs: list[wire.BatchBlob]) -> list[bytes]:
     return [wire.decode_blob(b) for b in blobs]
 
 
-async def _with_peer(peer: _Peer, coro: Awaitable[T]) -> tuple[_Peer, T]:
+async def _with_peer(peer: PeerLink, coro: Awaitable[T]) -> tuple[PeerLink, T]:
     return peer, await coro
 
 
@@ -626,16 +380,16 @@ def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
     return resp.content_length
 
 
-async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], identity: Identity,
-                       trust: TrustStore, *, agent_dir: Path | None = None, progress: Progress | None = None,
-                       limits: wire.Limits = wire.DEFAULT_LIMITS,
+async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: list[PeerAddress],
+                       identity: Identity, trust: TrustStore, *, agent_dir: Path | None = None,
+                       progress: Progress | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
                        session_dir: Path | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
     `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
     `session_dir`: Pi's session-dir override, where the session is then placed (flat)."""
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
-    pool = _Pool(peers, identity, trust, limits)
+    pool = PeerPool(peers, identity, trust, limits)
     requested: bytes | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
@@ -677,11 +431,11 @@ async def fetch_branch(lib: Any, branch_hex: str, peers: list[PeerAddress], iden
     return result
 
 
-def _add_fetched(lib: Any, sidecar: bytes, lines: list[bytes], blobs: list[StoredBlob]) -> None:
+def _add_fetched(lib: FetchTarget, sidecar: bytes, lines: list[bytes], blobs: list[StoredBlob]) -> None:
     lib.add_fetched(sidecar, lines, blobs)
 
 
-def _place(agent_dir: Path, data: bytes | None, branch: str, src: str, lib: Any,
+def _place(agent_dir: Path, data: bytes | None, branch: str, src: str, lib: FetchTarget,
            session_dir: Path | None) -> Placement | PlacementConflict:
     """Place the fetched bytes (or, for a branch already held, the stored copy); record the path."""
     try:
@@ -696,7 +450,7 @@ def _place(agent_dir: Path, data: bytes | None, branch: str, src: str, lib: Any,
 async def get_catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,
                       limits: wire.Limits = wire.DEFAULT_LIMITS) -> wire.CatalogMessage:
     """The branches `peer` offers us (it must trust us, and we it)."""
-    pool = _Pool([peer], identity, trust, limits)
+    pool = PeerPool([peer], identity, trust, limits)
     try:
         return await pool.run(f"catalog of {peer}", lambda p: p.catalog())
     finally:

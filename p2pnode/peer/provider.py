@@ -2,7 +2,7 @@
 
 Entry point for the LAN node and the tests:
 
-    server = PeerServer(lib, identity, trust, limits)   # lib: p2pnode.library.api.Library
+    server = PeerServer(lib, identity, trust, limits)   # lib: a ServedLibrary (peer/interfaces.py)
     await server.start(host, port)                       # port 0 picks one; see server.port
     ...
     await server.close()
@@ -38,8 +38,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web, web_protocol
 
+from p2pnode.library.api import BranchInfo
 from p2pnode.peer import wire
 from p2pnode.peer.identity import Identity, format_node_id
+from p2pnode.peer.interfaces import ServedLibrary
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.sidecar import is_hash_hex
@@ -60,7 +62,7 @@ def _not_found() -> web.Response:
 
 
 class PeerServer:
-    def __init__(self, lib: Any, identity: Identity, trust: TrustStore,
+    def __init__(self, lib: ServedLibrary, identity: Identity, trust: TrustStore,
                  limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
         self.lib = lib
         self.identity = identity
@@ -310,7 +312,7 @@ class PeerServer:
             pos += 1
             if self.lib.offered_object(h.hex()) != "line":
                 continue
-            blob = self.lib.store.get_stored_blob(h)
+            blob = self.lib.stored_line(h)
             parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
             size += len(blob.stored)
         return b"".join(parts), len(parts) // 2, pos
@@ -491,7 +493,7 @@ class _DeadlineSite(web.TCPSite):
             lambda: _HandshakeGate(ps, handlers), self._host, self._port, backlog=self._backlog)
 
 
-def _catalog_entry(b: Any) -> wire.CatalogEntry:
+def _catalog_entry(b: BranchInfo) -> wire.CatalogEntry:
     header = b.header.as_dict() if hasattr(b.header, "as_dict") else dict(b.header)
     return wire.CatalogEntry(branch=b.branch, src=b.src, parent=b.parent, size=b.size, lines=b.lines,
                              header=header, title=b.title)

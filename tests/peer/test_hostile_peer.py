@@ -25,7 +25,8 @@ from p2pnode.errors import InvalidInput, NotFound, Refused, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
-from p2pnode.peer.get import FetchResult, LineageError, PeerAddress, _Fetch, fetch_branch
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import FetchResult, LineageError, _Fetch, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import NOT_FOUND_BODY, PeerServer
 from p2pnode.peer.tls import client_context, server_context

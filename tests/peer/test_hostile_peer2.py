@@ -23,7 +23,8 @@ from p2pnode.library.api import Library
 from p2pnode.node.daemon import CONTROL_MAX_BODY, FETCH_LIMITS, Node, NodeConfig
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
-from p2pnode.peer.get import OpenPerUse, PeerAddress, fetch_branch
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import OpenPerUse, fetch_branch
 from p2pnode.peer.identity import load_or_create_identity
 from p2pnode.peer.provider import NOT_FOUND_BODY, PeerServer
 from p2pnode.peer.tls import server_context
