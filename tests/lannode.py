@@ -1,4 +1,4 @@
-"""p2pnode nodes in lab hosts, for tests/test_lan.py and scripts/bench_lan.py.
+"""p2pnode nodes in lab hosts, for tests/node/test_lan.py and scripts/bench_lan.py.
 
 A LanNode is one node's state dir and Pi agent dir (on the shared disk) plus its
 `p2pnode serve` process inside a lab host namespace; its `cli()` runs `p2pnode` in the same

@@ -1,4 +1,5 @@
-"""The `p2pnode` command line: argument parsing and output only, over the library API.
+"""The `p2pnode` command line: argument parsing, dispatch and exit codes, over the library API
+(what is printed is render.py's; whether the running node does the work is node/routing.py's).
 
 Each command is a function `cmd_<name>(args) -> int`; library errors (P2PNodeError) are
 reported on stderr as `p2pnode: <message>` with their exit code (see p2pnode/errors.py).
@@ -8,10 +9,8 @@ and an exit code from README.md's table (the traceback only with P2PNODE_DEBUG=1
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -19,15 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
+from p2pnode.cli.render import (
+    ProgressBar,
+    print_branches,
+    print_fetch,
+    print_json,
+    print_show,
+    print_status,
+    shown,
+)
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.node.routing import open_library, ticket_for, via_node
 from p2pnode.paths import NodePaths
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
 
 
 def node_paths(args: argparse.Namespace) -> NodePaths:
@@ -67,13 +71,6 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
 # --- node (p2pnode serve / status; routing to a running node) ------------------------------
 
 
-def via_node(args: argparse.Namespace, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """Have the running node do `op` (it owns the store while it runs); None: no node, act here."""
-    from p2pnode.node.control_client import FETCH_TIMEOUT, call_node
-
-    return call_node(node_paths(args), op, payload, timeout=FETCH_TIMEOUT if op == "fetch" else 30.0)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from p2pnode.node.daemon import DEFAULT_PORT, NodeConfig, serve
     from store import aio
@@ -85,53 +82,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = via_node(args, "status", {})
+    status = via_node(node_paths(args), "status", {})
     if status is None:
+        from p2pnode.node.status import offline_status
+
         status = offline_status(node_paths(args))
     for problem in node_paths(args).privacy_problems():
         print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
     if args.json:
         print_json(status)
         return 0
-    print(f"node       {status['node_id'] or '(no identity yet)'}")
-    if status["running"]:
-        print(f"running    port {status['port']} on {', '.join(status['addresses'])}"
-              f"{'' if status['mdns'] else ' (mDNS off)'}")
-    else:
-        print("running    no (start it with `p2pnode serve`)")
-    print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
-    for b in status["shared"]:
-        print(f"  {b['branch'][:16]}  {b['size']:>10}  {_one_line(b['title'], 90)}")
-    trusted = [p for p in status["peers"] if p["trusted"]]
-    print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
-          f"{len(status['peers']) - len(trusted)} untrusted seen")
-    for p in status["peers"]:
-        state = {True: "online", False: "offline", None: "unconfirmed"}[p["online"]]
-        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
-        print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
-              f"  {p['name'] or ''}")
-    print(f"transfers  {len(status['transfers']) or 'none'}")
-    for t in status["transfers"]:
-        print(f"  {t['branch'][:16]}  {t['bytes_done']}/{t['bytes_total'] or '?'} bytes"
-              f"  from {', '.join(t['peers'])}")
+    print_status(status)
     return 0
-
-
-def offline_status(paths: NodePaths) -> dict[str, Any]:
-    """What `status` can say with no node running: identity, shared branches, trusted peers."""
-    from p2pnode.library.api import Library
-    from p2pnode.peer.identity import has_identity, load_identity
-    from p2pnode.peer.trust import TrustStore
-
-    node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
-    with Library.open(paths) as lib:
-        catalog = lib.catalog()
-        shared = [{"branch": b.branch, "title": b.title, "size": b.size} for b in lib.branches()]
-    peers: list[dict[str, Any]] = [{"node_id": t.node_id, "name": t.name, "trusted": True, "online": None,
-                                    "addresses": [], "port": None} for t in TrustStore(paths.trust).peers()]
-    return {"node_id": node_id, "running": False, "addresses": [], "port": None, "home": str(paths.home),
-            "mdns": False, "catalog_generation": catalog.generation, "shared": shared, "peers": peers,
-            "transfers": []}
 
 
 def add_node_commands(sub: argparse._SubParsersAction) -> None:
@@ -147,32 +109,6 @@ def add_node_commands(sub: argparse._SubParsersAction) -> None:
 
 
 # --- sessions (share / ls / show / cat / unshare) -------------------------------------------
-
-
-def open_library(args: argparse.Namespace) -> Any:
-    """The session library: the running node's (read-only) if there is one, else the store itself."""
-    from p2pnode.library.api import Library
-    from p2pnode.node.control_client import NodeLibrary, node_running
-
-    if node_running(node_paths(args)):  # the running node holds the store: read through it
-        return NodeLibrary(node_paths(args))
-    return Library.open(node_paths(args))  # held by another process: StoreLocked, reported by main
-
-
-def _short(h: str | None) -> str:
-    return h[:16] if h else "-"
-
-
-def shown(text: object) -> str:
-    """Text that may come from a peer (titles, header fields, paths, reasons), safe to print
-    on a terminal: every non-printable character (C0, DEL, C1 such as U+009B, a terminal's
-    CSI, bidi controls) is written as a visible escape instead of reaching the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
-
-
-def _one_line(text: str | None, width: int) -> str:
-    flat = shown(" ".join((text or "").split()))
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def pi_dirs(args: argparse.Namespace) -> Any:
@@ -191,9 +127,9 @@ def cmd_share(args: argparse.Namespace) -> int:
     pi = pi_dirs(args)
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
                "cwd": os.getcwd(), "pi": pi.as_dict()}
-    result = via_node(args, "share", payload)
+    result = via_node(node_paths(args), "share", payload)
     if result is None:
-        with open_library(args) as lib:
+        with open_library(node_paths(args)) as lib:
             result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi).as_dict()
     for warning in result.get("warnings", []):
         print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
@@ -210,22 +146,17 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with open_library(args) as lib:
+    with open_library(node_paths(args)) as lib:
         infos = lib.branches(include_unshared=args.all)
     if args.json:
         print_json([i.as_dict() for i in infos])
         return 0
-    print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
-    for i in infos:
-        when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
-        mark = "" if i.offered else " (unshared)"
-        print(f"{_short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {_short(i.parent):16}  "
-              f"{_one_line(i.header.get('cwd'), 24):24}  {_one_line(i.title, 50)}{mark}")
+    print_branches(infos)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with open_library(args) as lib:
+    with open_library(node_paths(args)) as lib:
         info = lib.branch(args.branch)
         sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
         lineage = lib.lineage(info.branch)
@@ -234,34 +165,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json({"branch": info.as_dict(), "sidecar": sidecar,
                     "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children]})
         return 0
-    h = info.header
-    print(f"branch      {info.branch}")
-    print(f"sidecar     {sidecar}")
-    print(f"session     {info.src}  ({info.size} bytes, {info.lines} lines)")
-    print(f"title       {_one_line(info.title, 90)}")
-    print(f"header      id {shown(h.get('id'))}  timestamp {shown(h.get('timestamp'))}")
-    print(f"            cwd {shown(h.get('cwd'))}")
-    if h.get("parent_session"):
-        print(f"            parentSession {shown(h.get('parent_session'))}")
-    if info.lineage_cut:
-        print(f"lineage cut shared with --no-lineage: parentSession {shown(info.lineage_cut)} "
-              "was not followed")
-    print(f"path        {shown(info.path or '-')}")
-    print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
-    print("lineage")
-    ancestors = list(reversed(lineage))
-    if ancestors[0].parent is not None:
-        print(f"  {_short(ancestors[0].parent)}  (parent not held here)")
-    for depth, a in enumerate(ancestors):
-        here = "   <- this branch" if a.branch == info.branch else ""
-        print(f"  {'   ' * depth}{'└─ ' if depth else ''}{_short(a.branch)}  {_one_line(a.title, 50)}{here}")
-    for c in children:
-        print(f"  {'   ' * len(ancestors)}└─ {_short(c.branch)}  {_one_line(c.title, 50)}")
+    print_show(info, sidecar, lineage, children)
     return 0
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    with open_library(args) as lib:
+    with open_library(node_paths(args)) as lib:
         info = lib.branch(args.branch)
         data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
     if args.json:
@@ -276,8 +185,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 def cmd_unshare(args: argparse.Namespace) -> int:
     branch = args.branch
-    if via_node(args, "unshare", {"branch": branch}) is None:
-        with open_library(args) as lib:
+    if via_node(node_paths(args), "unshare", {"branch": branch}) is None:
+        with open_library(node_paths(args)) as lib:
             branch = lib.unshare(branch).branch
     if args.json:
         print_json({"branch": branch, "offered": False})
@@ -350,7 +259,8 @@ def cmd_untrust(args: argparse.Namespace) -> int:
 def cmd_peers(args: argparse.Namespace) -> int:
     peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None)
              for p in _trust(args).peers()]
-    status = via_node(args, "status", {})  # node's addition: a running node adds whom it sees on the LAN
+    # node's addition: a running node adds whom it sees on the LAN
+    status = via_node(node_paths(args), "status", {})
     if status:
         seen = {p["node_id"]: p for p in status["peers"]}
         for p in peers:
@@ -366,28 +276,6 @@ def cmd_peers(args: argparse.Namespace) -> int:
             {True: "online", False: "offline", None: ""}[p["online"]]
         print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
     return 0
-
-
-class ProgressBar:
-    """A one-line bar on stderr for transfers over MIN_BYTES; silent when not on a terminal."""
-
-    MIN_BYTES = 4 << 20
-
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self.shown = False
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < self.MIN_BYTES:
-            return
-        filled = int(30 * done / total) if total else 30
-        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {100 * done // max(total, 1):3d}%"
-                         f" {done / 1e6:.1f}/{total / 1e6:.1f} MB")
-        self.shown = True
-
-    def finish(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
 
 
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
@@ -430,44 +318,18 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     branch, peers = _fetch_target(args)
-    result = via_node(args, "fetch", {"branch": branch, "peers": [str(p) for p in peers],
+    result = via_node(node_paths(args), "fetch", {"branch": branch, "peers": [str(p) for p in peers],
                                       "pi": pi_dirs(args).as_dict()})
     if result is None:
         result = _fetch_here(args, branch, peers)
     if args.json:
         print_json(result)
     else:
-        fetched = len(result["fetched"])
-        print(f"branch   {result['branch']}")
-        print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
-              f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
-        for where, why in result["dropped_peers"].items():
-            print(f"dropped  {shown(where)}: {shown(why)}")
-        if result["path"] and not result["conflict"]:
-            print(f"path     {shown(result['path'])}")
-            print(f"continue with:  pi --fork {shown(shlex.quote(result['path']))}")
+        print_fetch(result)
     if result["conflict"]:
         print(f"p2pnode: {shown(result['conflict'])}", file=sys.stderr)
         return 7  # errors.Conflict.exit_code
     return 0
-
-
-def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
-    """A ticket for `branch_hex` if this node has an identity and a running node with known
-    addresses (`share` prints it); None otherwise."""
-    from p2pnode.node.control_client import call_node
-    from p2pnode.peer import wire
-    from p2pnode.peer.identity import has_identity, load_identity
-
-    if not has_identity(paths.identity):
-        return None
-    status = call_node(paths, "status", {}, timeout=5.0) or {}
-    port = status.get("port")
-    addresses = [(a, port) for a in status.get("addresses", []) if a not in ("0.0.0.0", "::")] if port else []
-    if not addresses:
-        return None
-    ident = load_identity(paths.identity)
-    return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
 
 
 def cmd_serve_peers(args: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
+from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import fetch_branch, get_catalog
@@ -240,23 +241,15 @@ class Node:
         seen = {p.node_id for p in peers}
         listed = [dict(p.as_dict(), trusted=True) if self.is_trusted(p.node_id)
                   else dict(p.as_dict(), trusted=False, online=None) for p in peers]
-        listed += [{"node_id": t.node_id, "name": t.name, "trusted": True, "online": False,
-                    "addresses": [], "port": None} for t in self.trust.peers() if t.node_id not in seen]
+        listed += [trusted_peer(t, False) for t in self.trust.peers() if t.node_id not in seen]
         names = {t.node_id: t.name for t in self.trust.peers()}
         for entry in listed:
             entry.setdefault("name", names.get(str(entry["node_id"])))
-        return {
-            "node_id": self.identity.node_id,
-            "running": True,
-            "addresses": local_ipv4_addresses(),
-            "port": self.port,
-            "home": str(self.paths.home),
-            "mdns": self.discovery is not None,
-            "catalog_generation": catalog.generation,
-            "shared": [{"branch": b.branch, "title": b.title, "size": b.size} for b in branches],
-            "peers": sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
-            "transfers": list(self.transfers.values()),
-        }
+        return build_status(node_id=self.identity.node_id, running=True, home=str(self.paths.home),
+                            catalog=catalog, branches=branches,
+                            peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
+                            addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
+                            transfers=list(self.transfers.values()))
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []

@@ -303,7 +303,7 @@ async def test_zstd_bomb(world) -> None:
     liar = world["liar"]
     branch = liar.add((world["corpus"] / A1).read_bytes())
     # 16 MiB in ~500 bytes, its size left out of the frame header (a declared size that is not
-    # the line's is refused before decompressing: tests/test_wire.py)
+    # the line's is refused before decompressing: tests/peer/test_wire.py)
     bomb = zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * (16 << 20))
 
     async def bombing(request: web.Request) -> web.StreamResponse:

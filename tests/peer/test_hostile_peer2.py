@@ -153,6 +153,7 @@ def test_the_cli_never_prints_peer_text_raw(world, capsys: pytest.CaptureFixture
     """A stored session whose title carries C0 and C1 escapes: `ls`, `show` and the escaping
     helper print them as visible escapes, never as terminal control bytes."""
     from p2pnode.cli import main as cli
+    from p2pnode.cli import render
 
     header, rest = _header_and_rest(world)
     header["id"] = "01a1ff93-beef"
@@ -171,7 +172,7 @@ def test_the_cli_never_prints_peer_text_raw(world, capsys: pytest.CaptureFixture
         assert "evil" in out and "\\x9b2J" in out
         assert not any(0x80 <= ord(c) <= 0x9F or (ord(c) < 0x20 and c != "\n") for c in out)
     world["lib"] = Library.open(NodePaths(world["tmp"] / "home"), world["agent"])
-    assert cli.shown("a\u009bb\nc") == "a\\x9bb\\nc"
+    assert render.shown("a\u009bb\nc") == "a\\x9bb\\nc"
 
 
 async def test_range_edge_cases_answer_416(world, tmp_path: Path) -> None:  # noqa: F811
