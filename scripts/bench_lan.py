@@ -67,7 +67,8 @@ ANNOUNCER = textwrap.dedent("""
     import asyncio, base64, json, os, sys, time
     from zeroconf import IPVersion
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
-    from p2pnode.discovery.mdns import SERVICE_TYPE, Announcement, Discovery, instance_label, instance_name
+    from p2pnode.discovery.mdns import Discovery
+    from p2pnode.discovery.records import SERVICE_TYPE, Announcement, instance_label, instance_name
     mode, n, addr = sys.argv[1], int(sys.argv[2]), os.environ["LAB_ADDR"]
     async def one():
         raw = base64.b32encode(os.urandom(35)).decode()

@@ -1,6 +1,8 @@
 """The `p2pnode` command line: argument parsing, dispatch and exit codes, over the library API
 (what is printed is render.py's; whether the running node does the work is node/routing.py's).
 
+Over 400 lines on purpose: one parser block and one small cmd_ function per command (sixteen).
+
 Each command is a function `cmd_<name>(args) -> int`; library errors (P2PNodeError) are
 reported on stderr as `p2pnode: <message>` with their exit code (see p2pnode/errors.py).
 Nothing else reaches the user as a traceback: `main` turns every other failure into one line

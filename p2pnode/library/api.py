@@ -1,7 +1,10 @@
 """The node's shared sessions: the one API behind `share`/`ls`/`show`/`cat`/`unshare`, the
 peer server and the fetcher (contract: docs/ARCHITECTURE.md, "The session library API").
 
-Sharing a session hashes the file verbatim, stores it line by line (sessionstore.py),
+Over 400 lines on purpose: the porcelain is one class, Library, one method per command, over
+one lock; its pieces live in library/sessions.py, library/manifest.py and pi/.
+
+Sharing a session hashes the file verbatim, stores it line by line (library/sessions.py),
 shares its parentSession ancestors first (root to child, so each child's sidecar names its
 parent's branch hash), and records branch -> path in manifest.json.  The stored copy is
 what the node serves, never the live file that Pi keeps appending to.
@@ -34,9 +37,8 @@ from store.fileio import atomic_write
 log = logging.getLogger(__name__)
 
 ZSTD_LEVEL = 1
-"""Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3
-(2.57x against 2.64x on the benchmark's sessions) at ~1.25x the speed, and compression is
-most of the cost of a first share."""
+"""Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3,
+faster, and compression is most of the cost of a first share (docs/BENCHMARKS.md, Sharing)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Session versions and branches as turn chains in the store, plus the node's sharing state.
 
+Over 400 lines on purpose: the importer (lines into turn chains) and SessionStore share the
+state file, its lock and the store's turns; apart they would pass that state back and forth.
+
 A version of a session file is a chain of turns, one per JSONL line, each holding the exact
 line bytes (newline included; the last line may lack one): the body lines in file order,
 then the header line on top.  The header goes last because it is the one line a fork

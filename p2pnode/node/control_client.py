@@ -3,7 +3,7 @@
 `p2pnode serve` listens on `<home>/control.sock` (mode 0600: only its owner may drive it);
 the CLI asks it to do what needs the store, which the running node holds locked.  This module
 uses the standard library only, so that a command that finds no node pays nothing for it.
-Endpoints and their bodies are listed in p2pnode/node.py.
+Endpoints and their bodies are listed in node/daemon.py.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ there; a trusted peer counts as online when it answered over HTTPS within the la
 LIVENESS_INTERVAL + LIVENESS_TIMEOUT s).
 
 The CLI's `share`, `unshare`, `fetch`, `status`, `peers`, `ls`, `show` and `cat` go through
-the running node when there is one (p2pnode/control.py: JSON over HTTP on
+the running node when there is one (node/control_client.py: JSON over HTTP on
 `<home>/control.sock`, mode 0600) and act on their own when there is not (a one-shot fetch
 browses mDNS itself with `discovery.lan_peers`).  Control endpoints (all POST, JSON in and
 out; errors carry the CLI exit code):

@@ -1,5 +1,8 @@
 """Fetching a branch and its lineage from peers, verifying every byte before it is kept.
 
+Over 400 lines on purpose: the fetch's steps (lineage walk, manifests, batches, assembly, the
+whole-blob fallback, the checks before commit) share one _Fetch state and read in order.
+
 Entry points (for the CLI and the LAN node):
 
     result = await fetch_branch(lib, branch_hex, [PeerAddress(node_id, host, port), ...],
@@ -19,7 +22,7 @@ The order of work, and why:
    instead of compressing the line again.  A peer without line manifests gets the
    whole-blob fallback: a streamed GET with `Range` resume, hashed on the fly.
 3. Only after the store committed it, the requested session is written where Pi finds it
-   (placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
+   (pi/placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
 
 Which peer is asked and what its failure means is the downloader's (downloader.py: a peer
 that lies or stalls is dropped for the fetch, a broken link is retried a few times); one

@@ -1,5 +1,8 @@
 """The peer server: serves this node's offered branches to trusted peers over mutual TLS.
 
+Over 400 lines on purpose: the server's bounds (handshake gate, head deadlines, per-peer
+limits) are part of serving each request and are tested together with it.
+
 Entry point for the LAN node and the tests:
 
     server = PeerServer(lib, identity, trust, limits)   # lib: a ServedLibrary (peer/interfaces.py)

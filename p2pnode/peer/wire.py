@@ -1,7 +1,10 @@
 """The peer transfer protocol's messages, sans-IO: bytes in, checked records out.
 
+Over 400 lines on purpose: every message of the peer protocol (limits, catalog, line manifests,
+batch frames and their streaming decoder, tickets) in the one sans-IO place PROTOCOL.md points to.
+
 Every struct layout of the protocol is here, explicit little-endian.  Nothing in this
-module does I/O; provider.py and fetch.py are the asyncio layers.  Anything decoded from a
+module does I/O; provider.py and get.py are the asyncio layers.  Anything decoded from a
 peer is checked against `Limits` and raises a `WireError` naming what was wrong.
 
 Endpoints (all under the version prefix, see docs/PROTOCOL.md):

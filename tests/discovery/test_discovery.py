@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from lab import Lab
 
-from p2pnode.discovery.mdns import (
+from p2pnode.discovery.records import (
     MAX_SUBTYPES,
     SUBTYPE_HEX,
     TXT_LIMIT,
