@@ -296,26 +296,13 @@ def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
 
 
 def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
-    import asyncio
+    from p2pnode.node.routing import fetch_here
 
-    from p2pnode.discovery.mdns import lan_peers
-    from p2pnode.peer.get import OpenPerUse, fetch_branch
-
-    paths = node_paths(args)
-    pi = pi_dirs(args)
-    ident, trust = _identity(args), _trust(args)
-    if not peers:
-        from p2pnode.peer.identity import parse_node_id
-
-        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
     bar = ProgressBar()
     try:
-        result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, ident, trust,  # the store is
-                                          agent_dir=pi.agent, progress=bar,  # locked only per step
-                                          session_dir=pi.sessions))
+        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), bar)
     finally:
         bar.finish()
-    return result.as_dict()
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:

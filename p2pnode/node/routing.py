@@ -1,12 +1,19 @@
 """Where a command runs: the running node owns the store while it runs, so a command that
 writes asks it (via_node) and one that reads goes through it (open_library); with no node the
-command acts on the store itself.  Used by the CLI, which only parses and prints."""
+command acts on the store itself (a fetch with no node: fetch_here).  Used by the CLI, which
+only parses and prints."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
-from p2pnode.paths import NodePaths
+from p2pnode.paths import NodePaths, PiDirs
+
+if TYPE_CHECKING:
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.get import Progress
+    from p2pnode.peer.identity import Identity
+    from p2pnode.peer.trust import TrustStore
 
 
 def via_node(paths: NodePaths, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -38,3 +45,21 @@ def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
         return None
     ident = load_identity(paths.identity)
     return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+
+
+def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDirs, identity: Identity,
+               trust: TrustStore, progress: Progress) -> dict[str, Any]:
+    """A one-shot fetch with no node running: the peers given, else the trusted holders found
+    on the LAN; the store is opened only for each local step (OpenPerUse), never while a peer
+    is awaited."""
+    import asyncio
+
+    from p2pnode.discovery.mdns import lan_peers
+    from p2pnode.peer.get import OpenPerUse, fetch_branch
+    from p2pnode.peer.identity import parse_node_id
+
+    if not peers:
+        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
+    result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, identity, trust,
+                                      agent_dir=pi.agent, progress=progress, session_dir=pi.sessions))
+    return result.as_dict()

@@ -38,7 +38,9 @@ def blake3_hex(data: bytes) -> str:
 @dataclass(frozen=True, slots=True)
 class Sidecar:
     src: str
-    """BLAKE3 of the session file's bytes, 64 lowercase hex."""
+    """BLAKE3 of the session file's bytes as Pi wrote them, 64 lowercase hex: the one version
+    of the session this branch names.  Everywhere in p2pnode, `src` (and `src_hex`) means
+    exactly this: a session version's content hash; never a path, a branch hash or a line's."""
     parent: str | None
     """Branch hash of the parent branch, or None for a root."""
 
