@@ -25,6 +25,7 @@ from p2pnode.cli.render import (
     print_branches,
     print_fetch,
     print_json,
+    print_peers,
     print_show,
     print_status,
     shown,
@@ -259,24 +260,14 @@ def cmd_untrust(args: argparse.Namespace) -> int:
 
 
 def cmd_peers(args: argparse.Namespace) -> int:
-    peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None)
-             for p in _trust(args).peers()]
+    from p2pnode.node.status import peers_view
+
     # node's addition: a running node adds whom it sees on the LAN
-    status = via_node(node_paths(args), "status", {})
-    if status:
-        seen = {p["node_id"]: p for p in status["peers"]}
-        for p in peers:
-            if (s := seen.pop(p["id"], None)) is not None:
-                p.update(addresses=s["addresses"], port=s["port"], online=s["online"])
-        peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
-                   "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
+    peers = peers_view(_trust(args).peers(), via_node(node_paths(args), "status", {}))
     if args.json:
         print_json(peers)
-    for p in peers if not args.json else []:
-        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
-        state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
-            {True: "online", False: "offline", None: ""}[p["online"]]
-        print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
+    else:
+        print_peers(peers)
     return 0
 
 

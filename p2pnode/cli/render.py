@@ -1,4 +1,4 @@
-"""What the CLI prints: JSON, the text views of status, ls, show and fetch, the progress bar,
+"""What the CLI prints: JSON, the text views of status, peers, ls, show and fetch, the progress bar,
 and `shown`, the one escape for text that may come from a peer before it reaches a terminal.
 Nothing here decides anything; main.py parses and dispatches."""
 from __future__ import annotations
@@ -112,6 +112,14 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
         print(f"  {'   ' * depth}{'└─ ' if depth else ''}{short(a.branch)}  {one_line(a.title, 50)}{here}")
     for c in children:
         print(f"  {'   ' * len(ancestors)}└─ {short(c.branch)}  {one_line(c.title, 50)}")
+
+
+def print_peers(peers: list[dict[str, Any]]) -> None:
+    for p in peers:
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
+            {True: "online", False: "offline", None: ""}[p["online"]]
+        print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
 
 
 def print_fetch(result: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """The `status` JSON, built in one place: by the running node (`/v1/status`) and by the CLI
-when no node runs (offline: no addresses, no transfers, trusted peers not confirmed)."""
+when no node runs (offline: no addresses, no transfers, trusted peers not confirmed); and the
+`peers` view made from it."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -48,3 +49,17 @@ def offline_status(paths: NodePaths) -> dict[str, Any]:
     peers = [trusted_peer(t, None) for t in TrustStore(paths.trust).peers()]
     return build_status(node_id=node_id, running=False, home=str(paths.home), catalog=catalog,
                         branches=branches, peers=peers)
+
+
+def peers_view(trusted: Iterable[TrustedPeer], status: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """`p2pnode peers`: the trusted peers, with where and whether a running node (its status,
+    None if none runs) sees them, then the untrusted nodes it sees."""
+    peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None) for p in trusted]
+    if status:
+        seen = {p["node_id"]: p for p in status["peers"]}
+        for p in peers:
+            if (s := seen.pop(p["id"], None)) is not None:
+                p.update(addresses=s["addresses"], port=s["port"], online=s["online"])
+        peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
+                   "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
+    return peers
