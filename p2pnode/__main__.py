@@ -1,3 +1,3 @@
-from p2pnode.cli import main
+from p2pnode.cli.main import main
 
 raise SystemExit(main())

@@ -38,11 +38,13 @@ import zstandard  # noqa: E402
 from _benchlib import emit, goal, goals_met, log, median, now  # noqa: E402
 from bench_share import SessionWriter, session_path  # noqa: E402  (the same Pi-like generator)
 
-from p2pnode.fetch import PeerAddress, fetch_branch, split_lines  # noqa: E402
-from p2pnode.identity import Identity, load_or_create_identity  # noqa: E402
-from p2pnode.library import Library  # noqa: E402
+from p2pnode.library.api import Library  # noqa: E402
 from p2pnode.paths import NodePaths  # noqa: E402
-from p2pnode.trust import TrustStore  # noqa: E402
+from p2pnode.peer.address import PeerAddress  # noqa: E402
+from p2pnode.peer.get import fetch_branch  # noqa: E402
+from p2pnode.peer.identity import Identity, load_or_create_identity  # noqa: E402
+from p2pnode.peer.trust import TrustStore  # noqa: E402
+from p2pnode.pi.lines import split_lines  # noqa: E402
 
 MB = 1_000_000
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from _benchlib import emit, goal, log, median  # noqa: E402
 from lab import Lab, unavailable_reason  # noqa: E402
 from lannode import LanNode, grow, place, wait_for  # noqa: E402
 
-from p2pnode.control import call_node  # noqa: E402
+from p2pnode.node.control_client import call_node  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "pi-corpus"
 SMALL = ("sessions/--tmp-pi-harness-work-beta--/"
@@ -48,7 +48,7 @@ PORT = 47470
 
 BROWSER = textwrap.dedent("""
     import asyncio, json, sys, time
-    from p2pnode.discovery import Discovery
+    from p2pnode.discovery.mdns import Discovery
     async def main():
         seen = asyncio.Queue()
         d = Discovery(None, on_change=lambda what, p: what == "seen" and seen.put_nowait(p.node_id))
@@ -67,7 +67,8 @@ ANNOUNCER = textwrap.dedent("""
     import asyncio, base64, json, os, sys, time
     from zeroconf import IPVersion
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
-    from p2pnode.discovery import SERVICE_TYPE, Announcement, Discovery, instance_label, instance_name
+    from p2pnode.discovery.mdns import Discovery
+    from p2pnode.discovery.records import SERVICE_TYPE, Announcement, instance_label, instance_name
     mode, n, addr = sys.argv[1], int(sys.argv[2]), os.environ["LAB_ADDR"]
     async def one():
         raw = base64.b32encode(os.urandom(35)).decode()
@@ -98,12 +99,13 @@ ANNOUNCER = textwrap.dedent("""
 
 FETCH_TIMED = textwrap.dedent("""
     import asyncio, json, sys, time
-    from p2pnode.fetch import PeerAddress, fetch_branch
-    from p2pnode.identity import load_identity, parse_node_id
-    from p2pnode.library import Library
-    from p2pnode.discovery import lan_peers
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.get import fetch_branch
+    from p2pnode.peer.identity import load_identity, parse_node_id
+    from p2pnode.library.api import Library
+    from p2pnode.discovery.mdns import lan_peers
     from p2pnode.paths import NodePaths
-    from p2pnode.trust import TrustStore
+    from p2pnode.peer.trust import TrustStore
     branch, source = sys.argv[1], sys.argv[2]
     async def main():
         paths = NodePaths.default()

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _benchlib import disk_bytes, emit, goal, goals_met, log, median, now  # noqa: E402
 
-from p2pnode.hashing import hash_file  # noqa: E402
-from p2pnode.library import Library  # noqa: E402
+from p2pnode.library.api import Library  # noqa: E402
 from p2pnode.paths import NodePaths  # noqa: E402
+from p2pnode.pi.hashing import hash_file  # noqa: E402
 
 MB = 1_000_000
 CWD = "/home/dev/projects/bench"

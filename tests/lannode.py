@@ -1,4 +1,4 @@
-"""p2pnode nodes in lab hosts, for tests/test_lan.py and scripts/bench_lan.py.
+"""p2pnode nodes in lab hosts, for tests/node/test_lan.py and scripts/bench_lan.py.
 
 A LanNode is one node's state dir and Pi agent dir (on the shared disk) plus its
 `p2pnode serve` process inside a lab host namespace; its `cli()` runs `p2pnode` in the same
@@ -21,9 +21,9 @@ from typing import Any
 
 from lab import Lab
 
-from p2pnode.identity import load_or_create_identity
 from p2pnode.paths import NodePaths
-from p2pnode.trust import TrustStore
+from p2pnode.peer.identity import load_or_create_identity
+from p2pnode.peer.trust import TrustStore
 
 REPO = Path(__file__).resolve().parents[1]
 

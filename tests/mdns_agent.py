@@ -24,7 +24,7 @@ from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pnode.discovery import Discovery  # noqa: E402
+from p2pnode.discovery.mdns import Discovery  # noqa: E402
 
 LIFE = 120.0
 T = TypeVar("T")

@@ -124,7 +124,8 @@ class OrdinaryUser:
 def runnable(user: OrdinaryUser, python: Python) -> bool:
     env = {"PYTHONPATH": python.path} if python.path else {}
     try:
-        probe = subprocess.run([python.executable, "-c", "import p2pnode.cli, aiohttp, blake3, zstandard"],
+        probe = subprocess.run([python.executable, "-c",
+                                "import p2pnode.cli.main, aiohttp, blake3, zstandard"],
                                cwd=user.root, env=env, capture_output=True, timeout=60, **user._as_user())
     except PermissionError:
         return False

@@ -1,0 +1,1 @@
+"""The command line: argument parsing, dispatch and exit codes, and output rendering."""

@@ -1,0 +1,448 @@
+"""The `p2pnode` command line: argument parsing, dispatch and exit codes, over the library API
+(what is printed is render.py's; whether the running node does the work is node/routing.py's).
+
+Over 400 lines on purpose: one parser block and one small cmd_ function per command (sixteen).
+
+Each command is a function `cmd_<name>(args) -> int`; library errors (P2PNodeError) are
+reported on stderr as `p2pnode: <message>` with their exit code (see p2pnode/errors.py).
+Nothing else reaches the user as a traceback: `main` turns every other failure into one line
+and an exit code from README.md's table (the traceback only with P2PNODE_DEBUG=1).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from p2pnode import __version__
+from p2pnode.cli.render import (
+    ProgressBar,
+    print_branches,
+    print_fetch,
+    print_json,
+    print_peers,
+    print_show,
+    print_status,
+    shown,
+)
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.node.routing import open_library, ticket_for, via_node
+from p2pnode.paths import NodePaths
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def node_paths(args: argparse.Namespace) -> NodePaths:
+    return (NodePaths(Path(args.home)) if args.home else NodePaths.default()).ensure()
+
+
+# --- store ------------------------------------------------------------------------------
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    """Exit 1 only when the check ran and found problems; a store it could not check (held by the
+    running node, or none yet) is another exit code and says so."""
+    from p2pnode.node.control_client import node_running, store_in_use
+    from store.cli import run_fsck
+
+    paths = node_paths(args)
+    if node_running(paths):  # it holds the store's lock for as long as it runs
+        raise store_in_use(paths, "check the store")
+    if not any(paths.store.iterdir()):  # made empty by node_paths
+        raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
+    return run_fsck(paths.store, args)
+
+
+def add_store_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fsck", help="check the node's store (CRCs, index, heads, depths)")
+    p.add_argument("--full", action="store_true", help="also re-hash every blob")
+    p.add_argument("--repair", action="store_true", help="truncate torn tails and rebuild the index")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fsck)
+
+
+# --- node (p2pnode serve / status; routing to a running node) ------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from p2pnode.node.daemon import DEFAULT_PORT, NodeConfig, serve
+    from sysio import eventloop
+
+    port = DEFAULT_PORT if args.port is None else args.port
+    config = NodeConfig(host=args.host, port=port, mdns=not args.no_mdns)
+    eventloop.run(serve(node_paths(args), config))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = via_node(node_paths(args), "status", {})
+    if status is None:
+        from p2pnode.node.status import offline_status
+
+        status = offline_status(node_paths(args))
+    for problem in node_paths(args).privacy_problems():
+        print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
+    if args.json:
+        print_json(status)
+        return 0
+    print_status(status)
+    return 0
+
+
+def add_node_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the node in the foreground: store service, peer server, mDNS")
+    p.add_argument("--port", type=int,
+                   help="HTTPS peer port (default 47470, or a free one if that is taken; 0 = any free port)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--no-mdns", action="store_true", help="neither announce nor browse on the LAN")
+    p.set_defaults(func=cmd_serve, default_log_level="INFO")
+    p = sub.add_parser("status", help="node id, addresses, port, peers online/offline, shares, transfers")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+
+# --- sessions (share / ls / show / cat / unshare) -------------------------------------------
+
+
+def pi_dirs(args: argparse.Namespace) -> Any:
+    """Pi's agent dir and session-dir override as this command sees them (its environment,
+    cwd and --session-dir): what counts, also when a running node does the work."""
+    import os
+
+    from p2pnode.paths import PiDirs
+
+    return PiDirs.resolve(os.getcwd(), args.session_dir)
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    import os
+
+    pi = pi_dirs(args)
+    payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
+               "cwd": os.getcwd(), "pi": pi.as_dict()}
+    result = via_node(node_paths(args), "share", payload)
+    if result is None:
+        with open_library(node_paths(args)) as lib:
+            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi).as_dict()
+    for warning in result.get("warnings", []):
+        print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
+    for notice in result.get("notices", []):
+        print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
+    ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
+    if args.json:
+        print_json(dict(result, ticket=ticket) if ticket else result)
+    else:
+        print(result["branch"])
+        if ticket:
+            print(ticket)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with open_library(node_paths(args)) as lib:
+        infos = lib.branches(include_unshared=args.all)
+    if args.json:
+        print_json([i.as_dict() for i in infos])
+        return 0
+    print_branches(infos)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_library(node_paths(args)) as lib:
+        info = lib.branch(args.branch)
+        sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
+        lineage = lib.lineage(info.branch)
+        children = lib.children(info.branch)
+    if args.json:
+        print_json({"branch": info.as_dict(), "sidecar": sidecar,
+                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children]})
+        return 0
+    print_show(info, sidecar, lineage, children)
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    with open_library(node_paths(args)) as lib:
+        info = lib.branch(args.branch)
+        data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
+    if args.json:
+        text = data.decode("utf-8", "replace")
+        print_json({"branch": info.branch, "src": info.src, "size": len(data),
+                    "lines": text.splitlines(keepends=True)})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_unshare(args: argparse.Namespace) -> int:
+    branch = args.branch
+    if via_node(node_paths(args), "unshare", {"branch": branch}) is None:
+        with open_library(node_paths(args)) as lib:
+            branch = lib.unshare(branch).branch
+    if args.json:
+        print_json({"branch": branch, "offered": False})
+    else:
+        print(f"unshared {branch}")
+    return 0
+
+
+def add_session_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("share", help="share a Pi session (and its fork lineage); prints the branch hash")
+    p.add_argument("session", nargs="?",
+                   help="session file, header id or id prefix (default: newest session of cwd)")
+    p.add_argument("--latest", action="store_true", help="the newest session of the current directory")
+    p.add_argument("--no-lineage", action="store_true",
+                   help="share without its parentSession (parent null; `show` says the lineage was cut)")
+    p.add_argument("--session-dir", help="Pi's --session-dir: sessions are flat in this dir (as for pi)")
+    p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
+    p.set_defaults(func=cmd_share)
+    p = sub.add_parser("ls", help="list shared branches")
+    p.add_argument("--all", action="store_true", help="also branches that were unshared")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ls)
+    for name, func, text in (
+        ("show", cmd_show, "a branch's sidecar, header and lineage tree"),
+        ("cat", cmd_cat, "print a branch's session file, verbatim and verified"),
+        ("unshare", cmd_unshare, "stop offering a branch to peers (its bytes stay)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("branch", help="branch hash, or a unique prefix of one (at least 4 hex digits)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+
+
+# --- peers (identity, trust, fetch, standalone peer server) ---------------------------------
+
+
+def _identity(args: argparse.Namespace) -> Any:
+    from p2pnode.peer.identity import load_or_create_identity
+
+    return load_or_create_identity(node_paths(args).identity)
+
+
+def _trust(args: argparse.Namespace) -> Any:
+    from p2pnode.peer.trust import TrustStore
+
+    return TrustStore(node_paths(args).trust)
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    ident = _identity(args)
+    if args.json:
+        print_json({"node_id": ident.node_id, "cert": str(ident.cert_path), "ca": str(ident.ca_path)})
+    else:
+        print(ident.node_id)
+    return 0
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    peer = _trust(args).trust(args.node_id, name=args.name)
+    print(f"trusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
+    return 0
+
+
+def cmd_untrust(args: argparse.Namespace) -> int:
+    peer = _trust(args).untrust(args.node_id)
+    print(f"untrusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from p2pnode.node.status import peers_view
+
+    # node's addition: a running node adds whom it sees on the LAN
+    peers = peers_view(_trust(args).peers(), via_node(node_paths(args), "status", {}))
+    if args.json:
+        print_json(peers)
+    else:
+        print_peers(peers)
+    return 0
+
+
+def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
+    """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
+    from p2pnode.peer import wire
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.identity import format_node_id
+
+    peers = [PeerAddress.parse(text) for text in args.peer or []]
+    if wire.is_ticket(args.target):
+        ticket = wire.decode_ticket(args.target)
+        node_id = format_node_id(ticket.node)
+        peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
+        return ticket.branch.hex(), peers
+    return wire.check_hex_hash(args.target.strip().lower(), "branch hash"), peers
+
+
+def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
+    from p2pnode.node.routing import fetch_here
+
+    bar = ProgressBar()
+    try:
+        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), bar)
+    finally:
+        bar.finish()
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    branch, peers = _fetch_target(args)
+    result = via_node(node_paths(args), "fetch", {"branch": branch, "peers": [str(p) for p in peers],
+                                      "pi": pi_dirs(args).as_dict()})
+    if result is None:
+        result = _fetch_here(args, branch, peers)
+    if args.json:
+        print_json(result)
+    else:
+        print_fetch(result)
+    if result["conflict"]:
+        print(f"p2pnode: {shown(result['conflict'])}", file=sys.stderr)
+        return 7  # errors.Conflict.exit_code
+    return 0
+
+
+def cmd_serve_peers(args: argparse.Namespace) -> int:
+    """The peer server alone (no store service, no mDNS): for tests and scripted setups."""
+    import asyncio
+    import signal
+
+    from p2pnode.library.api import Library
+    from p2pnode.node.control_client import node_running, store_in_use
+    from p2pnode.peer.provider import PeerServer
+
+    paths = node_paths(args)
+    if node_running(paths):
+        raise store_in_use(paths, "serve peers")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        with Library.open(paths) as lib:
+            server = PeerServer(lib, _identity(args), _trust(args))
+            await server.start(args.host, args.port)
+            print(f"listening on {args.host}:{server.port}", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await server.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def add_peer_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("id", help="print this node's id (made on first use)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_id)
+    p = sub.add_parser("trust", help="allow a peer (by node id) to fetch from and serve this node")
+    p.add_argument("node_id")
+    p.add_argument("--name", help="a name to show for the peer")
+    p.set_defaults(func=cmd_trust)
+    p = sub.add_parser("untrust", help="remove a peer from the allowlist; its connections are closed")
+    p.add_argument("node_id")
+    p.set_defaults(func=cmd_untrust)
+    p = sub.add_parser("peers", help="list trusted peers, and untrusted ones a running node sees")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_peers)
+    p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
+    p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+                   help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
+    p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fetch)
+    p = sub.add_parser("serve-peers", help="run only the HTTPS peer server (no mDNS, no store service)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    p.set_defaults(func=cmd_serve_peers)
+
+
+# --- parser -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="p2pnode", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
+    parser.add_argument("--home", help="node state directory (default: $P2PNODE_HOME or the user state dir)")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_store_commands(sub)
+    add_node_commands(sub)
+    add_session_commands(sub)
+    add_peer_commands(sub)
+    return parser
+
+
+DEBUG_ENV = "P2PNODE_DEBUG"
+"""Set to 1 to see the traceback of an unexpected error (the user sees one line otherwise)."""
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`: the reader went away
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; every failure is one line on stderr and an exit code (README.md)."""
+    args: argparse.Namespace | None = None
+    try:
+        args = build_parser().parse_args(argv)
+        level = args.log_level or getattr(args, "default_log_level", "WARNING")
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        return _stdout_gone()
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as exc:
+        error = _as_node_error(exc, args)
+        if os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        return _fail(str(error), error.exit_code)
+
+
+def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeError:
+    """The P2PNodeError (message and exit code) to report for any exception a command raised."""
+    from p2pnode.node.control_client import store_in_use
+    from store.errors import PayloadTooLarge, StoreLocked
+
+    if isinstance(exc, P2PNodeError):
+        return exc
+    if isinstance(exc, StoreLocked) and args is not None:
+        return store_in_use(node_paths(args), "open the store")
+    if isinstance(exc, PayloadTooLarge):
+        return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
+    if isinstance(exc, OSError):
+        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc)}"
+        if isinstance(exc, FileNotFoundError):
+            return NotFound(text)
+        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError):
+            return InvalidInput(text)  # a path given that cannot be used: another file, or not ours
+        return P2PNodeError(text)
+    hint = f" (run with {DEBUG_ENV}=1 for the traceback)" if os.environ.get(DEBUG_ENV) != "1" else ""
+    return P2PNodeError(f"unexpected error: {str(exc) or 'no details'}{hint}")
+
+
+def _os_error_subject(exc: OSError) -> str:
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return " -> ".join(names) or "(no file named)"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"p2pnode: {shown(message)}", file=sys.stderr)
+    return code
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`p2pnode ls | head`): stop quietly.  stdout is pointed at
+    /dev/null so that the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE

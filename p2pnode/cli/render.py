@@ -1,0 +1,134 @@
+"""What the CLI prints: JSON, the text views of status, peers, ls, show and fetch, the progress bar,
+and `shown`, the one escape for text that may come from a peer before it reaches a terminal.
+Nothing here decides anything; main.py parses and dispatches."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from p2pnode.library.api import BranchInfo
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def short(h: str | None) -> str:
+    return h[:16] if h else "-"
+
+
+def shown(text: object) -> str:
+    """Text that may come from a peer (titles, header fields, paths, reasons), safe to print
+    on a terminal: every non-printable character (C0, DEL, C1 such as U+009B, a terminal's
+    CSI, bidi controls) is written as a visible escape instead of reaching the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def one_line(text: str | None, width: int) -> str:
+    flat = shown(" ".join((text or "").split()))
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+class ProgressBar:
+    """A one-line bar on stderr for transfers over MIN_BYTES; silent when not on a terminal."""
+
+    MIN_BYTES = 4 << 20
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < self.MIN_BYTES:
+            return
+        filled = int(30 * done / total) if total else 30
+        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {100 * done // max(total, 1):3d}%"
+                         f" {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+        self.shown = True
+
+    def finish(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def print_status(status: dict[str, Any]) -> None:
+    print(f"node       {status['node_id'] or '(no identity yet)'}")
+    if status["running"]:
+        print(f"running    port {status['port']} on {', '.join(status['addresses'])}"
+              f"{'' if status['mdns'] else ' (mDNS off)'}")
+    else:
+        print("running    no (start it with `p2pnode serve`)")
+    print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
+    for b in status["shared"]:
+        print(f"  {b['branch'][:16]}  {b['size']:>10}  {one_line(b['title'], 90)}")
+    trusted = [p for p in status["peers"] if p["trusted"]]
+    print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
+          f"{len(status['peers']) - len(trusted)} untrusted seen")
+    for p in status["peers"]:
+        state = {True: "online", False: "offline", None: "unconfirmed"}[p["online"]]
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
+              f"  {p['name'] or ''}")
+    print(f"transfers  {len(status['transfers']) or 'none'}")
+    for t in status["transfers"]:
+        print(f"  {t['branch'][:16]}  {t['bytes_done']}/{t['bytes_total'] or '?'} bytes"
+              f"  from {', '.join(t['peers'])}")
+
+
+def print_branches(infos: list[BranchInfo]) -> None:
+    print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
+    for i in infos:
+        when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
+        mark = "" if i.offered else " (unshared)"
+        print(f"{short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {short(i.parent):16}  "
+              f"{one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+
+
+def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], children: list[BranchInfo]) -> None:
+    h = info.header
+    print(f"branch      {info.branch}")
+    print(f"sidecar     {sidecar}")
+    print(f"session     {info.src}  ({info.size} bytes, {info.lines} lines)")
+    print(f"title       {one_line(info.title, 90)}")
+    print(f"header      id {shown(h.get('id'))}  timestamp {shown(h.get('timestamp'))}")
+    print(f"            cwd {shown(h.get('cwd'))}")
+    if h.get("parent_session"):
+        print(f"            parentSession {shown(h.get('parent_session'))}")
+    if info.lineage_cut:
+        print(f"lineage cut shared with --no-lineage: parentSession {shown(info.lineage_cut)} "
+              "was not followed")
+    print(f"path        {shown(info.path or '-')}")
+    print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
+    print("lineage")
+    ancestors = list(reversed(lineage))
+    if ancestors[0].parent is not None:
+        print(f"  {short(ancestors[0].parent)}  (parent not held here)")
+    for depth, a in enumerate(ancestors):
+        here = "   <- this branch" if a.branch == info.branch else ""
+        print(f"  {'   ' * depth}{'└─ ' if depth else ''}{short(a.branch)}  {one_line(a.title, 50)}{here}")
+    for c in children:
+        print(f"  {'   ' * len(ancestors)}└─ {short(c.branch)}  {one_line(c.title, 50)}")
+
+
+def print_peers(peers: list[dict[str, Any]]) -> None:
+    for p in peers:
+        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
+            {True: "online", False: "offline", None: ""}[p["online"]]
+        print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
+
+
+def print_fetch(result: dict[str, Any]) -> None:
+    fetched = len(result["fetched"])
+    print(f"branch   {result['branch']}")
+    print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
+          f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
+    for where, why in result["dropped_peers"].items():
+        print(f"dropped  {shown(where)}: {shown(why)}")
+    if result["path"] and not result["conflict"]:
+        print(f"path     {shown(result['path'])}")
+        print(f"continue with:  pi --fork {shown(shlex.quote(result['path']))}")

@@ -1,0 +1,562 @@
+"""Session versions and branches as turn chains in the store, plus the node's sharing state.
+
+Over 400 lines on purpose: the importer (lines into turn chains) and SessionStore share the
+state file, its lock and the store's turns; apart they would pass that state back and forth.
+
+A version of a session file is a chain of turns, one per JSONL line, each holding the exact
+line bytes (newline included; the last line may lack one): the body lines in file order,
+then the header line on top.  The header goes last because it is the one line a fork
+never shares with its parent: a fork's copied lines are byte-identical to its parent's, so
+its chain forks from the parent's turn where the copy ends and adds only its new lines
+and header (and a grown version forks from the older version's last line the same way).
+A branch is one more turn on top holding the sidecar, so the sidecar is a blob reachable
+from a live head (the store's GC keeps it).
+
+The mapping from hashes to store heads lives in `sessions.json` (format in docs/FORMAT.md),
+replaced atomically after the store writes it refers to are durable: a crash in between
+leaves at most an unreferenced context, never a reference to a missing turn.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
+from p2pnode.pi.hashing import Prefix, Scan, Sink, new_hasher
+from p2pnode.pi.lines import LineSplitter, is_split
+from p2pnode.pi.session import (
+    HEADER_SCAN_BYTES,
+    InvalidHeader,
+    SessionHeader,
+    find_header,
+    is_header_candidate,
+    line_title,
+    parse_header,
+)
+from store.api import Store
+from store.errors import StoreError
+from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
+from sysio.files import atomic_write
+from sysio.locks import locked
+
+TAG_LINE = 0x5069_0001
+"""type_tag of a turn that holds one session line (0x5069 is "Pi": tags other store users
+are unlikely to pick, so a crash's leftovers can be told apart from their contexts)."""
+TAG_SIDECAR = 0x5069_0002
+"""type_tag of the turn on top of a version's header turn that holds a branch sidecar."""
+TAG_HEADER = 0x5069_0003
+"""type_tag of the turn that holds a version's header line, on top of its last body line."""
+OUR_TAGS = frozenset({TAG_LINE, TAG_SIDECAR, TAG_HEADER})
+BATCH_BYTES = 8 * 1024 * 1024
+BATCH_LINES = 4096
+JSON_CHECK_MAX = 4096
+"""Lines up to this size are JSON-parsed to warn about broken ones (like the glued lines of
+a half-copied file); longer ones only get a shape check ({...}): parsing every byte of a
+large session would cost more than storing it."""
+STATE_VERSION = 1
+
+
+class StateCorrupt(P2PNodeError):
+    """sessions.json cannot be read; it is left untouched for inspection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One stored version of a session file."""
+
+    src: str
+    session_id: str
+    header: dict[str, Any]
+    size: int
+    lines: int
+    last_line_start: int
+    context: int
+    head: int
+    """The header turn; store.chain(head) is the body lines in order, then the header."""
+    name: str | None
+    first_user: str | None
+
+    @property
+    def prefix(self) -> Prefix:
+        return Prefix(self.size, self.src, self.lines, self.last_line_start)
+
+    @property
+    def title(self) -> str | None:
+        return self.name or self.first_user
+
+
+@dataclass(frozen=True, slots=True)
+class BranchRecord:
+    branch: str
+    src: str
+    parent: str | None
+    context: int
+    head: int
+    """The sidecar turn (its parent is the version's header turn)."""
+    offered: bool
+    shared_at: int
+    """Unix milliseconds of the latest share (or fetch)."""
+    lineage_cut: str | None = None
+    """The header's parentSession that `share --no-lineage` did not follow (local only: the
+    sidecar says `parent: null` like any root's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    version: Version
+    warnings: list[str]
+    """Lines that are not JSON (they are stored verbatim all the same)."""
+    scan: Scan
+
+
+@dataclass
+class _State:
+    generation: int = 0
+    sessions: dict[str, Version] = field(default_factory=dict)
+    branches: dict[str, BranchRecord] = field(default_factory=dict)
+
+
+def _prefix_hash(lines: Sequence[bytes], size: int) -> str:
+    """BLAKE3 (hex) of the first `size` bytes of the concatenated lines."""
+    hasher = new_hasher()
+    for line in lines:
+        if size <= 0:
+            break
+        hasher.update(line[:size] if len(line) > size else line)
+        size -= len(line)
+    return hasher.hexdigest()
+
+
+def _lines_from(lines: Sequence[bytes], offset: int) -> Sequence[bytes]:
+    """The lines from byte `offset` on, which must be where a line starts."""
+    pos = 0
+    for i, line in enumerate(lines):
+        if pos >= offset:
+            return lines[i:]
+        pos += len(line)
+    if pos != offset:
+        raise ValueError(f"offset {offset} is not at a line start")
+    return lines[len(lines):]
+
+
+def _line_hash(line: bytes) -> bytes:
+    return blake3.blake3(line).digest()  # one thread: lines are small
+
+
+def _is_json(line: bytes) -> bool:
+    if not (line.startswith(b"{") and (line.endswith(b"}\n") or line.endswith(b"}"))):
+        return False
+    if len(line) > JSON_CHECK_MAX:
+        return True
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+class _Importer:
+    """A FileHasher sink that turns bytes (`feed`), or lines already cut (`feed_lines`), into
+    line turns.
+
+    Body lines that match a known version's body, in order from the first, reuse its turns
+    (a fork's copied lines); the rest are appended in batches; the header goes on top.
+    A line whose blob is in `stored` (as a peer sent it) is stored from that blob as it is,
+    not compressed again; the store decodes and re-hashes it against the line's own hash.
+    """
+
+    def __init__(self, store: Store, where: str, *, grown: Version | None = None,
+                 like: list[Turn] | None = None, check_json: bool = True,
+                 stored: Mapping[bytes, StoredBlob] | None = None) -> None:
+        self.store = store
+        self.where = where
+        self.check_json = check_json
+        self.stored = stored or {}
+        self.grown = grown
+        self.like = like or []
+        self.context = 0
+        self.head = 0
+        """The last body turn so far (0: none yet); after finish(), the header turn."""
+        self.header: bytes | None = None
+        """The first line, stored as the chain's top turn (normally Pi's header)."""
+        self.header_line: bytes | None = None
+        """The header as pi 1.5.2 finds it: the first JSON line within the first 1 MiB."""
+        self._offset = 0
+        self.lines_seen = 0
+        self.name: str | None = None
+        self.first_user: str | None = None
+        self.warnings: list[str] = []
+        self._matched = 0
+        self._matching = bool(self.like)
+        self._splitter = LineSplitter()
+        self._batch: list[TurnInput] = []
+        self._batch_bytes = 0
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import")
+        self._inflight: Future[None] | None = None
+
+    def begin(self, appended: bool) -> int:
+        base = self.grown
+        if not appended or base is None or base.last_line_start == 0:
+            self.grown = None
+            return 0
+        header_turn = self.store.get_turn(base.head)
+        self.header = self.store.get_blob(header_turn.payload_hash)
+        self.head = header_turn.parent_turn_id
+        partial = base.last_line_start < base.size
+        if partial:  # the old last line was incomplete: it is read again, whole
+            self.head = self.store.get_turn(self.head).parent_turn_id
+        self.lines_seen = base.lines - partial
+        self.name, self.first_user = base.name, base.first_user
+        self._offset = HEADER_SCAN_BYTES  # the header is the older version's
+        self._matching = False
+        return base.last_line_start
+
+    def feed_lines(self, lines: Sequence[bytes]) -> None:
+        for line in lines:
+            self._line(line)
+
+    def feed(self, data: memoryview) -> None:
+        # one copy of the chunk, then one per line (the turn's payload)
+        for line in self._splitter.feed(bytes(data)):
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        self.lines_seen += 1
+        if len(line) > (limit := self.store.config.max_payload):  # one line is one turn payload
+            raise InvalidInput(f"{self.where}: line {self.lines_seen} is {len(line)} bytes, over the store's "
+                               f"limit of {limit} bytes per line")
+        if self.header_line is None and self._offset < HEADER_SCAN_BYTES:
+            if is_header_candidate(line):
+                self.header_line = line
+            self._offset += len(line)
+        if self.check_json and not _is_json(line):
+            self.warnings.append(f"{self.where}: line {self.lines_seen} is not JSON (shared verbatim anyway)")
+        if b'"session_info"' in line or (self.first_user is None and b'"role":"user"' in line):
+            found = line_title(line)
+            if found and found[0] == "name":
+                self.name = found[1]
+            elif found and self.first_user is None:
+                self.first_user = found[1]
+        if self.header is None:
+            self.header = line
+            return
+        if self._matching:
+            known = self.like[self._matched] if self._matched < len(self.like) else None
+            if known is not None and known.payload_hash == _line_hash(line):
+                self.head = known.turn_id
+                self._matched += 1
+                return
+            self._matching = False
+        self._batch.append(TurnInput(line, TAG_LINE))
+        self._batch_bytes += len(line)
+        if self._batch_bytes >= BATCH_BYTES or len(self._batch) >= BATCH_LINES:
+            self._flush()
+
+    def _context(self) -> int:
+        if not self.context:
+            ctx = self.store.fork(self.head) if self.head else self.store.create_context()
+            self.context = ctx.context_id
+        return self.context
+
+    def _flush(self) -> None:
+        """Hand the batch to the worker, after the previous one: the store compresses and
+        syncs (without the GIL) while this thread reads and splits the next batch."""
+        if self._batch:
+            batch, self._batch, self._batch_bytes = self._batch, [], 0
+            self._wait()
+            self._inflight = self._worker.submit(self._append, batch)
+
+    def _append(self, batch: list[TurnInput]) -> None:
+        turns = self.store.append_turns(self._context(), self._from_stored(batch), expected_parent=self.head)
+        self.head = turns[-1].turn_id
+
+    def _from_stored(self, batch: list[TurnInput]) -> list[TurnInput | TurnBlobRef]:
+        """The batch with each line that has a stored blob turned into a reference to that
+        blob, after storing the blobs (one commit for all of them)."""
+        if not self.stored:
+            return list(batch)
+        turns: list[TurnInput | TurnBlobRef] = []
+        blobs: list[StoredBlob] = []
+        for turn in batch:
+            h = _line_hash(turn.payload)
+            blob = self.stored.get(h)
+            if blob is None:
+                turns.append(turn)
+            else:
+                blobs.append(blob)
+                turns.append(TurnBlobRef(h, turn.type_tag))
+        if blobs:
+            self.store.put_stored_blobs(blobs)
+        return turns
+
+    def _wait(self) -> None:
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            inflight.result()
+
+    def finish(self) -> None:
+        if (last := self._splitter.rest()) is not None:
+            self._line(last)
+        if self.header is None:
+            self._worker.shutdown()
+            raise InvalidInput(f"{self.where} is empty")
+        self._batch.append(TurnInput(self.header, TAG_HEADER))  # on top, in the last batch
+        self._flush()
+        self._wait()
+        self._worker.shutdown()
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self._wait()
+        self._worker.shutdown()
+        if self.context:
+            self.store.delete_context(self.context)
+
+
+def _stored_header(importer: _Importer, where: str) -> SessionHeader:
+    """The header of the bytes an import stored: the line pi 1.5.2 would take, or the older
+    version's when only new lines were read."""
+    if importer.header_line is not None:
+        return parse_header(importer.header_line.rstrip(b"\n"), where)
+    if importer.grown is not None:
+        return SessionHeader(**importer.grown.header)
+    raise InvalidHeader(f"{where}: no Pi session header in its first {HEADER_SCAN_BYTES} bytes")
+
+
+class SessionStore:
+    """Versions, branches and the catalog generation, over a Store and a state file."""
+
+    def __init__(self, store: Store, state_path: Path) -> None:
+        self.store = store
+        self.state_path = state_path
+        self._lock_path = state_path.with_name(state_path.name + ".lock")
+        self._state = self._load()
+        self._drop_leftovers()
+
+    def _drop_leftovers(self) -> None:
+        """Delete the contexts of imports and branches that a crash cut short: their heads are
+        our turns but the state file never named them.  (Their blobs become garbage for GC.)"""
+        referenced = {v.context for v in self._state.sessions.values()}
+        referenced |= {b.context for b in self._state.branches.values()}
+        for head in self.store.list_contexts():
+            if head.context_id in referenced or head.head_turn_id == 0:
+                continue
+            if self.store.get_turn(head.head_turn_id).type_tag in OUR_TAGS:
+                self.store.delete_context(head.context_id)
+
+    # --- state file ---
+
+    def _load(self) -> _State:
+        try:
+            raw = json.loads(self.state_path.read_bytes())
+        except FileNotFoundError:
+            return _State()
+        except ValueError as exc:
+            raise StateCorrupt(f"{self.state_path} is not valid JSON ({exc})") from None
+        try:
+            if raw["version"] != STATE_VERSION:
+                raise StateCorrupt(f"{self.state_path} has version {raw['version']}, not {STATE_VERSION}")
+            return _State(
+                generation=raw["generation"],
+                sessions={k: Version(**v) for k, v in raw["sessions"].items()},
+                branches={k: BranchRecord(**v) for k, v in raw["branches"].items()},
+            )
+        except (KeyError, TypeError) as exc:
+            raise StateCorrupt(f"{self.state_path} lacks or mistypes a field ({exc})") from None
+
+    def _save(self) -> None:
+        state = self._state
+        doc = {
+            "version": STATE_VERSION,
+            "generation": state.generation,
+            "sessions": {k: asdict(v) for k, v in state.sessions.items()},
+            "branches": {k: asdict(v) for k, v in state.branches.items()},
+        }
+        with locked(self._lock_path):
+            atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode())
+
+    # --- reads ---
+
+    @property
+    def generation(self) -> int:
+        return self._state.generation
+
+    def version(self, src: str) -> Version:
+        try:
+            return self._state.sessions[src]
+        except KeyError:
+            raise NotFound(f"session {src} is not in this node's store") from None
+
+    def has_version(self, src: str) -> bool:
+        return src in self._state.sessions
+
+    def branch(self, branch: str) -> BranchRecord:
+        try:
+            return self._state.branches[branch]
+        except KeyError:
+            raise NotFound(f"branch {branch} is not known to this node") from None
+
+    def branches(self) -> list[BranchRecord]:
+        return list(self._state.branches.values())
+
+    def versions_of(self, session_id: str) -> list[Version]:
+        return [v for v in self._state.sessions.values() if v.session_id == session_id]
+
+    def branches_of(self, src: str) -> list[BranchRecord]:
+        """The branches of one session version (one per parent it was shared with), newest first."""
+        found = [b for b in self._state.branches.values() if b.src == src]
+        return sorted(found, key=lambda b: b.shared_at, reverse=True)
+
+    def latest_version_of(self, session_id: str, max_size: int) -> Version | None:
+        """The largest stored version of a session id that could be a prefix of a file of max_size."""
+        candidates = [v for v in self._state.sessions.values()
+                      if v.session_id == session_id and v.size <= max_size]
+        return max(candidates, key=lambda v: v.size, default=None)
+
+    def body_turns(self, src: str) -> list[Turn]:
+        """The turns of a version's lines after the header, in file order."""
+        return self.store.chain(self.version(src).head)[:-1]
+
+    def line_hashes(self, src: str) -> list[bytes]:
+        """The BLAKE3 of each line of a version, in file order (the header first)."""
+        turns = self.store.chain(self.version(src).head)
+        return [turns[-1].payload_hash] + [t.payload_hash for t in turns[:-1]]
+
+    def session_bytes(self, src: str) -> bytes:
+        """The verbatim file, from the store, re-hashed to `src` before it is returned."""
+        try:
+            payloads = self.store.payloads(self.store.chain(self.version(src).head))
+        except StoreError as exc:  # a CRC or decompression failure in the pack
+            raise VerificationFailed(f"session {src} cannot be read back from the store: {exc}") from None
+        data = payloads[-1] + b"".join(payloads[:-1])
+        actual = new_hasher().update(data).hexdigest()
+        if actual != src:
+            raise VerificationFailed(f"session {src} reconstructed from the store hashes to {actual}")
+        return data
+
+    def sidecar_bytes(self, branch: str) -> bytes:
+        turn = self.store.get_turn(self.branch(branch).head)
+        return self.blob(turn.payload_hash, f"sidecar of branch {branch}")
+
+    def blob(self, h: bytes, what: str) -> bytes:
+        """A blob re-hashed to its name; a damaged or missing one is a VerificationFailed."""
+        try:
+            return self.store.get_blob(h, verify=True)
+        except StoreError as exc:
+            raise VerificationFailed(f"{what} {h.hex()} cannot be read back from the store: {exc}") from None
+
+    # --- writes ---
+
+    def import_file(
+        self, path: Path, scan: Callable[[Prefix | None, Sink], Scan], header: SessionHeader,
+        grown: Version | None, like_src: str | None,
+    ) -> ImportResult:
+        """Store a version of `path`.  `scan(prefix, sink)` hashes the file and feeds the sink.
+
+        `grown`: an older version the file may have grown from (checked by the scan);
+        `like_src`: a version whose lines the file may start with after its header (its parent).
+        """
+        like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
+        importer = _Importer(self.store, str(path), grown=grown, like=like)
+        try:
+            result = scan(grown.prefix if grown else None, importer)
+            importer.finish()
+        except BaseException:
+            importer.discard()
+            raise
+        prefix = result.prefix
+        if prefix.blake3 in self._state.sessions:  # the same bytes already held (e.g. a copy)
+            importer.discard()
+            return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result)
+        try:
+            header = _stored_header(importer, str(path))
+        except InvalidHeader:
+            importer.discard()
+            raise
+        version = self._add_version(prefix, header, importer)
+        return ImportResult(version, importer.warnings, result)
+
+    def import_lines(self, lines: Sequence[bytes], src: str, where: str, like_src: str | None,
+                     stored: Mapping[bytes, StoredBlob] | None = None) -> Version:
+        """Store a version from its lines, which the caller has verified hash to `src` (a
+        fetched session).  `stored`: blobs of some lines as a peer sent them, by hash.
+
+        If an older version of the same session is a prefix, only the new lines are added;
+        else lines that continue `like_src`'s (its parent's) reuse those turns.
+        """
+        if src in self._state.sessions:
+            return self._state.sessions[src]
+        if not lines:
+            raise InvalidInput(f"{where} is empty")
+        if not is_split(lines):
+            raise InvalidInput(f"{where}: the lines given are not the file cut at its newlines")
+        header = find_header(lines, where)
+        size = sum(map(len, lines))
+        grown = self.latest_version_of(header.id, size)
+        appended = grown is not None and _prefix_hash(lines, grown.size) == grown.src
+        like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
+        importer = _Importer(self.store, where, grown=grown, like=like, check_json=False,  # nobody to warn
+                             stored=stored)
+        try:
+            start = importer.begin(appended)
+            importer.feed_lines(_lines_from(lines, start))
+            importer.finish()
+        except BaseException:
+            importer.discard()
+            raise
+        last_line_start = size if lines[-1].endswith(b"\n") else size - len(lines[-1])
+        prefix = Prefix(size, src, importer.lines_seen, last_line_start)
+        return self._add_version(prefix, header, importer)
+
+    def _add_version(self, prefix: Prefix, header: SessionHeader, importer: _Importer) -> Version:
+        version = Version(
+            src=prefix.blake3, session_id=header.id, header=header.as_dict(), size=prefix.size,
+            lines=prefix.lines, last_line_start=prefix.last_line_start, context=importer.context,
+            head=importer.head, name=importer.name, first_user=importer.first_user,
+        )
+        self._state.sessions[version.src] = version
+        self._save()
+        return version
+
+    def add_branch(self, sidecar: bytes, branch: str, src: str, parent: str | None,
+                   lineage_cut: str | None = None) -> BranchRecord:
+        """Record (or re-offer) a branch whose version is stored; the sidecar bytes become a turn.
+        `lineage_cut`: the parentSession a `--no-lineage` share left out (kept once recorded)."""
+        now = int(time.time() * 1000)
+        existing = self._state.branches.get(branch)
+        if existing is not None:
+            cut = lineage_cut or existing.lineage_cut
+            if existing.offered:
+                record = replace(existing, shared_at=now, lineage_cut=cut)
+            else:
+                record = replace(existing, offered=True, shared_at=now, lineage_cut=cut)
+                self._state.generation += 1
+        else:
+            version = self.version(src)
+            ctx = version.context
+            if self.store.get_head(ctx).head_turn_id != version.head:  # the context already has a branch
+                ctx = self.store.fork(version.head).context_id
+            turn = self.store.append_turn(ctx, sidecar, type_tag=TAG_SIDECAR, expected_parent=version.head)
+            record = BranchRecord(branch, src, parent, ctx, turn.turn_id, True, now, lineage_cut)
+            self._state.generation += 1
+        self._state.branches[branch] = record
+        self._save()
+        return record
+
+    def set_offered(self, branch: str, offered: bool) -> BranchRecord:
+        record = self.branch(branch)
+        if record.offered != offered:
+            record = replace(record, offered=offered)
+            self._state.branches[branch] = record
+            self._state.generation += 1
+            self._save()
+        return record
+

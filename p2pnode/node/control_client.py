@@ -1,0 +1,150 @@
+"""The client side of the control channel to a running node: JSON over HTTP on a Unix socket.
+
+`p2pnode serve` listens on `<home>/control.sock` (mode 0600: only its owner may drive it);
+the CLI asks it to do what needs the store, which the running node holds locked.  This module
+uses the standard library only, so that a command that finds no node pays nothing for it.
+Endpoints and their bodies are listed in node/daemon.py.
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.errors import Conflict, P2PNodeError, PeerUnavailable
+from p2pnode.paths import NodePaths
+from sysio.sockets import listener_at
+
+if TYPE_CHECKING:
+    from p2pnode.library.api import BranchInfo
+
+CONTROL_SOCKET = "control.sock"
+CONTROL_TIMEOUT = 30.0
+FETCH_TIMEOUT = 3600.0
+READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes", "session_bytes"})
+"""Library methods `/v1/read` may call: read-only ones, for `ls`, `show` and `cat`."""
+
+
+def control_socket(paths: NodePaths) -> Path:
+    return paths.home / CONTROL_SOCKET
+
+
+class NodeError(P2PNodeError):
+    """An error the running node reported; carries the node's exit code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.path))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def socket_answers(path: Path) -> bool:
+    """A yes or no for the CLI: a socket that cannot be probed counts as no node."""
+    try:
+        return listener_at(path)
+    except OSError:
+        return False
+
+
+def node_running(paths: NodePaths) -> bool:
+    return socket_answers(control_socket(paths))
+
+
+def call_node(paths: NodePaths, op: str, payload: dict[str, Any] | None = None,
+              timeout: float = CONTROL_TIMEOUT) -> dict[str, Any] | None:
+    """Ask the running node to do op; None when no node runs for these paths."""
+    path = control_socket(paths)
+    if not path.exists():
+        return None
+    conn = _UnixHTTPConnection(path, timeout)
+    try:
+        conn.request("POST", f"/v1/{op}", body=json.dumps(payload or {}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = json.loads(resp.read() or b"{}")
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None  # a socket file left by a killed node: nobody is listening
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise PeerUnavailable(f"the running node at {path} did not answer {op}: {exc}") from exc
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
+    return data
+
+
+def store_in_use(paths: NodePaths, doing: str) -> Conflict:
+    """The error for a node home whose store another process holds: it names the home and,
+    when that process is a running node, the node and its port."""
+    try:
+        status = call_node(paths, "status", timeout=5.0)
+    except P2PNodeError:
+        status = None
+    if status:
+        return Conflict(f"could not {doing}: {paths.home} is in use by the running node {status['node_id']} "
+                        f"(peer port {status['port']}); stop that node first, or use another --home")
+    return Conflict(f"could not {doing}: {paths.home} is in use by another p2pnode process (a node, "
+                    f"`serve-peers`, or a share or fetch still running); wait for it or stop it")
+
+
+class NodeLibrary:
+    """The running node's library, read-only: what `ls`, `show` and `cat` need while the node
+    holds the store (the same methods and return types as Library's)."""
+
+    def __init__(self, paths: NodePaths):
+        self.paths = paths
+
+    def __enter__(self) -> NodeLibrary:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def _call(self, call: str, *args: Any) -> Any:
+        reply = call_node(self.paths, "read", {"call": call, "args": list(args)})
+        if reply is None:
+            raise PeerUnavailable(f"the node for {self.paths.home} stopped while answering {call}")
+        return base64.b64decode(reply["b64"]) if "b64" in reply else reply["value"]
+
+    def _infos(self, call: str, *args: Any) -> list[BranchInfo]:
+        from p2pnode.library.api import BranchInfo
+
+        return [BranchInfo(**d) for d in self._call(call, *args)]
+
+    def branches(self, include_unshared: bool = False) -> list[BranchInfo]:
+        return self._infos("branches", include_unshared)
+
+    def branch(self, branch_hex: str) -> BranchInfo:
+        from p2pnode.library.api import BranchInfo
+
+        return BranchInfo(**self._call("branch", branch_hex))
+
+    def lineage(self, branch_hex: str) -> list[BranchInfo]:
+        return self._infos("lineage", branch_hex)
+
+    def children(self, branch_hex: str) -> list[BranchInfo]:
+        return self._infos("children", branch_hex)
+
+    def sidecar_bytes(self, branch_hex: str) -> bytes:
+        return bytes(self._call("sidecar_bytes", branch_hex))
+
+    def session_bytes(self, src_hex: str) -> bytes:
+        return bytes(self._call("session_bytes", src_hex))

@@ -1,0 +1,393 @@
+"""The always-on node behind `p2pnode serve`, with the server side of its control channel.
+
+One process owns the node's state while it runs (the store lock): it opens the session
+library, serves the store on its Unix socket, serves peers over HTTPS (mutual TLS), announces
+itself and its branches over mDNS and browses for peers.  mDNS only says who claims to be
+there; a trusted peer counts as online when it answered over HTTPS within the last probe
+(every LIVENESS_INTERVAL s, so a peer that vanished without a goodbye is noticed within
+LIVENESS_INTERVAL + LIVENESS_TIMEOUT s).
+
+The CLI's `share`, `unshare`, `fetch`, `status`, `peers`, `ls`, `show` and `cat` go through
+the running node when there is one (node/control_client.py: JSON over HTTP on
+`<home>/control.sock`, mode 0600) and act on their own when there is not (a one-shot fetch
+browses mDNS itself with `discovery.lan_peers`).  Control endpoints (all POST, JSON in and
+out; errors carry the CLI exit code):
+    /v1/status {}                                     -> await Node.status()
+    /v1/share {"target", "latest", "no_lineage", "cwd", "pi"} -> ShareResult.as_dict()
+    /v1/unshare {"branch"}                            -> {"branch"}
+    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
+`pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
+environment and --session-dir count, not the node's (without it: the node's).
+    /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
+                                                     (control.NodeLibrary: `ls`, `show`, `cat`)
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
+from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
+from p2pnode.library.api import Library
+from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
+from p2pnode.node.status import build_status, trusted_peer
+from p2pnode.paths import NodePaths, PiDirs
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import fetch_branch, get_catalog
+from p2pnode.peer.identity import load_or_create_identity, parse_node_id
+from p2pnode.peer.provider import PeerServer
+from p2pnode.peer.trust import TrustStore
+from p2pnode.peer.wire import DEFAULT_LIMITS
+from store.service.server import StoreServer
+
+log = logging.getLogger("p2pnode.node")
+
+DEFAULT_PORT = 47470
+LIVENESS_INTERVAL = 5.0
+LIVENESS_TIMEOUT = 4.0
+HOLDER_QUERY_SECONDS = 2.0
+CONTROL_MAX_BODY = 1 << 20
+"""Largest control request body (bytes); more is answered 413.  Real ones are under 1 KiB."""
+FETCH_LIMITS = dataclasses.replace(DEFAULT_LIMITS, slow_reader_timeout=8.0)
+"""A holder whose link stalls this long is left for the next one (a LAN peer is near or gone)."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT        # 0: any free port; the default falls back to a free one if taken
+    mdns: bool = True
+    agent_dir: Path | None = None
+
+
+# --- the node --------------------------------------------------------------------------------
+
+
+class Node:
+    def __init__(self, paths: NodePaths, config: NodeConfig = NodeConfig()):
+        self.paths = paths.ensure()
+        self.config = config
+        self.port = 0
+        self.transfers: dict[str, dict[str, Any]] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._announce_lock = asyncio.Lock()
+        self.discovery: Discovery | None = None
+
+    async def start(self) -> None:
+        """Bring every part up; on failure, close what was started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
+        if socket_answers(control_socket(self.paths)):  # before waiting on the store's lock
+            raise await asyncio.to_thread(store_in_use, self.paths, "start a node")
+        self.identity = load_or_create_identity(self.paths.identity)
+        self.trust = TrustStore(self.paths.trust)
+        self.lib = await asyncio.to_thread(Library.open, self.paths, self.config.agent_dir)
+        self._stack.callback(self.lib.close)
+        store_server = StoreServer(self.lib.store, str(self.paths.store_socket))
+        await store_server.start()
+        self._stack.push_async_callback(store_server.close)
+        peers = await self._listen()
+        self._stack.push_async_callback(peers.close)
+        self.port = peers.port
+        await self._start_control()
+        if self.config.mdns:
+            self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event)
+            await self.discovery.start()
+            self._stack.push_async_callback(self.discovery.close)  # closes first: the goodbye
+            await self.announce()
+            self._tasks.append(asyncio.ensure_future(self._liveness()))
+        log.info("node %s serving on port %d (store %s)", self.identity.node_id, self.port,
+                 self.paths.store_socket)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self._stack.aclose()
+
+    async def _listen(self) -> PeerServer:
+        """The peer server on the configured port; a taken default port falls back to a free one."""
+        host, port = self.config.host, self.config.port
+        while True:
+            server = PeerServer(self.lib, self.identity, self.trust, DEFAULT_LIMITS)
+            try:
+                await server.start(host, port)
+                return server
+            except OSError as exc:
+                await server.close()
+                if exc.errno != errno.EADDRINUSE or port != DEFAULT_PORT:
+                    why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # no asyncio tuple
+                    raise P2PNodeError(f"cannot listen on {host}:{port}: {why}") from exc
+                log.warning("port %d is taken; listening on a free port instead", DEFAULT_PORT)
+                port = 0
+
+    async def _start_control(self) -> None:
+        path = control_socket(self.paths)
+        path.unlink(missing_ok=True)  # left by a node that was killed (a live one was refused)
+        app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
+        routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
+            "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
+            "fetch": self._c_fetch, "read": self._c_read}
+        for name, fn in routes.items():
+            app.router.add_post(f"/v1/{name}", _json_handler(fn))
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
+        await runner.setup()
+        self._stack.push_async_callback(runner.cleanup)
+        self._stack.callback(lambda: path.unlink(missing_ok=True))
+        old = os.umask(0o177)  # the socket is born 0600: nobody else may drive this node
+        try:
+            await web.UnixSite(runner, str(path)).start()
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+    # -- mDNS and liveness ------------------------------------------------------------------
+
+    async def announce(self) -> None:
+        """(Re-)announce the catalog: generation and the most recently shared branches first."""
+        if self.discovery is None:
+            return
+        async with self._announce_lock:
+            catalog = await asyncio.to_thread(self.lib.catalog)
+            offered = await asyncio.to_thread(self.lib.branches)
+            recent = [b.branch for b in sorted(offered, key=lambda b: b.shared_at or 0, reverse=True)]
+            await self.discovery.announce(self.port, catalog.generation, recent)
+
+    def is_trusted(self, node_id: str) -> bool:
+        try:
+            return self.trust.is_trusted(parse_node_id(node_id))
+        except InvalidInput:
+            return False
+
+    def _peer_event(self, what: str, peer: Peer) -> None:
+        if what == "seen" and not self.is_trusted(peer.node_id):
+            log.info("peer %s is not trusted: listed, never fetched from or served "
+                     "(`p2pnode trust %s` to allow it)", peer.node_id, peer.node_id)
+
+    async def _liveness(self) -> None:
+        while True:
+            await asyncio.to_thread(self.trust.reload_if_changed)
+            assert self.discovery is not None
+            trusted = [p for p in self.discovery.peers.values() if self.is_trusted(p.node_id)]
+            await asyncio.gather(*(self._probe(p) for p in trusted))
+            await asyncio.sleep(LIVENESS_INTERVAL)
+
+    async def _probe(self, peer: Peer) -> None:
+        """Ask a trusted peer for its catalog over HTTPS at each of its addresses; an answer at
+        any of them, not mDNS, is liveness."""
+        async def ask(address: PeerAddress) -> None:
+            await asyncio.wait_for(get_catalog(address, self.identity, self.trust), LIVENESS_TIMEOUT)
+
+        outcomes = await asyncio.gather(*(ask(a) for a in self._addresses(peer)), return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        ok = len(failures) < len(outcomes)
+        why = "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in failures)
+        was = peer.online
+        peer.online = ok
+        if ok and was is not True:
+            log.info("peer online id=%s addr=%s port=%d", peer.node_id, ",".join(peer.addresses), peer.port)
+        elif not ok and was is not False:
+            log.info("peer %s id=%s (no answer over HTTPS: %s)", "lost" if was else "unreachable",
+                     peer.node_id, why)
+
+    @staticmethod
+    def _addresses(peer: Peer) -> list[PeerAddress]:
+        return [PeerAddress(peer.node_id, host, peer.port) for host in peer.addresses]
+
+    async def holders(self, branch_hex: str) -> list[PeerAddress]:
+        """Trusted peers to fetch branch_hex from: announced holders first, then other online peers."""
+        if self.discovery is None:
+            return []
+        found = await self.discovery.find_holders(branch_hex, HOLDER_QUERY_SECONDS)
+        refused = [p.node_id for p in found if not self.is_trusted(p.node_id)]
+        if refused:
+            log.info("fetch %s: not asking untrusted holders %s", branch_hex[:16], ", ".join(refused))
+        holders = [p for p in found if self.is_trusted(p.node_id)]
+        ids = {p.node_id for p in holders}
+        others = [p for p in self.discovery.peers.values()
+                  if p.node_id not in ids and p.online and self.is_trusted(p.node_id)]
+        # holders that failed the last probe go last: the fetch then says why they failed
+        ordered = sorted(holders, key=lambda p: p.online is False) + others
+        return [address for p in ordered for address in self._addresses(p)]
+
+    # -- what the CLI asks for --------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        catalog, branches = await asyncio.to_thread(lambda: (self.lib.catalog(), self.lib.branches()))
+        peers = list(self.discovery.peers.values()) if self.discovery else []
+        seen = {p.node_id for p in peers}
+        listed = [dict(p.as_dict(), trusted=True) if self.is_trusted(p.node_id)
+                  else dict(p.as_dict(), trusted=False, online=None) for p in peers]
+        listed += [trusted_peer(t, False) for t in self.trust.peers() if t.node_id not in seen]
+        names = {t.node_id: t.name for t in self.trust.peers()}
+        for entry in listed:
+            entry.setdefault("name", names.get(str(entry["node_id"])))
+        return build_status(node_id=self.identity.node_id, running=True, home=str(self.paths.home),
+                            catalog=catalog, branches=branches,
+                            peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
+                            addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
+                            transfers=list(self.transfers.values()))
+
+    async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
+        call, args = _field(body, "call", str), _field(body, "args", list) or []
+        if call not in READ_CALLS:
+            raise InvalidInput(f"control: {call!r} is not a read-only library call")
+        if not all(isinstance(a, str | bool) for a in args):
+            raise InvalidInput("control: read arguments must be strings or booleans")
+        value = await asyncio.to_thread(getattr(self.lib, str(call)), *args)
+        if isinstance(value, bytes):
+            return {"b64": base64.b64encode(value).decode()}
+        if isinstance(value, list):
+            return {"value": [v.as_dict() for v in value]}
+        return {"value": value.as_dict()}
+
+    async def _c_status(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.status()
+
+    async def _c_share(self, body: dict[str, Any]) -> dict[str, Any]:
+        cwd, target = _field(body, "cwd", str) or None, _field(body, "target", str) or None
+        if cwd and target and not os.path.isabs(target) and (Path(cwd) / target).exists():
+            target = str(Path(cwd) / target)  # a path relative to the caller, not to the node
+        result = await asyncio.to_thread(self.lib.share, target, latest=bool(_field(body, "latest", bool)),
+                                         no_lineage=bool(_field(body, "no_lineage", bool)), cwd=cwd,
+                                         pi=_pi_dirs(body))
+        log.info("shared %s (%s)", result.branch, result.path)
+        await self.announce()
+        return result.as_dict()
+
+    async def _c_unshare(self, body: dict[str, Any]) -> dict[str, Any]:
+        branch = _field(body, "branch", str) or ""
+        await asyncio.to_thread(self.lib.unshare, branch)
+        log.info("unshared %s", branch)
+        await self.announce()
+        return {"branch": branch}
+
+    async def _c_fetch(self, body: dict[str, Any]) -> dict[str, Any]:
+        branch = _field(body, "branch", str) or ""
+        peers = [PeerAddress.parse(text) for text in _field(body, "peers", list, str) or []]
+        peers = peers or await self.holders(branch)
+        if not peers:
+            raise PeerUnavailable(f"branch {branch}: no trusted peer on the LAN offers it")
+        progress = {"branch": branch, "peers": [str(p) for p in peers], "started": time.time(),
+                    "bytes_done": 0, "bytes_total": None}
+        self.transfers[branch] = progress
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(bytes_done=done, bytes_total=total)
+
+        pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
+        try:
+            async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
+                result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
+                                            agent_dir=pi.agent, progress=on_progress,
+                                            limits=FETCH_LIMITS, session_dir=pi.sessions)
+        except TimeoutError:
+            raise PeerUnavailable(f"fetch {branch}: not done after {FETCH_LIMITS.fetch_timeout:g} s; "
+                                  "given up") from None
+        except P2PNodeError as exc:
+            log.info("fetch %s refused or failed: %s", branch, exc)
+            raise
+        finally:
+            self.transfers.pop(branch, None)
+        log.info("fetched %s", branch)
+        await self.announce()
+        return result.as_dict()
+
+
+# --- the control channel (JSON over HTTP on a Unix socket) ------------------------------------
+
+
+def _pi_dirs(body: dict[str, Any]) -> PiDirs | None:
+    """The caller's Pi dirs from a control request (None: it sent none, the node's count)."""
+    pi = body.get("pi")
+    if pi is None:
+        return None
+    try:
+        return PiDirs.from_dict(pi if isinstance(pi, dict) else {})
+    except ValueError as exc:
+        raise InvalidInput(f"control request: pi: {exc}") from None
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure goes back as JSON with the CLI exit code, so the caller can report it."""
+    try:
+        return await handler(request)
+    except P2PNodeError as exc:
+        return web.json_response({"error": type(exc).__name__, "message": str(exc),
+                                  "exit_code": exc.exit_code}, status=400)
+    except web.HTTPRequestEntityTooLarge:
+        return web.json_response({"error": "RequestTooLarge", "exit_code": InvalidInput.exit_code,
+                                  "message": f"control request over {CONTROL_MAX_BODY} bytes"}, status=413)
+    except Exception as exc:  # a bug or a store error: logged here, reported there
+        log.exception("control %s failed", request.path)
+        return web.json_response({"error": type(exc).__name__, "exit_code": 1, "message":
+                                  f"the node failed: {exc or 'no details'} (its log has the traceback)"},
+                                 status=500)
+
+
+def _json_handler(fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInput(f"control request is not JSON: {type(exc).__name__}") from None
+        if not isinstance(body, dict):
+            raise InvalidInput("control request must be a JSON object")
+        return web.json_response(await fn(body))
+
+    return handle
+
+
+def _field(body: dict[str, Any], key: str, kind: type, items: type | None = None) -> Any:
+    """body[key] if it is a `kind` (a list: of `items`), or None if absent; any other type is
+    InvalidInput, answered 400 (never a 500 from deeper down)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    wrong = not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))
+    if wrong or (items is not None and not all(isinstance(v, items) for v in value)):
+        what = f"a list of {items.__name__}" if items else f"a {kind.__name__}"
+        raise InvalidInput(f"control: {key!r} must be {what}, not {json.dumps(value)[:40]}")
+    return value
+
+
+# --- `p2pnode serve` ----------------------------------------------------------------------------
+
+
+async def serve(paths: NodePaths, config: NodeConfig) -> None:
+    """Run a node until SIGTERM or SIGINT, then say goodbye on mDNS and stop cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node = Node(paths, config)
+    await node.start()
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await node.close()

@@ -1,0 +1,65 @@
+"""Where a command runs: the running node owns the store while it runs, so a command that
+writes asks it (via_node) and one that reads goes through it (open_library); with no node the
+command acts on the store itself (a fetch with no node: fetch_here).  Used by the CLI, which
+only parses and prints."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
+from p2pnode.paths import NodePaths, PiDirs
+
+if TYPE_CHECKING:
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.get import Progress
+    from p2pnode.peer.identity import Identity
+    from p2pnode.peer.trust import TrustStore
+
+
+def via_node(paths: NodePaths, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Have the running node do `op` (it owns the store while it runs); None: no node, act here."""
+    return call_node(paths, op, payload, timeout=FETCH_TIMEOUT if op == "fetch" else 30.0)
+
+
+def open_library(paths: NodePaths) -> Any:
+    """The session library: the running node's (read-only) if there is one, else the store itself."""
+    from p2pnode.library.api import Library
+
+    if node_running(paths):  # the running node holds the store: read through it
+        return NodeLibrary(paths)
+    return Library.open(paths)  # held by another process: StoreLocked, reported by main
+
+
+def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
+    """A ticket for `branch_hex` if this node has an identity and a running node with known
+    addresses (`share` prints it); None otherwise."""
+    from p2pnode.peer import wire
+    from p2pnode.peer.identity import has_identity, load_identity
+
+    if not has_identity(paths.identity):
+        return None
+    status = call_node(paths, "status", {}, timeout=5.0) or {}
+    port = status.get("port")
+    addresses = [(a, port) for a in status.get("addresses", []) if a not in ("0.0.0.0", "::")] if port else []
+    if not addresses:
+        return None
+    ident = load_identity(paths.identity)
+    return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+
+
+def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDirs, identity: Identity,
+               trust: TrustStore, progress: Progress) -> dict[str, Any]:
+    """A one-shot fetch with no node running: the peers given, else the trusted holders found
+    on the LAN; the store is opened only for each local step (OpenPerUse), never while a peer
+    is awaited."""
+    import asyncio
+
+    from p2pnode.discovery.mdns import lan_peers
+    from p2pnode.peer.get import OpenPerUse, fetch_branch
+    from p2pnode.peer.identity import parse_node_id
+
+    if not peers:
+        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
+    result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, identity, trust,
+                                      agent_dir=pi.agent, progress=progress, session_dir=pi.sessions))
+    return result.as_dict()

@@ -1,0 +1,65 @@
+"""The `status` JSON, built in one place: by the running node (`/v1/status`) and by the CLI
+when no node runs (offline: no addresses, no transfers, trusted peers not confirmed); and the
+`peers` view made from it."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.paths import NodePaths
+
+if TYPE_CHECKING:
+    from p2pnode.library.api import BranchInfo, Catalog
+    from p2pnode.peer.trust import TrustedPeer
+
+
+def trusted_peer(peer: TrustedPeer, online: bool | None) -> dict[str, Any]:
+    """A trusted peer as status lists it when discovery has not seen it."""
+    return {"node_id": peer.node_id, "name": peer.name, "trusted": True, "online": online,
+            "addresses": [], "port": None}
+
+
+def build_status(*, node_id: str | None, running: bool, home: str, catalog: Catalog,
+                 branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
+                 addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
+                 transfers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "node_id": node_id,
+        "running": running,
+        "addresses": addresses or [],
+        "port": port,
+        "home": home,
+        "mdns": mdns,
+        "catalog_generation": catalog.generation,
+        "shared": [{"branch": b.branch, "title": b.title, "size": b.size} for b in branches],
+        "peers": peers,
+        "transfers": transfers or [],
+    }
+
+
+def offline_status(paths: NodePaths) -> dict[str, Any]:
+    """What `status` can say with no node running: identity, shared branches, trusted peers."""
+    from p2pnode.library.api import Library
+    from p2pnode.peer.identity import has_identity, load_identity
+    from p2pnode.peer.trust import TrustStore
+
+    node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
+    with Library.open(paths) as lib:
+        catalog, branches = lib.catalog(), lib.branches()
+    peers = [trusted_peer(t, None) for t in TrustStore(paths.trust).peers()]
+    return build_status(node_id=node_id, running=False, home=str(paths.home), catalog=catalog,
+                        branches=branches, peers=peers)
+
+
+def peers_view(trusted: Iterable[TrustedPeer], status: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """`p2pnode peers`: the trusted peers, with where and whether a running node (its status,
+    None if none runs) sees them, then the untrusted nodes it sees."""
+    peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None) for p in trusted]
+    if status:
+        seen = {p["node_id"]: p for p in status["peers"]}
+        for p in peers:
+            if (s := seen.pop(p["id"], None)) is not None:
+                p.update(addresses=s["addresses"], port=s["port"], online=s["online"])
+        peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
+                   "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
+    return peers

@@ -1,0 +1,103 @@
+"""One peer for the duration of a fetch: its HTTPS session (mutual TLS, pinned), requests that
+never follow redirects, bounded response bodies, the small GETs of the peer protocol, and the
+peer's standing (bytes received, why it was dropped).  Which peer to ask next is the
+downloader's business."""
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from p2pnode.errors import P2PNodeError, PeerUnavailable, Refused
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.identity import Identity, parse_node_id
+from p2pnode.peer.tls import client_context
+from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef
+from p2pnode.pi.sidecar import InvalidSidecar, Sidecar, parse_sidecar
+
+
+class NotOffered(Exception):
+    """The peer answered 404: it does not offer this object (or does not exist, same answer)."""
+
+
+class PeerLink:
+    """One peer for the duration of a fetch: its HTTPS session and its standing."""
+
+    def __init__(self, addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits) -> None:
+        self.addr = addr
+        self.limits = limits
+        expected = parse_node_id(addr.node_id) if addr.node_id else None
+        host = f"[{addr.host}]" if ":" in addr.host else addr.host
+        self.base = f"https://{host}:{addr.port}"
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, self._accepted),
+                                           limit=4),
+            timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
+                                          sock_connect=limits.connect_timeout,
+                                          sock_read=limits.slow_reader_timeout),
+            auto_decompress=False,
+        )
+        self.dropped: str | None = None
+        """Why this peer was given up for this fetch (None: still in use)."""
+        self.failure: type[P2PNodeError] = PeerUnavailable
+        """What giving it up means: VerificationFailed (it lied), Refused (TLS/trust), PeerUnavailable."""
+        self.network_errors = 0
+        self.closed_after_handshake = 0
+        """Network errors that were the peer hanging up on a TLS session we had accepted."""
+        self.accepted: bytes | None = None
+        """The fingerprint of the last server this side accepted in a handshake (tls.client_context)."""
+        self.bytes_received = 0
+
+    def _accepted(self, fingerprint: bytes) -> None:
+        self.accepted = fingerprint
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """Every request to a peer: redirects are never followed (a 3xx could lead past the
+        TLS pin, to plain http or to another host); `_check` refuses them."""
+        return self.session.request(method, self.base + path, allow_redirects=False, **kw)
+
+    def _check(self, resp: aiohttp.ClientResponse, what: str) -> None:
+        if 300 <= resp.status < 400:
+            raise wire.WireError(f"peer {self.addr} answered {resp.status} (a redirect) for {what}; "
+                                 "peers must not redirect")
+        if resp.status == 404:
+            raise NotOffered(what)
+        if resp.status == 403:
+            raise Refused(f"peer {self.addr} refused the request for {what} (403)")
+        if resp.status not in (200, 206):
+            raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                              message=f"unexpected status for {what}")
+
+    async def get_small(self, path: str, limit: int, what: str,
+                        too_big: type[P2PNodeError] = wire.WireError) -> bytes:
+        """A whole response body of at most `limit` bytes (larger is refused with `too_big`)."""
+        async with self.request("GET", path) as resp:
+            self._check(resp, what)
+            if (resp.content_length or 0) > limit:
+                raise too_big(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
+            body = bytearray()
+            async for chunk in resp.content.iter_any():
+                body += chunk
+                self.bytes_received += len(chunk)
+                if len(body) > limit:
+                    raise too_big(f"{what}: peer sent more than the limit of {limit} bytes")
+            return bytes(body)
+
+    async def sidecar(self, branch: str) -> tuple[bytes, Sidecar]:
+        raw = await self.get_small(wire.PATH_OBJECT.format(hash=branch), self.limits.max_sidecar,
+                                   f"sidecar {branch}", InvalidSidecar)
+        return raw, parse_sidecar(raw, branch)
+
+    async def line_manifest(self, src: str) -> list[LineRef]:
+        limit = wire.LINE_MANIFEST_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
+        body = await self.get_small(wire.PATH_LINES.format(src=src), limit, f"line manifest of {src}")
+        return wire.decode_line_manifest(body, bytes.fromhex(src), self.limits)
+
+    async def catalog(self) -> wire.CatalogMessage:
+        body = await self.get_small(wire.PATH_CATALOG, self.limits.max_catalog_bytes, "catalog")
+        return wire.decode_catalog(body, self.limits)

@@ -1,0 +1,502 @@
+"""The peer server: serves this node's offered branches to trusted peers over mutual TLS.
+
+Over 400 lines on purpose: the server's bounds (handshake gate, head deadlines, per-peer
+limits) are part of serving each request and are tested together with it.
+
+Entry point for the LAN node and the tests:
+
+    server = PeerServer(lib, identity, trust, limits)   # lib: a ServedLibrary (peer/interfaces.py)
+    await server.start(host, port)                       # port 0 picks one; see server.port
+    ...
+    await server.close()
+
+What is served is decided by `lib.offered_object(hash)`: only sidecars, sessions and line
+blobs reachable from offered (shared, not unshared) branches.  Anything else, even a hash
+the store holds, and any malformed hash, gets exactly the answer a hash that does not exist
+gets (404, same body).  Per peer: at most `limits.max_concurrent_requests` requests at once
+(more get 429), `limits.max_connections_per_peer` connections, request bodies up to
+`limits.max_batch_request` bytes, and a peer that stops reading for
+`limits.slow_reader_timeout` seconds is disconnected.  Before trust is known: pending TLS
+handshakes are bounded per source and in all, each with a deadline (_HandshakeGate); after
+it, a request head and a body each have `limits.request_timeout` (_HeadDeadline, slowloris),
+and every answer waits for the socket before the next pipelined request is served.  Untrusting a peer aborts
+its open connections at once; the trust file is re-read about every second so that
+`p2pnode untrust` from another process takes effect too.
+
+Library calls run on a few worker threads: they may block on the store, and the event loop
+must keep serving other peers meanwhile.  A batch response is streamed in groups of about
+GROUP_BYTES of stored bytes; the next group is read from the store while the previous one
+is written to the peer.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aiohttp import web, web_protocol
+
+from p2pnode.library.api import BranchInfo
+from p2pnode.peer import wire
+from p2pnode.peer.identity import Identity, format_node_id
+from p2pnode.peer.interfaces import ServedLibrary
+from p2pnode.peer.tls import peer_fingerprint, server_context
+from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.sidecar import is_hash_hex
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHUNK = 1 << 20
+GROUP_BYTES = 1 << 20
+"""Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
+WORKERS = 4
+TRUST_POLL_SECONDS = 1.0
+NOT_FOUND_BODY = b"not found\n"
+
+
+def _not_found() -> web.Response:
+    return web.Response(status=404, body=NOT_FOUND_BODY, content_type="text/plain")
+
+
+class PeerServer:
+    def __init__(self, lib: ServedLibrary, identity: Identity, trust: TrustStore,
+                 limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+        self.lib = lib
+        self.identity = identity
+        self.trust = trust
+        self.limits = limits
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="peer-lib")
+        self._active: dict[bytes, int] = defaultdict(int)
+        self._transports: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
+        self._poller: asyncio.Task[None] | None = None
+        self._session_cache: tuple[str, bytes] | None = None
+        self._session_lock = threading.Lock()
+        self._head_timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
+        self._busy: set[asyncio.BaseTransport] = set()
+        """Connections whose request head arrived and whose handler runs (no head deadline)."""
+        self._handshaking: dict[str, int] = defaultdict(int)
+        """Connections per source address whose TLS handshake has not finished."""
+        self._upgrades: set[asyncio.Future[None]] = set()
+        self._closing = False
+        self._connections: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
+        """Authenticated connections per peer fingerprint (max_connections_per_peer)."""
+        self.tls = server_context(identity, trust)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, host: str = "0.0.0.0", port: int = 0) -> None:
+        raise_open_files_limit()
+        app = web.Application(middlewares=[self._guard], client_max_size=self.limits.max_batch_request)
+        app.router.add_get(wire.PATH_CATALOG, self._catalog)
+        app.router.add_get(wire.PATH_OBJECT, self._object)
+        app.router.add_get(wire.PATH_LINES, self._lines)
+        app.router.add_post(wire.PATH_BATCH, self._batch)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
+        site = _DeadlineSite(self, host, port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        self.trust.add_listener(self._on_untrusted)
+        self._poller = asyncio.create_task(self._poll_trust())
+        log.info("peer server for %s listening on %s:%d", self.identity.node_id, host, self.port)
+
+    async def close(self) -> None:
+        self.trust.remove_listener(self._on_untrusted)
+        self._closing = True  # handshakes that finish from now on find no HTTP server to join
+        for task in list(self._upgrades):
+            task.cancel()
+        if self._poller:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._runner:
+            await self._runner.cleanup()
+        self._executor.shutdown(wait=True)
+
+    async def _poll_trust(self) -> None:
+        while True:
+            await asyncio.sleep(TRUST_POLL_SECONDS)
+            try:
+                self.trust.reload_if_changed()
+            except Exception as exc:  # a corrupt trust file must not kill the server
+                log.warning("cannot re-read the trust file: %s", exc)
+
+    def _on_untrusted(self, removed: set[bytes]) -> None:
+        """Trust-store listener; may run on any thread, so the aborts go to the event loop."""
+        self._loop.call_soon_threadsafe(self._abort, removed)
+
+    def _abort(self, removed: set[bytes]) -> None:
+        for fp in removed:
+            for transport in self._transports.pop(fp, set()):
+                log.info("closing a connection of untrusted peer %s", format_node_id(fp))
+                transport.abort()  # type: ignore[attr-defined]
+
+    # -- per-peer guard -----------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
+        transport = request.transport
+        fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+        if fp is None or not self.trust.is_trusted(fp):  # the handshake pin already refused these
+            raise web.HTTPForbidden(text="not trusted\n")
+        if self._active[fp] >= self.limits.max_concurrent_requests:
+            raise web.HTTPTooManyRequests(text="too many concurrent requests\n")
+        assert transport is not None
+        live = self._transports[fp]
+        live.difference_update([t for t in live if t.is_closing()])
+        live.add(transport)
+        self._active[fp] += 1
+        self._busy.add(transport)
+        self._disarm(transport)
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:  # no such route: the same answer as a hash that does not exist
+            return _not_found()
+        finally:
+            self._busy.discard(transport)
+            self._arm(transport)  # the next request's head has request_timeout to arrive
+            self._active[fp] -= 1
+            if transport.is_closing():
+                self._transports[fp].discard(transport)
+
+    # -- deadlines: request heads (slowloris) and bodies ---------------------------------
+
+    def _arm(self, transport: asyncio.BaseTransport) -> None:
+        """Start the head deadline unless one runs or a handler is busy with this connection."""
+        if transport not in self._busy and transport not in self._head_timers and not transport.is_closing():
+            self._head_timers[transport] = self._loop.call_later(
+                self.limits.request_timeout, self._head_expired, transport)
+
+    def _disarm(self, transport: asyncio.BaseTransport) -> None:
+        timer = self._head_timers.pop(transport, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _head_expired(self, transport: asyncio.BaseTransport) -> None:
+        self._head_timers.pop(transport, None)
+        if transport in self._busy:
+            return
+        if transport.get_write_buffer_size():  # type: ignore[attr-defined]  # still sending an answer
+            self._arm(transport)
+            return
+        log.info("closing a connection without a complete request in %.1f s", self.limits.request_timeout)
+        transport.abort()  # type: ignore[attr-defined]
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request body within request_timeout: a peer that declares a large Content-Length
+        and sends a few bytes is cut off (408, connection closed)."""
+        try:
+            return await asyncio.wait_for(request.read(), self.limits.request_timeout)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.close()
+            raise web.HTTPRequestTimeout(text="request body not received in time\n") from None
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _offered(self, hash_hex: str) -> str | None:
+        if not is_hash_hex(hash_hex):
+            return None
+        return await self._call(self.lib.offered_object, hash_hex)
+
+    async def _send(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
+        """Write with the slow-reader timeout: a peer that stops reading is cut off."""
+        await asyncio.wait_for(response.write(data), self.limits.slow_reader_timeout)
+
+    async def _finish(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
+        """The last bytes of an answer, then wait until the socket took them (slow-reader
+        timeout): the next pipelined request is not served while this answer sits in memory
+        (aiohttp drains only after 64 KiB written, or on a non-empty write_eof)."""
+        await asyncio.wait_for(response.write_eof(bytes(data)), self.limits.slow_reader_timeout)
+
+    # -- handlers -----------------------------------------------------------------------
+
+    async def _catalog(self, request: web.Request) -> web.Response:
+        catalog = await self._call(self.lib.catalog)
+        msg = wire.CatalogMessage(
+            generation=catalog.generation,
+            node_id=self.identity.node_id,
+            branches=[_catalog_entry(b) for b in catalog.branches],
+        )
+        body = wire.encode_catalog(msg)
+        return web.Response(body=body, content_type="application/json")
+
+    async def _object(self, request: web.Request) -> web.StreamResponse:
+        h = request.match_info["hash"]
+        kind = await self._offered(h)
+        if kind == "sidecar":
+            data = await self._call(self.lib.sidecar_bytes, h)
+        elif kind == "session":
+            data = await self._call(self._session_bytes, h)
+        elif kind == "line":
+            data = await self._call(self.lib.line, bytes.fromhex(h))
+        else:
+            return _not_found()
+        try:
+            span = wire.parse_range(request.headers.get("Range"), len(data))
+        except wire.RangeNotSatisfiable:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        start, end = span or (0, len(data))
+        response = web.StreamResponse(status=206 if span else 200, headers={
+            "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
+            "ETag": f'"{h}"', "X-Object-Kind": kind,
+        })
+        if span:
+            response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        response.content_length = end - start
+        await response.prepare(request)
+        view = memoryview(data)
+        last = max(start, end - CHUNK)
+        for pos in range(start, last, CHUNK):
+            await self._send(response, view[pos : min(last, pos + CHUNK)])
+        await self._finish(response, view[last:end])
+        return response
+
+    def _session_bytes(self, src: str) -> bytes:
+        """One session kept in memory, so that Range requests resuming a big transfer are cheap
+        (built once however many workers ask for it at the same time)."""
+        with self._session_lock:
+            if self._session_cache is None or self._session_cache[0] != src:
+                self._session_cache = (src, self.lib.session_bytes(src))
+            return self._session_cache[1]
+
+    async def _lines(self, request: web.Request) -> web.Response:
+        src = request.match_info["src"]
+        if await self._offered(src) != "session":
+            return _not_found()
+        refs = await self._call(self.lib.line_manifest, src)
+        body = wire.encode_line_manifest(bytes.fromhex(src), refs)
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    async def _batch(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_body(request)
+        try:
+            hashes = wire.decode_batch_request(body, self.limits)
+        except wire.WireError as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
+        await response.prepare(request)
+        sent = 0
+        reading: asyncio.Future[tuple[bytes, int, int]] | None = self._read_group(hashes, 0)
+        try:
+            while reading is not None:
+                frames, count, pos = await reading
+                reading = self._read_group(hashes, pos) if pos < len(hashes) else None  # while we send
+                sent += count
+                await self._send(response, frames)
+        finally:
+            if reading is not None:
+                reading.cancel()
+        await self._finish(response, wire.encode_batch_end(sent))
+        return response
+
+    def _read_group(self, hashes: list[bytes], pos: int) -> asyncio.Future[tuple[bytes, int, int]]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos)
+
+    def _frames(self, hashes: list[bytes], pos: int) -> tuple[bytes, int, int]:
+        """(frames, how many, where the next group starts): the offered line blobs among
+        `hashes[pos:]`, about GROUP_BYTES of them.  The others are left out, exactly as if
+        they did not exist.  Stored bytes are sent as they are: the store's codec numbers
+        (store/records.py) are the wire's (0 raw, 1 zstd)."""
+        parts: list[bytes] = []
+        size = 0
+        while pos < len(hashes) and size < GROUP_BYTES:
+            h = hashes[pos]
+            pos += 1
+            if self.lib.offered_object(h.hex()) != "line":
+                continue
+            blob = self.lib.stored_line(h)
+            parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
+            size += len(blob.stored)
+        return b"".join(parts), len(parts) // 2, pos
+
+
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE towards the hard one (at most OPEN_FILES_WANTED), where the
+    system allows it: a flood of half-open connections must not take the descriptors that
+    trusted peers and the store need (macOS caps the soft limit lower: then its cap is kept)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    for limit in (want, 10240):
+        if soft >= limit:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            return
+        except (ValueError, OSError):
+            continue
+    log.warning("cannot raise the open files limit above %d", soft)
+
+
+class _HeadDeadline(asyncio.Protocol):
+    """aiohttp's protocol for one connection, wrapped so that the server can put a deadline on
+    request heads: armed when the TLS handshake completes and whenever bytes arrive while no
+    handler is busy with the connection, disarmed when a complete head reaches the handler."""
+
+    def __init__(self, server: PeerServer, inner: web_protocol.RequestHandler) -> None:
+        self.server, self.inner = server, inner
+        self.transport: asyncio.BaseTransport | None = None
+        self.fingerprint: bytes | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+        self.server._arm(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+        if self.transport is not None:
+            self.server._arm(self.transport)
+
+    def eof_received(self) -> None:
+        self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.server._disarm(self.transport)
+            self.server._busy.discard(self.transport)
+            if self.fingerprint is not None:
+                mine = self.server._connections.get(self.fingerprint, set())
+                mine.discard(self.transport)
+                if not mine:
+                    self.server._connections.pop(self.fingerprint, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class _HandshakeGate(asyncio.Protocol):
+    """A plain TCP connection before TLS.  Before anything is allocated for TLS (asyncio keeps
+    a 256 KiB buffer per TLS connection), the source's pending handshakes are counted: over
+    `max_handshakes_per_source` or `max_handshakes` in all, the connection is closed at once.
+    Otherwise the TLS handshake runs with its deadline, and only then is the connection handed
+    to the HTTP server (wrapped in _HeadDeadline).
+
+    Bytes that arrive before start_tls takes the connection over (the ClientHello: uvloop
+    starts reading after connection_made whatever pause came before) are kept and handed to
+    the TLS protocol once it is in place, through its public BufferedProtocol interface."""
+
+    EARLY_LIMIT = 64 * 1024
+    """More than a ClientHello before TLS started is not a TLS client."""
+
+    def __init__(self, server: PeerServer, make_handler: Callable[[], web_protocol.RequestHandler]) -> None:
+        self.server, self.make_handler = server, make_handler
+        self.early = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if peer else "?"
+        pending, limits = self.server._handshaking, self.server.limits
+        full = sum(pending.values()) >= limits.max_handshakes
+        if full or pending.get(source, 0) >= limits.max_handshakes_per_source:
+            log.info("refusing a connection from %s: too many TLS handshakes pending", source)
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        pending[source] += 1
+        task = asyncio.ensure_future(self._upgrade(transport, source))
+        self.server._upgrades.add(task)
+        task.add_done_callback(self.server._upgrades.discard)
+
+    def data_received(self, data: bytes) -> None:
+        self.early += data
+        if len(self.early) > self.EARLY_LIMIT:
+            log.debug("closing a connection: %d bytes before TLS started", len(self.early))
+            self.transport.abort()  # type: ignore[attr-defined]
+
+    async def _upgrade(self, transport: asyncio.BaseTransport, source: str) -> None:
+        server = self.server
+        app = _HeadDeadline(server, self.make_handler())
+        handshake = asyncio.ensure_future(asyncio.get_running_loop().start_tls(
+            transport, app, server.tls, server_side=True,  # type: ignore[arg-type]
+            ssl_handshake_timeout=server.limits.tls_handshake_timeout))
+        try:
+            while transport.get_protocol() is self and not handshake.done():
+                await asyncio.sleep(0)  # until start_tls has put its TLS protocol in place
+            if self.early and not handshake.done():
+                _feed(transport.get_protocol(), bytes(self.early))
+                self.early.clear()
+            tls = await handshake
+        except (OSError, TimeoutError, ConnectionError, asyncio.CancelledError) as exc:
+            log.debug("TLS handshake from %s failed: %s", source, exc)
+            handshake.cancel()
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        finally:
+            server._handshaking[source] -= 1
+            if not server._handshaking[source]:
+                del server._handshaking[source]
+        if tls is None or tls.is_closing() or server._closing:
+            # uvloop can hand back a transport whose handshake failed just after completing (our
+            # pin check refused the client): it is closed already, and the app must not see it
+            (tls or transport).abort()  # type: ignore[attr-defined]
+            return
+        fp = peer_fingerprint(tls.get_extra_info("ssl_object"))
+        if fp is not None:
+            mine = server._connections[fp]
+            if len(mine) >= server.limits.max_connections_per_peer:
+                log.info("closing a connection of %s: %d open already", format_node_id(fp), len(mine))
+                tls.abort()
+                return
+            mine.add(tls)
+            app.fingerprint = fp
+        app.connection_made(tls)
+
+
+def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
+    """Hand `data` to a protocol as if the transport had read it."""
+    if isinstance(protocol, asyncio.BufferedProtocol) or hasattr(protocol, "get_buffer"):
+        view = memoryview(data)
+        while view:
+            buf = protocol.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            protocol.buffer_updated(n)  # type: ignore[attr-defined]
+            view = view[n:]
+    else:
+        protocol.data_received(data)  # type: ignore[attr-defined]
+
+
+class _DeadlineSite(web.TCPSite):
+    """TCPSite whose connections pass _HandshakeGate (pending-handshake bounds, handshake
+    deadline) and then _HeadDeadline (request-head deadlines)."""
+
+    def __init__(self, server: PeerServer, host: str, port: int) -> None:
+        assert server._runner is not None
+        super().__init__(server._runner, host, port)
+        self.peer_server = server
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        handlers = self._runner.server
+        assert handlers is not None
+        ps = self.peer_server
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _HandshakeGate(ps, handlers), self._host, self._port, backlog=self._backlog)
+
+
+def _catalog_entry(b: BranchInfo) -> wire.CatalogEntry:
+    header = b.header.as_dict() if hasattr(b.header, "as_dict") else dict(b.header)
+    return wire.CatalogEntry(branch=b.branch, src=b.src, parent=b.parent, size=b.size, lines=b.lines,
+                             header=header, title=b.title)

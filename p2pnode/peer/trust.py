@@ -1,0 +1,169 @@
+"""The allowlist of trusted peers (node id → name), in `NodePaths.trust` (trust.json).
+
+The in-memory set of trusted fingerprints is *live*: tls.py's handshake pin and the peer
+server's middleware read it on every connection and request, so `untrust` takes effect at
+once.  Listeners hear about removed peers so that a server can close their open
+connections.  Another process (the CLI) may change the file; `reload_if_changed()` picks
+that up (the peer server polls it about once a second).
+
+The allowlist holds keys, not certificates: a peer that re-issues its certificate stays
+trusted, and no certificate has to be copied around (see identity.py for why).
+
+File format: {"version": 1, "peers": [{"id": "<node id>", "name": "<str or null>",
+"added_at": <unix seconds>}]}, written atomically (temp, fsync, rename, dir fsync) under an
+flock on `trust.json.lock` so two commands at once cannot lose an entry.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.peer.identity import format_node_id, parse_node_id
+from sysio.files import atomic_write
+from sysio.locks import locked
+
+MAX_NAME_LEN = 100
+
+
+class TrustFileCorrupt(P2PNodeError):
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"trust file {path} is unreadable ({reason}); fix or remove it by hand")
+
+
+@dataclass(frozen=True)
+class TrustedPeer:
+    fingerprint: bytes
+    name: str | None
+    added_at: float
+
+    @property
+    def node_id(self) -> str:
+        return format_node_id(self.fingerprint)
+
+    def as_dict(self) -> dict:
+        return {"id": self.node_id, "name": self.name, "added_at": self.added_at}
+
+
+RemovedListener = Callable[[set[bytes]], None]
+
+
+class TrustStore:
+    """The allowlist file plus the live fingerprint set that TLS pins read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._peers: dict[bytes, TrustedPeer] = {}
+        self._fps: frozenset[bytes] = frozenset()
+        self._stamp: tuple[int, int, int] | None = None
+        self._listeners: list[RemovedListener] = []
+        self.reload_if_changed()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def is_trusted(self, fingerprint: bytes | None) -> bool:
+        return fingerprint is not None and fingerprint in self._fps
+
+    def peers(self) -> list[TrustedPeer]:
+        return sorted(self._peers.values(), key=lambda p: (p.added_at, p.node_id))
+
+    def get(self, fingerprint: bytes) -> TrustedPeer | None:
+        return self._peers.get(fingerprint)
+
+    def add_listener(self, listener: RemovedListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: RemovedListener) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    # -- changing ---------------------------------------------------------------------------
+
+    def trust(self, node_id: str, name: str | None = None) -> TrustedPeer:
+        """Add (or rename) a peer.  The id is checked and normalised first."""
+        fp = parse_node_id(node_id)
+        if name is not None and (len(name) > MAX_NAME_LEN or not name.isprintable()):
+            raise InvalidInput(f"peer name {name[:40]!r}: at most {MAX_NAME_LEN} printable characters")
+        with self._file_lock():
+            peers = self._read_file()
+            old = peers.get(fp)
+            peers[fp] = TrustedPeer(fp, name if name is not None else (old.name if old else None),
+                                    old.added_at if old else round(time.time(), 3))
+            self._write_file(peers)
+            self._apply(peers)
+        return peers[fp]
+
+    def untrust(self, node_id: str) -> TrustedPeer:
+        fp = parse_node_id(node_id)
+        with self._file_lock():
+            peers = self._read_file()
+            if fp not in peers:
+                raise NotFound(f"node {format_node_id(fp)} is not in the trust list")
+            removed = peers.pop(fp)
+            self._write_file(peers)
+            self._apply(peers)
+        return removed
+
+    def reload_if_changed(self) -> bool:
+        """Re-read the file if another process changed it; True if it was re-read."""
+        try:
+            st = os.stat(self.path)
+            stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._stamp:
+            return False
+        self._apply(self._read_file())
+        return True
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _apply(self, peers: dict[bytes, TrustedPeer]) -> None:
+        with self._lock:
+            removed = set(self._peers) - set(peers)
+            self._peers = dict(peers)
+            self._fps = frozenset(peers)
+            try:
+                st = os.stat(self.path)
+                self._stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except FileNotFoundError:
+                self._stamp = None
+        if removed:
+            for listener in list(self._listeners):
+                listener(removed)
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with locked(self.path.with_name(self.path.name + ".lock")):
+            yield
+
+    def _read_file(self) -> dict[bytes, TrustedPeer]:
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise TrustFileCorrupt(self.path, str(exc)) from exc
+        if not isinstance(doc, dict) or doc.get("version") != 1 or not isinstance(doc.get("peers"), list):
+            raise TrustFileCorrupt(self.path, "not a version 1 trust file")
+        peers: dict[bytes, TrustedPeer] = {}
+        for entry in doc["peers"]:
+            try:
+                fp = parse_node_id(entry["id"])
+                name = entry.get("name")
+                peers[fp] = TrustedPeer(fp, str(name) if name is not None else None, float(entry["added_at"]))
+            except (KeyError, TypeError, ValueError, InvalidInput) as exc:
+                raise TrustFileCorrupt(self.path, f"bad entry {entry!r}: {exc}") from exc
+        return peers
+
+    def _write_file(self, peers: dict[bytes, TrustedPeer]) -> None:
+        doc = {"version": 1, "peers": [p.as_dict() for p in sorted(peers.values(), key=lambda p: p.added_at)]}
+        atomic_write(self.path, (json.dumps(doc, indent=2) + "\n").encode())

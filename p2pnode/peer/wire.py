@@ -1,0 +1,454 @@
+"""The peer transfer protocol's messages, sans-IO: bytes in, checked records out.
+
+Over 400 lines on purpose: every message of the peer protocol (limits, catalog, line manifests,
+batch frames and their streaming decoder, tickets) in the one sans-IO place PROTOCOL.md points to.
+
+Every struct layout of the protocol is here, explicit little-endian.  Nothing in this
+module does I/O; provider.py and get.py are the asyncio layers.  Anything decoded from a
+peer is checked against `Limits` and raises a `WireError` naming what was wrong.
+
+Endpoints (all under the version prefix, see docs/PROTOCOL.md):
+  GET  /v1/catalog          JSON catalog of offered branches, with a generation number
+  GET  /v1/object/<hash>    a sidecar, session or line blob by BLAKE3 hash; honours Range
+  GET  /v1/lines/<src>      the line manifest of a session version (binary, below)
+  POST /v1/batch            body: N × 32-byte hashes; response: framed blobs (below)
+"""
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import re
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from p2pnode.errors import InvalidInput, VerificationFailed
+from p2pnode.pi.lines import LineRef
+from p2pnode.pi.sidecar import is_hash_hex
+from store.codec import DecodeError, blob_hash, decode_stored
+from store.layout import CODEC_RAW, CODEC_ZSTD
+from store.types import StoredBlob
+
+PROTOCOL_VERSION = 1
+PREFIX = f"/v{PROTOCOL_VERSION}"
+PATH_CATALOG = f"{PREFIX}/catalog"
+PATH_OBJECT = PREFIX + "/object/{hash}"
+PATH_LINES = PREFIX + "/lines/{src}"
+PATH_BATCH = f"{PREFIX}/batch"
+
+HASH_LEN = 32
+CODEC_END = 0xFFFF  # a batch's end frame; the blob codecs are the store's (CODEC_RAW, CODEC_ZSTD)
+
+LINE_MANIFEST_MAGIC = b"P2LM"
+LINE_MANIFEST_HEAD = struct.Struct("<4sH32sI")  # magic, version, src hash, line count
+LINE_ENTRY = struct.Struct("<32sI")  # line hash, line length
+BATCH_FRAME = struct.Struct("<32sHII")  # hash, codec, raw_len, stored_len; then stored bytes
+TICKET_PREFIX = "p2p1:"
+TICKET_HEAD = struct.Struct("<B32s32sB")  # version, branch hash, node fingerprint, address count
+TICKET_V4 = struct.Struct("<B4sH")  # 4, IPv4 address, port
+TICKET_V6 = struct.Struct("<B16sH")  # 6, IPv6 address, port
+TICKET_CRC = struct.Struct("<I")  # CRC-32 of everything before it: catches copy-paste damage
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a node accepts from, and grants to, one peer."""
+
+    max_sidecar: int = 4096
+    max_catalog_bytes: int = 16 << 20
+    max_manifest_lines: int = 4_000_000
+    max_blob: int = 256 << 20
+    """Largest single line blob (raw length)."""
+    max_session: int = 8 << 30
+    max_batch_hashes: int = 4096
+    batch_target_bytes: int = 4 << 20
+    """A fetcher asks for at most about this many raw bytes per batch request."""
+    max_chain_depth: int = 256
+    max_concurrent_requests: int = 8
+    """Per peer, on the server; more get 429."""
+    slow_reader_timeout: float = 30.0
+    """Seconds a server waits for a peer to take the next chunk, and a fetcher for the next bytes."""
+    connect_timeout: float = 10.0
+    """A fetcher's bound on TCP connect plus TLS handshake to a peer."""
+    progress_timeout: float = 5.0
+    progress_bytes: int = 64 << 10
+    """A fetcher drops a peer whose request, in any phase (connect, TLS, headers, sidecar,
+    manifest, batch, blob), has not finished and has moved fewer than `progress_bytes` body
+    bytes in the last `progress_timeout` seconds: a stall, a 1 byte/s trickle or endless
+    `102 Processing` answers cost at most that long per attempt (a LAN link moves 64 KiB in ms)."""
+    fetch_timeout: float = 3600.0
+    """Total bound on one fetch run by the node (`/v1/fetch`)."""
+    request_timeout: float = 10.0
+    """Server: seconds a connection has to deliver a request's headers (from the handshake or
+    the previous answer) and, separately, its body; then it is closed (slowloris, a huge
+    Content-Length with a few bytes)."""
+    tls_handshake_timeout: float = 5.0
+    """Server: seconds an incoming connection has to complete its TLS handshake."""
+    max_connections_per_peer: int = 16
+    """Server: authenticated connections of one trusted peer at once; more are closed after
+    the handshake (each holds TLS buffers and up to 32 parsed pipelined requests)."""
+    max_handshakes_per_source: int = 8
+    max_handshakes: int = 128
+    """Server: connections not yet past the TLS handshake (not yet known to be trusted), per
+    source address and in all; more are closed at once.  Each costs a 256 KiB TLS buffer."""
+
+    @property
+    def max_batch_request(self) -> int:
+        return self.max_batch_hashes * HASH_LEN
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class WireError(VerificationFailed):
+    """A peer sent a malformed or lying message."""
+
+
+class HashMismatch(WireError):
+    """Bytes a peer sent hash to something else than what was asked for (not the store's
+    BlobMismatch: this one is the peer's fault and ends that peer's part in a fetch)."""
+
+    def __init__(self, expected: bytes, got: bytes, what: str = "blob") -> None:
+        super().__init__(f"{what} {expected.hex()}: the received bytes hash to {got.hex()}")
+        self.expected = expected
+
+
+class InvalidTicket(InvalidInput):
+    def __init__(self, text: str, reason: str) -> None:
+        super().__init__(f"invalid ticket {text[:24]!r}...: {reason}")
+
+
+def check_hex_hash(text: str, what: str = "hash") -> str:
+    """A 64-character lowercase hex hash, or InvalidInput."""
+    if not is_hash_hex(text):
+        raise InvalidInput(f"{what} {str(text)[:80]!r} is not 64 lowercase hex characters")
+    return text
+
+
+# --- catalog ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    branch: str
+    src: str
+    parent: str | None
+    size: int
+    lines: int
+    header: dict
+    """Summary of the session header: id, timestamp, cwd, parent_session (strings or None)."""
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class CatalogMessage:
+    generation: int
+    node_id: str
+    branches: list[CatalogEntry] = field(default_factory=list)
+
+
+_HEADER_KEYS = ("id", "timestamp", "cwd", "parent_session")
+
+
+def encode_catalog(catalog: CatalogMessage) -> bytes:
+    doc = {
+        "version": PROTOCOL_VERSION,
+        "generation": catalog.generation,
+        "node": catalog.node_id,
+        "branches": [
+            {"branch": e.branch, "src": e.src, "parent": e.parent, "size": e.size, "lines": e.lines,
+             "header": {k: e.header.get(k) for k in _HEADER_KEYS}, "title": e.title}
+            for e in catalog.branches
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessage:
+    if len(data) > limits.max_catalog_bytes:
+        raise WireError(f"catalog of {len(data)} bytes exceeds the limit of {limits.max_catalog_bytes}")
+    try:
+        doc = json.loads(data)
+        if doc["version"] != PROTOCOL_VERSION:
+            raise WireError(f"catalog has protocol version {doc['version']!r}, expected {PROTOCOL_VERSION}")
+        entries = []
+        for b in doc["branches"]:
+            header = b["header"]
+            if not isinstance(header, dict) or not all(
+                header.get(k) is None or isinstance(header.get(k), str) for k in _HEADER_KEYS
+            ):
+                raise WireError(f"catalog entry {str(b.get('branch'))[:64]}: bad header summary")
+            parent = b["parent"]
+            entries.append(CatalogEntry(
+                branch=check_hex_hash(b["branch"], "catalog branch"),
+                src=check_hex_hash(b["src"], "catalog src"),
+                parent=None if parent is None else check_hex_hash(parent, "catalog parent"),
+                size=_nonneg_int(b["size"]), lines=_nonneg_int(b["lines"]),
+                header={k: header.get(k) for k in _HEADER_KEYS},
+                title=b.get("title") if isinstance(b.get("title"), str) else None,
+            ))
+        generation = _nonneg_int(doc["generation"])
+        node = doc["node"]
+        if not isinstance(node, str):
+            raise WireError("catalog node id is not a string")
+    except WireError:
+        raise
+    except (ValueError, KeyError, TypeError, InvalidInput) as exc:
+        raise WireError(f"malformed catalog: {exc}") from exc
+    except RecursionError:
+        raise WireError("malformed catalog: JSON nested too deeply") from None
+    return CatalogMessage(generation, node, entries)
+
+
+def _nonneg_int(v: object) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"{v!r} is not a non-negative integer")
+    return v
+
+
+# --- line manifests ---------------------------------------------------------------------
+
+
+def encode_line_manifest(src: bytes, lines: list[LineRef]) -> bytes:
+    out = bytearray(LINE_MANIFEST_HEAD.pack(LINE_MANIFEST_MAGIC, 1, src, len(lines)))
+    for line in lines:
+        out += LINE_ENTRY.pack(line.hash, line.length)
+    return bytes(out)
+
+
+def decode_line_manifest(data: bytes, src: bytes, limits: Limits = DEFAULT_LIMITS) -> list[LineRef]:
+    """The manifest of session `src`.  Only its shape is checked here: the lines are
+    verified one by one as they arrive, and their concatenation is re-hashed to `src`."""
+    what = f"line manifest of {src.hex()}"
+    if len(data) < LINE_MANIFEST_HEAD.size:
+        raise WireError(f"{what}: {len(data)} bytes is shorter than its header")
+    magic, version, got_src, count = LINE_MANIFEST_HEAD.unpack_from(data)
+    if magic != LINE_MANIFEST_MAGIC or version != 1:
+        raise WireError(f"{what}: bad magic or version ({magic!r}, {version})")
+    if got_src != src:
+        raise WireError(f"{what}: the peer sent the manifest of {got_src.hex()}")
+    if count > limits.max_manifest_lines:
+        raise WireError(f"{what}: {count} lines exceeds the limit of {limits.max_manifest_lines}")
+    if len(data) != LINE_MANIFEST_HEAD.size + count * LINE_ENTRY.size:
+        raise WireError(f"{what}: {len(data)} bytes do not hold exactly {count} entries")
+    lines = [LineRef(h, n) for h, n in LINE_ENTRY.iter_unpack(data[LINE_MANIFEST_HEAD.size:])]
+    total = 0
+    for i, line in enumerate(lines):
+        if line.length == 0 or line.length > limits.max_blob:
+            raise WireError(f"{what}: line {i} has length {line.length} (allowed 1..{limits.max_blob})")
+        total += line.length
+    if total > limits.max_session:
+        raise WireError(f"{what}: {total} bytes in total exceeds the limit of {limits.max_session}")
+    return lines
+
+
+# --- batches ----------------------------------------------------------------------------
+
+
+def encode_batch_request(hashes: Iterable[bytes]) -> bytes:
+    return b"".join(hashes)
+
+
+def decode_batch_request(body: bytes, limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
+    if len(body) % HASH_LEN or not body:
+        raise WireError(f"batch request of {len(body)} bytes is not a non-empty list of 32-byte hashes")
+    if len(body) > limits.max_batch_request:
+        raise WireError(f"batch request of {len(body) // HASH_LEN} hashes exceeds {limits.max_batch_hashes}")
+    return [body[i : i + HASH_LEN] for i in range(0, len(body), HASH_LEN)]
+
+
+def batch_frame_parts(blob_hash: bytes, codec: int, raw_len: int, stored: bytes) -> tuple[bytes, bytes]:
+    """A blob frame as (header, stored bytes), so that a sender can join many without copies."""
+    return BATCH_FRAME.pack(blob_hash, codec, raw_len, len(stored)), stored
+
+
+def encode_batch_frame(blob_hash: bytes, codec: int, raw_len: int, stored: bytes) -> bytes:
+    return b"".join(batch_frame_parts(blob_hash, codec, raw_len, stored))
+
+
+def encode_batch_end(count: int) -> bytes:
+    """The closing frame: zero hash, codec 0xFFFF, raw_len = number of blobs sent, stored_len 0."""
+    return BATCH_FRAME.pack(bytes(HASH_LEN), CODEC_END, count, 0)
+
+
+BatchBlob = StoredBlob
+"""A received blob frame is the store's own record (the wire's codec numbers are the store's),
+so a fetcher can hand it to `put_stored_blobs` as it is."""
+
+
+def max_stored_len(raw_len: int) -> int:
+    """The most a zstd frame of `raw_len` bytes can take (ZSTD_compressBound, rounded up)."""
+    return raw_len + (raw_len >> 7) + 1024
+
+
+class BatchDecoder:
+    """Incremental parser of a batch response.  `feed()` returns the frames completed so far.
+
+    A frame is refused (WireError) if its hash was not asked for or came twice, its codec is
+    unknown, or its lengths exceed the limits; bytes after the end frame are refused too.
+    """
+
+    def __init__(self, wanted: Iterable[bytes], limits: Limits = DEFAULT_LIMITS) -> None:
+        self._wanted = set(wanted)
+        self._limits = limits
+        self._buf = bytearray()
+        self._head: tuple[bytes, int, int, int] | None = None
+        self.received = 0
+        self.done = False
+
+    def feed(self, data: bytes) -> list[BatchBlob]:
+        if self.done and data:
+            raise WireError(f"batch response: {len(data)} extra bytes after the end frame")
+        out: list[BatchBlob] = []
+        pos = 0
+        with memoryview(data) as view:
+            while not self.done:
+                need = BATCH_FRAME.size if self._head is None else self._head[3]
+                if self._buf or len(data) - pos < need:  # a header or blob cut by a chunk boundary
+                    take = min(need - len(self._buf), len(data) - pos)
+                    self._buf += view[pos : pos + take]
+                    pos += take
+                    if len(self._buf) < need:
+                        break
+                    piece, at = bytes(self._buf), 0
+                    self._buf.clear()
+                else:
+                    piece, at = data, pos
+                    pos += need
+                if self._head is None:
+                    self._head = self._check_head(*BATCH_FRAME.unpack_from(piece, at))
+                    self.done = self._head[1] == CODEC_END
+                else:
+                    stored = piece if at == 0 and len(piece) == need else bytes(view[at : at + need])
+                    out.append(BatchBlob(self._head[0], self._head[1], self._head[2], stored))
+                    self._head = None
+                    self.received += 1
+            if self.done and pos < len(data):
+                raise WireError(f"batch response: {len(data) - pos} extra bytes after the end frame")
+        return out
+
+    def finish(self) -> None:
+        """Call at end of body: a stream without its end frame was cut short."""
+        if not self.done:
+            raise WireError(f"batch response truncated after {self.received} blobs (no end frame)")
+
+    def _check_head(self, blob_hash: bytes, codec: int, raw_len: int, stored_len: int) -> tuple:
+        if codec == CODEC_END:
+            if blob_hash != bytes(HASH_LEN) or stored_len != 0 or raw_len != self.received:
+                raise WireError(f"batch response: bad end frame (says {raw_len} blobs, got {self.received})")
+            return (blob_hash, codec, raw_len, stored_len)
+        what = f"batch frame for {blob_hash.hex()}"
+        if blob_hash not in self._wanted:
+            raise WireError(f"{what}: not requested, or sent twice")
+        self._wanted.discard(blob_hash)
+        if codec not in (CODEC_RAW, CODEC_ZSTD):
+            raise WireError(f"{what}: unknown codec {codec}")
+        if raw_len > self._limits.max_blob:
+            raise WireError(f"{what}: raw length {raw_len} exceeds the limit of {self._limits.max_blob}")
+        bound = raw_len if codec == CODEC_RAW else max_stored_len(raw_len)
+        if stored_len > bound or (codec == CODEC_RAW and stored_len != raw_len):
+            raise WireError(f"{what}: stored length {stored_len} impossible for raw length {raw_len}")
+        return (blob_hash, codec, raw_len, stored_len)
+
+
+def decode_blob(blob: BatchBlob) -> bytes:
+    """The raw bytes of a received blob, decoded by the store's bounded decoder (never more
+    than its declared length, whatever the zstd frame claims) and verified against its hash."""
+    try:
+        raw = decode_stored(blob.codec, blob.stored, blob.raw_len)
+    except DecodeError as exc:
+        raise WireError(f"blob {blob.hash.hex()}: {exc}") from None
+    got = blob_hash(raw)
+    if got != blob.hash:
+        raise HashMismatch(blob.hash, got, "line blob")
+    return raw
+
+
+# --- Range ------------------------------------------------------------------------------
+
+
+class RangeNotSatisfiable(Exception):
+    pass
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range → (start, end exclusive); None = whole."""
+    if not header:
+        return None
+    m = re.fullmatch(r"bytes=([0-9]*)-([0-9]*)", header.strip())  # ASCII digits only (RFC 9110)
+    if not m or (not m.group(1) and not m.group(2)):
+        raise RangeNotSatisfiable(header)
+    if not m.group(1):
+        n = int(m.group(2))
+        if n == 0 or size == 0:  # a suffix of zero bytes is unsatisfiable (RFC 9110, 14.1.1)
+            raise RangeNotSatisfiable(header)
+        return (max(0, size - n), size)
+    start = int(m.group(1))
+    end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+    if start >= size or end <= start:
+        raise RangeNotSatisfiable(header)
+    return (start, end)
+
+
+# --- tickets ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Everything needed to fetch a branch without discovery: what, from whom, where."""
+
+    branch: bytes
+    node: bytes
+    """The sharer's node fingerprint (identity.format_node_id shows it)."""
+    addresses: tuple[tuple[str, int], ...]
+
+
+MAX_TICKET_ADDRESSES = 16
+
+
+def encode_ticket(ticket: Ticket) -> str:
+    addrs = ticket.addresses[:MAX_TICKET_ADDRESSES]
+    out = bytearray(TICKET_HEAD.pack(1, ticket.branch, ticket.node, len(addrs)))
+    for host, port in addrs:
+        ip = ipaddress.ip_address(host)
+        layout = TICKET_V4 if ip.version == 4 else TICKET_V6
+        out += layout.pack(ip.version, ip.packed, port)
+    out += TICKET_CRC.pack(zlib.crc32(out))
+    return TICKET_PREFIX + base64.b32encode(bytes(out)).decode().rstrip("=").lower()
+
+
+def is_ticket(text: str) -> bool:
+    return text.strip().lower().startswith(TICKET_PREFIX)
+
+
+def decode_ticket(text: str) -> Ticket:
+    body = text.strip().lower()
+    if not body.startswith(TICKET_PREFIX):
+        raise InvalidTicket(text, f"does not start with {TICKET_PREFIX}")
+    b32 = body[len(TICKET_PREFIX):].upper()
+    try:
+        raw = base64.b32decode(b32 + "=" * (-len(b32) % 8))
+    except ValueError as exc:
+        raise InvalidTicket(text, "not base32") from exc
+    if len(raw) < TICKET_HEAD.size + TICKET_CRC.size:
+        raise InvalidTicket(text, "too short")
+    (crc,) = TICKET_CRC.unpack_from(raw, len(raw) - TICKET_CRC.size)
+    raw = raw[: -TICKET_CRC.size]
+    if zlib.crc32(raw) != crc:
+        raise InvalidTicket(text, "checksum mismatch (damaged in copy-paste?)")
+    version, branch, node, count = TICKET_HEAD.unpack_from(raw)
+    if version != 1:
+        raise InvalidTicket(text, f"unknown version {version}")
+    pos, addrs = TICKET_HEAD.size, []
+    for _ in range(count):
+        layout = TICKET_V4 if raw[pos : pos + 1] == b"\x04" else TICKET_V6
+        if raw[pos : pos + 1] not in (b"\x04", b"\x06") or pos + layout.size > len(raw):
+            raise InvalidTicket(text, "bad address entry")
+        _, packed, port = layout.unpack_from(raw, pos)
+        addrs.append((str(ipaddress.ip_address(packed)), port))
+        pos += layout.size
+    if pos != len(raw):
+        raise InvalidTicket(text, f"{len(raw) - pos} unexpected trailing bytes")
+    return Ticket(branch, node, tuple(addrs))

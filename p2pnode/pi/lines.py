@@ -1,0 +1,69 @@
+"""Cutting a Pi session (JSONL) into its lines: the one splitter of the node.
+
+A session is stored as one turn per line and a peer's line manifest is checked to be the file
+cut at its newlines, so every place that cuts or checks cuts must agree to the byte: a line
+keeps its newline, the last one may lack it, nothing else (no `\\r` rule, unlike
+`bytes.splitlines`)."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+
+class LineSplitter:
+    """Lines out of a stream of chunks: each complete line once its newline has arrived, the
+    unfinished last one from `rest()`."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if self._pending:
+                yield b"".join([*self._pending, chunk[start:end + 1]])
+                self._pending.clear()
+            else:
+                yield chunk[start:end + 1]
+            start = end + 1
+        if start < len(chunk):
+            self._pending.append(chunk[start:])
+
+    def rest(self) -> bytes | None:
+        """The last line if it lacks a newline (None if the stream ended at one)."""
+        if not self._pending:
+            return None
+        line = b"".join(self._pending)
+        self._pending.clear()
+        return line
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """JSONL lines with their newline; the last may lack one (the store's one turn per line)."""
+    splitter = LineSplitter()
+    lines = list(splitter.feed(data))
+    if (last := splitter.rest()) is not None:
+        lines.append(last)
+    return lines
+
+
+def is_split(lines: Sequence[bytes]) -> bool:
+    """Whether `lines` are a JSONL file cut as split_lines cuts it: each line ends with its
+    only newline, the last one may lack it.  (A peer's line manifest must not choose other
+    cuts.)"""
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        end = line.find(b"\n")
+        if end != len(line) - 1 and not (i == last and end < 0 and line):
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class LineRef:
+    """One line of a stored session as a line manifest lists it (the library builds them, the
+    peer protocol carries them)."""
+
+    hash: bytes
+    """32-byte BLAKE3 of the line's bytes (newline included)."""
+    length: int

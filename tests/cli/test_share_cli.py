@@ -1,0 +1,218 @@
+"""`p2pnode share/ls/show/cat/unshare` as real processes, with their own node home and agent dir."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from skips import KERNEL_LIMITATION
+
+from p2pnode.library.api import Library
+from p2pnode.paths import NodePaths
+from p2pnode.pi.hashing import hash_file
+from p2pnode.pi.session import session_dir_name
+
+B5 = "2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
+BETA = "--tmp-pi-harness-work-beta--"
+
+
+@pytest.fixture
+def env(node_home: Path, tmp_path: Path, corpus_dir: Path) -> dict[str, str]:
+    """The node_home fixture's environment, with the corpus copied into its (moved) agent dir."""
+    agent = Path(os.environ["PI_CODING_AGENT_DIR"])
+    shutil.copytree(corpus_dir / "sessions", agent / "sessions")
+    for f in agent.rglob("*.jsonl"):
+        f.chmod(0o644)
+    return {**os.environ, "P2PNODE_HOME": str(node_home), "PI_CODING_AGENT_DIR": str(agent)}
+
+
+def run(env: dict[str, str], *args: str, cwd: Path | None = None,
+        check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "p2pnode", *args], env=env, cwd=cwd, capture_output=True,
+                          timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"p2pnode {' '.join(args)} exited {proc.returncode}: {proc.stderr.decode()}")
+    return proc
+
+
+def agent_of(env: dict[str, str]) -> Path:
+    return Path(env["PI_CODING_AGENT_DIR"])
+
+
+def test_share_prints_the_branch_and_the_read_commands_agree(env: dict[str, str]) -> None:
+    path = agent_of(env) / "sessions" / BETA / B5
+    branch = run(env, "share", str(path)).stdout.decode().strip()
+    assert len(branch) == 64 and all(c in "0123456789abcdef" for c in branch)
+
+    shared = json.loads(run(env, "share", str(path), "--json").stdout)
+    assert shared["branch"] == branch and shared["src"] == hash_file(path)
+    assert shared["header"]["id"] == "01a1ff93-69ef-76bb-aaf0-d291c98d9fe0" and shared["size"] == 1317
+    assert len(shared["ancestors"]) == 3 and shared["parent"] == shared["ancestors"][-1]["branch"]
+
+    listed = json.loads(run(env, "ls", "--json").stdout)
+    assert {b["branch"] for b in listed} == {branch, *(a["branch"] for a in shared["ancestors"])}
+    assert "beta main line" in run(env, "ls").stdout.decode()
+
+    shown = json.loads(run(env, "show", branch[:12], "--json").stdout)
+    assert json.loads(shown["sidecar"]) == {"type": "branch", "version": 1, "src": shared["src"],
+                                            "parent": shared["parent"]}
+    ancestors = [a["branch"] for a in reversed(shared["ancestors"])]
+    assert [b["branch"] for b in shown["lineage"]] == [branch, *ancestors]
+    assert "<- this branch" in run(env, "show", branch).stdout.decode()
+
+    assert run(env, "cat", branch[:10]).stdout == path.read_bytes()
+    cat_json = json.loads(run(env, "cat", branch, "--json").stdout)
+    assert "".join(cat_json["lines"]).encode() == path.read_bytes()
+
+    assert json.loads(run(env, "unshare", branch, "--json").stdout) == {"branch": branch, "offered": False}
+    everything = {b["branch"]: b for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
+    assert everything[branch]["offered"] is False and len(everything) == 4  # unshared, not deleted
+
+
+def test_share_by_id_prefix_and_latest_of_cwd(env: dict[str, str], tmp_path: Path) -> None:
+    agent = agent_of(env)
+    by_prefix = json.loads(run(env, "share", "01a1ff93-69ef", "--json").stdout)
+    assert by_prefix["path"] == str(agent / "sessions" / BETA / B5)
+    project = tmp_path / "project"
+    project.mkdir()
+    d = agent / "sessions" / session_dir_name(str(project))
+    d.mkdir()
+    source = agent / "sessions" / BETA / B5
+    older, newer = d / "a.jsonl", d / "b.jsonl"
+    shutil.copy(source, older)
+    header = json.loads(source.read_bytes().split(b"\n", 1)[0])
+    header.update(id="01a1ff93-aaaa-7000-8000-000000000001", cwd=str(project))
+    newer.write_bytes(json.dumps(header).encode() + b"\n" + source.read_bytes().split(b"\n", 1)[1])
+    os.utime(older, ns=(10**18, 10**18))
+    os.utime(newer, ns=(2 * 10**18, 2 * 10**18))
+    for args in (("share", "--json"), ("share", "--latest", "--json")):
+        assert json.loads(run(env, *args, cwd=project).stdout)["path"] == str(newer)
+
+
+def test_bad_input_exit_codes_and_nothing_changes(env: dict[str, str], tmp_path: Path) -> None:
+    cases = {"missing": (3, "does not exist"), "empty": (4, "is empty"),
+             "not-a-header": (4, "Pi session header"), "directory": (4, "is a directory")}
+    for kind, (code, message) in cases.items():
+        target = tmp_path / f"{kind}.jsonl"
+        if kind == "empty":
+            target.write_bytes(b"")
+        elif kind == "not-a-header":
+            target.write_bytes(b"hello\n")
+        elif kind == "directory":
+            target.mkdir()
+        proc = run(env, "share", str(target), check=False)
+        assert proc.returncode == code and proc.stdout == b"", kind
+        assert message in proc.stderr.decode() and str(target) in proc.stderr.decode(), kind
+    orphan = tmp_path / "orphan.jsonl"
+    orphan.write_bytes(b'{"type":"session","version":3,"id":"x1","timestamp":"t","cwd":"/w",'
+                       b'"parentSession":"/gone/sessions/--w--/p.jsonl"}\n')
+    proc = run(env, "share", str(orphan), check=False)
+    assert proc.returncode == 3 and "/gone/sessions/--w--/p.jsonl" in proc.stderr.decode()
+    assert "--no-lineage" in proc.stderr.decode()
+    assert not (Path(env["P2PNODE_HOME"]) / "sessions.json").exists()  # nothing was shared
+    assert run(env, "share", str(orphan), "--no-lineage").returncode == 0
+
+
+def test_unknown_branches_and_bad_hashes(env: dict[str, str]) -> None:
+    proc = run(env, "show", "ab" * 32, check=False)
+    assert proc.returncode == 3 and "ab" * 32 in proc.stderr.decode()
+    proc = run(env, "unshare", "not-hex", check=False)
+    assert proc.returncode == 4 and "not a branch hash" in proc.stderr.decode()
+
+
+def test_a_line_that_is_not_json_warns_on_stderr(env: dict[str, str], tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"type":"session","version":3,"id":"w1","timestamp":"t","cwd":"/w"}\nnot json\n')
+    proc = run(env, "share", str(path), "--json")
+    assert "line 2 is not JSON" in proc.stderr.decode()
+    assert json.loads(proc.stdout)["src"] == hash_file(path)  # shared verbatim all the same
+
+
+def test_concurrent_shares_leave_a_valid_manifest(env: dict[str, str]) -> None:
+    files = sorted((agent_of(env) / "sessions").glob("*/*.jsonl"))[:4]
+    procs = [subprocess.Popen([sys.executable, "-m", "p2pnode", "share", str(f)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for f in files]
+    branches = set()
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()
+        branches.add(out.decode().strip())
+    manifest = json.loads((Path(env["P2PNODE_HOME"]) / "manifest.json").read_text())
+    assert branches <= set(manifest)
+    assert {str(f) for f in files} <= set(manifest.values())
+
+
+@pytest.mark.root
+def test_original_agent_dir_layout_gives_the_same_branches(env: dict[str, str], tmp_path: Path,
+                                                           corpus_dir: Path) -> None:
+    """The corpus at /tmp/pi-harness/agent as on the machine that wrote it, in a private mount
+    namespace (a tmp dir bound over /tmp/pi-harness), so the real /tmp/pi-harness is never
+    touched; the mount point is made, and removed again, only if it does not exist.  Root
+    (marker `root`): only root may make a mount namespace; unshare(1) is in util-linux, which
+    every Linux CI machine has."""
+    harness = tmp_path / "harness"
+    shutil.copytree(corpus_dir / "sessions", harness / "agent" / "sessions")
+    node = tmp_path / "inner-node"
+    inner_env = {**env, "P2PNODE_HOME": str(node), "PI_CODING_AGENT_DIR": "/tmp/pi-harness/agent"}
+    target = f"/tmp/pi-harness/agent/sessions/{BETA}/{B5}"
+    mount_point = Path("/tmp/pi-harness")
+    made = not mount_point.exists()
+    mount_point.mkdir(exist_ok=True)
+    cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+           'mount --bind "$0" /tmp/pi-harness && exec "$@"', str(harness), sys.executable, "-m", "p2pnode",
+           "share", target, "--json"]
+    try:
+        proc = subprocess.run(cmd, env=inner_env, capture_output=True, timeout=60)
+    finally:
+        if made:
+            mount_point.rmdir()
+    if proc.returncode != 0 and b"mount" in proc.stderr and b"p2pnode" not in proc.stderr:
+        pytest.skip(f"{KERNEL_LIMITATION}private mount namespaces are unavailable here: "
+                    f"{proc.stderr.decode().strip()}")
+    assert proc.returncode == 0, proc.stderr.decode()
+    original = json.loads(proc.stdout)
+    assert original["path"] == target and (node / "manifest.json").is_file()
+    moved = json.loads(run(env, "share", str(agent_of(env) / "sessions" / BETA / B5), "--json").stdout)
+    assert original["branch"] == moved["branch"]  # lineage found directly, or through the moved agent dir
+    assert [a["branch"] for a in original["ancestors"]] == [a["branch"] for a in moved["ancestors"]]
+
+
+def test_share_killed_mid_import_recovers(env: dict[str, str], tmp_path: Path) -> None:
+    """SIGKILL twice in the middle of a first share of 20 MB (while turns.log grows); the next
+    share finishes, byte-exact, and the store checks clean."""
+    path = tmp_path / "big.jsonl"
+    body = b"".join(b'{"type":"message","id":"%08x","parentId":null,"text":"%s"}\n' % (i, b"%d-" % i * 300)
+                    for i in range(12_000))
+    path.write_bytes(b'{"type":"session","version":3,"id":"big1","timestamp":"t","cwd":"/w"}\n' + body)
+    turns_log = Path(env["P2PNODE_HOME"]) / "store" / "turns.log"
+    for grow_by in (50_000, 300_000):
+        start = turns_log.stat().st_size if turns_log.exists() else 0
+        proc = subprocess.Popen([sys.executable, "-m", "p2pnode", "share", str(path)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            if turns_log.exists() and turns_log.stat().st_size >= start + grow_by:
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL, "the share finished before it could be killed"
+        state = Path(env["P2PNODE_HOME"]) / "sessions.json"
+        if state.exists():
+            json.loads(state.read_bytes())  # never torn
+    branch = run(env, "share", str(path)).stdout.decode().strip()
+    assert run(env, "cat", branch).stdout == path.read_bytes()
+    state = json.loads((Path(env["P2PNODE_HOME"]) / "sessions.json").read_bytes())
+    assert list(state["branches"]) == [branch] and list(state["sessions"]) == [hash_file(path)]
+    fsck = run(env, "fsck", "--json", check=False)
+    assert fsck.returncode == 0, fsck.stdout.decode()
+    with Library.open(NodePaths(Path(env["P2PNODE_HOME"]))) as lib:  # the killed imports' contexts are gone
+        named = {v["context"] for v in state["sessions"].values()}
+        named |= {b["context"] for b in state["branches"].values()}
+        assert {h.context_id for h in lib.store.list_contexts() if h.head_turn_id} <= named

@@ -1,0 +1,280 @@
+"""Real node processes on loopback: share on one, fetch on others over mutual TLS.
+
+Every node is its own `p2pnode` process with its own P2PNODE_HOME and Pi agent dir; the
+sharer runs `p2pnode serve-peers`.  Sessions are the real Pi files from the corpus.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import blake3
+import pytest
+import zstandard
+from procnode import PY, Node
+
+from p2pnode.node.daemon import control_socket
+from p2pnode.paths import NodePaths
+from p2pnode.peer import wire
+from p2pnode.peer.identity import load_or_create_identity, parse_node_id
+from p2pnode.peer.trust import TrustStore
+
+BETA = "sessions/--tmp-pi-harness-work-beta--"
+B1 = f"{BETA}/2026-11-21T19-26-46-592Z_01a1ff93-4f3f-74a0-8c1a-0b533764bed8.jsonl"
+B2 = f"{BETA}/2026-11-21T19-26-52-475Z_01a1ff93-663b-7434-a15c-ca966db56817.jsonl"
+B3 = f"{BETA}/2026-11-21T19-26-52-785Z_01a1ff93-6771-72be-be7a-758d028dc479.jsonl"
+B5 = f"{BETA}/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
+ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
+A3 = f"{ALPHA}/2026-11-21T19-26-32-251Z_01a1ff93-173a-7744-89ad-bbc16c12cc22.jsonl"
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, corpus_dir: Path) -> tuple[Node, Node, Node]:
+    """A holds a copy of the corpus sessions; A, B and C trust each other."""
+    a, b, c = (Node(tmp_path, n) for n in "abc")
+    shutil.copytree(corpus_dir / "sessions", a.agent / "sessions")
+    for x in (a, b, c):  # as `p2pnode trust` does (the commands themselves: test_peer_commands)
+        for y in (a, b, c):
+            if x is not y:
+                TrustStore(NodePaths(x.home).trust).trust(y.id)
+    return a, b, c
+
+
+def test_peer_commands(tmp_path: Path) -> None:
+    a = Node(tmp_path, "a")
+    assert a.run("id").stdout.strip() == a.id
+    other = load_or_create_identity(tmp_path / "other").node_id
+    assert a.run("trust", other.lower().replace("-", ""), "--name", "laptop").stdout.strip() == (
+        f"trusted {other} (laptop)")
+    assert json.loads(a.run("peers", "--json").stdout)[0]["name"] == "laptop"
+    bad = a.run("trust", other[:-1] + ("A" if other[-1] != "A" else "B"), check=False)
+    assert bad.returncode == 4 and "check character" in bad.stderr
+    assert a.run("untrust", other).returncode == 0
+    assert a.run("untrust", other, check=False).returncode == 3
+    assert json.loads(a.run("peers", "--json").stdout) == []
+
+
+def test_fetch_lineage_byte_identical(nodes, corpus_dir: Path) -> None:
+    a, b, _ = nodes
+    branch = a.run("share", str(a.agent / B5)).stdout.split()[0]
+    with a.serving() as port:
+        result = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
+    assert result["branch"] == branch and len(result["fetched"]) == 4  # B5 → B3 → B2 → B1
+    assert result["fetched"][0] == branch and result["conflict"] is None
+    placed = Path(result["path"])
+    assert placed == b.agent / B5  # Pi's own layout, rebuilt from the header
+    assert placed.read_bytes() == (corpus_dir / B5).read_bytes()
+    assert not list(b.agent.glob("*.jsonl"))  # nothing in the agent dir root
+    for rel, fetched in zip((B3, B2, B1), result["fetched"][1:], strict=True):  # ancestors, verbatim
+        assert b.run("cat", fetched).stdout.encode() == (corpus_dir / rel).read_bytes()
+    assert json.loads(b.run("ls", "--json").stdout) == []  # fetched branches are not offered on
+    ls = json.loads(b.run("ls", "--all", "--json").stdout)
+    assert {i["branch"] for i in ls} == set(result["fetched"]) and not any(i["offered"] for i in ls)
+    # the same fetch again: nothing to move, the file is already there
+    with a.serving() as port:
+        again = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
+    assert again["fetched"] == [] and again["bytes_received"] == 0 and again["written"] is False
+
+
+def test_ticket_and_peer_order(nodes, corpus_dir: Path) -> None:
+    """C fetches by ticket; a dead address listed first is skipped, the next one serves."""
+    a, _, c = nodes
+    branch = a.run("share", str(a.agent / B2)).stdout.split()[0]
+    with a.serving() as port:
+        dead = _free_port()
+        ticket = wire.encode_ticket(wire.Ticket(bytes.fromhex(branch), parse_node_id(a.id),
+                                                (("127.0.0.1", dead), ("127.0.0.1", port))))
+        out = c.run("fetch", ticket).stdout
+    assert f"pi --fork {c.agent / B2}" in out
+    assert (c.agent / B2).read_bytes() == (corpus_dir / B2).read_bytes()
+
+
+def test_wrong_node_at_address_is_refused(nodes) -> None:
+    """A ticket naming B while A answers at the address: refused, nothing stored or written."""
+    a, b, c = nodes
+    branch = a.run("share", str(a.agent / B2)).stdout.split()[0]
+    with a.serving() as port:
+        proc = c.run("fetch", branch, "--from", f"{b.id}@127.0.0.1:{port}", check=False)
+    assert proc.returncode == 8, proc.stderr
+    assert "expected" in proc.stderr and b.id in proc.stderr
+    assert not (c.agent / "sessions").exists()
+    assert json.loads(c.run("ls", "--json").stdout) == []
+
+
+def _grow(path: Path, n: int, seed: int) -> bytes:
+    """Append n Pi-like lines of fresh (poorly compressible) text; returns the new bytes."""
+    import random
+
+    rnd = random.Random(seed)
+    new = b""
+    for i in range(n):
+        words = ["edit", "file", "the", "tool", "result"]
+        text = " ".join(rnd.choice(words + [str(rnd.random())]) for _ in range(900))
+        line = {"type": "message", "id": f"{seed:04x}{i:04x}", "parentId": None,
+                "timestamp": "2026-11-21T20:00:00.000Z", "message": {"role": "user", "content": text}}
+        new += (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    with open(path, "ab") as f:
+        f.write(new)
+    return new
+
+
+def test_grown_version_moves_only_new_lines(nodes) -> None:
+    a, b, _ = nodes
+    session = a.agent / A3
+    v1 = a.run("share", str(session)).stdout.split()[0]
+    with a.serving() as port:
+        first = b.fetch_json(v1, "--from", f"127.0.0.1:{port}")
+    new = _grow(session, 3, seed=1)
+    v2 = a.run("share", str(session)).stdout.split()[0]
+    with a.serving() as port:
+        second = b.fetch_json(v2, "--from", f"127.0.0.1:{port}")
+    assert second["fetched"] == [v2] and second["lines_fetched"] == 3
+    lines = second["lines_total"]
+    compressed_new = sum(len(zstandard.ZstdCompressor().compress(ln)) for ln in new.splitlines(keepends=True))
+    # the manifest costs 36 bytes a line, the sidecar ~116, each frame 42: far below the goal
+    assert second["bytes_received"] <= 1.1 * compressed_new + 40 * lines
+    assert first["bytes_received"] > 10 * second["bytes_received"]
+    # the older fetched copy (a prefix, held by this node) is replaced by the grown one
+    assert second["written"] and (b.agent / A3).read_bytes() == session.read_bytes()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CuttingProxy:
+    """A TCP relay on loopback that cuts its first connection after `cut_after` bytes toward the
+    client (a link that drops mid-transfer); later connections are relayed whole.  `reached`
+    is set once `notify_at` bytes went toward the client."""
+
+    def __init__(self, target_port: int, cut_after: int | None, notify_at: int = 0) -> None:
+        self.target_port = target_port
+        self.cut_after = cut_after
+        self.notify_at = notify_at
+        self.relayed = 0
+        self.reached = asyncio.Event()
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        assert self.server
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        limit = self.cut_after if self.connections == 1 else None
+        sr, sw = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, budget: int | None) -> None:
+            sent = 0
+            with contextlib.suppress(ConnectionError):
+                while data := await r.read(65536):
+                    if budget is not None and sent + len(data) > budget:
+                        w.write(data[: budget - sent])
+                        break
+                    w.write(data)
+                    sent += len(data)
+                    if w is cw:
+                        self.relayed += len(data)
+                        if self.notify_at and self.relayed >= self.notify_at:
+                            self.reached.set()
+                    await w.drain()
+            for writer in (cw, sw):
+                writer.transport.abort()
+
+        await asyncio.gather(pipe(cr, sw, None), pipe(sr, cw, limit))
+
+
+async def test_cut_link_resumes_without_starting_over(nodes) -> None:
+    a, b, c = nodes
+    branch = a.run("share", str(a.agent / A3)).stdout.split()[0]
+    with a.serving() as port:
+        clean = c.fetch_json(branch, "--from", f"127.0.0.1:{port}")
+        proxy = CuttingProxy(port, cut_after=clean["bytes_received"] // 2)
+        proxy_port = await proxy.start()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                PY, "-m", "p2pnode", "fetch", branch, "--from", f"127.0.0.1:{proxy_port}", "--json",
+                env=b.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            await proxy.close()
+    assert proc.returncode == 0, err
+    resumed = json.loads(out)
+    assert proxy.connections >= 2  # the link was cut and a new connection made
+    # no verified line was fetched twice: the retry asked only for what was still missing
+    assert resumed["lines_fetched"] == clean["lines_fetched"]
+    biggest_line = max(len(ln) for ln in (a.agent / A3).read_bytes().splitlines())
+    assert resumed["bytes_received"] < clean["bytes_received"] + biggest_line
+    data = (b.agent / A3).read_bytes()
+    assert blake3.blake3(data).hexdigest() == resumed["src"] == clean["src"]
+
+
+def test_share_prints_a_ticket_when_a_node_runs(nodes) -> None:
+    """With `p2pnode serve` running, `share` (routed through the node) prints a ticket naming
+    the branch and this node; without a running node it prints the hash alone."""
+    a, _, _ = nodes
+    alone = a.run("share", str(a.agent / B2)).stdout.split()
+    assert len(alone) == 1
+    node = subprocess.Popen([PY, "-m", "p2pnode", "serve", "--no-mdns", "--host", "127.0.0.1", "--port", "0"],
+                            env=a.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        sock = control_socket(NodePaths(a.home))
+        for _ in range(100):  # until its control socket is there (bounded: 10 s)
+            if sock.exists():
+                break
+            time.sleep(0.1)
+        out = a.run("share", str(a.agent / B3)).stdout.split()
+    finally:
+        node.terminate()
+        node.wait(timeout=10)
+    branch, ticket = out
+    decoded = wire.decode_ticket(ticket)
+    assert decoded.branch.hex() == branch and decoded.node == parse_node_id(a.id)
+    assert decoded.addresses and all(port > 0 for _, port in decoded.addresses)
+
+
+async def test_fetch_killed_mid_transfer_leaves_nothing(nodes, tmp_path: Path) -> None:
+    """SIGKILL the fetching process halfway: no session file (whole or partial) under Pi's
+    sessions dir, nothing in its store; the next fetch completes, byte-identical."""
+    import random
+    import signal
+
+    a, b, _ = nodes
+    rnd = random.Random(7)
+    path = a.agent / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_big.jsonl"
+    path.parent.mkdir(parents=True)
+    header = b'{"type":"session","version":3,"id":"big","timestamp":"2026-11-21T20:00:00.000Z","cwd":"/w"}\n'
+    path.write_bytes(header + b"".join(b'{"type":"custom","data":"' + rnd.randbytes(200_000).hex().encode()
+                                       + b'"}\n' for _ in range(60)))  # 24 MB, incompressible
+    branch = a.run("share", str(path)).stdout.split()[0]
+    with a.serving() as port:
+        proxy = CuttingProxy(port, cut_after=None, notify_at=8_000_000)
+        proxy_port = await proxy.start()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                PY, "-m", "p2pnode", "fetch", branch, "--from", f"127.0.0.1:{proxy_port}", env=b.env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            await asyncio.wait_for(proxy.reached.wait(), 60)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        finally:
+            await proxy.close()
+        assert not list((b.agent).rglob("*.jsonl"))
+        assert json.loads(b.run("ls", "--all", "--json").stdout) == []
+        result = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
+    assert Path(result["path"]).read_bytes() == path.read_bytes()

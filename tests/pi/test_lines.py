@@ -1,0 +1,30 @@
+"""The one line splitter: streamed in any chunks it cuts as split_lines does, and is_split
+accepts exactly its cuts."""
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from p2pnode.pi.lines import LineSplitter, is_split, split_lines
+
+DATA = st.binary(max_size=200).map(lambda b: b.replace(b"\x00", b"\n"))
+
+
+@given(DATA, st.lists(st.integers(min_value=0, max_value=200), max_size=8))
+def test_chunks_cut_as_the_whole(data: bytes, cuts: list[int]) -> None:
+    splitter, lines, start = LineSplitter(), [], 0
+    for cut in sorted(cuts) + [len(data)]:
+        lines += splitter.feed(data[start:max(start, cut)])
+        start = max(start, cut)
+    if (rest := splitter.rest()) is not None:
+        lines.append(rest)
+    assert lines == split_lines(data)
+    assert b"".join(lines) == data
+    assert is_split(lines)
+
+
+def test_other_cuts_are_refused() -> None:
+    assert is_split([b"a\n", b"b"])
+    assert not is_split([b"a", b"\n"])
+    assert not is_split([b"a\nb\n"])
+    assert split_lines(b"a\r\nb\rc") == [b"a\r\n", b"b\rc"]

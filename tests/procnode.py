@@ -1,0 +1,48 @@
+"""A node as a real `p2pnode` process with its own P2PNODE_HOME and Pi agent dir, for tests that
+drive the CLI end to end (tests/peer, tests/library, tests/pi share it)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from p2pnode.paths import NodePaths
+from p2pnode.peer.identity import load_or_create_identity
+
+PY = sys.executable
+
+
+class Node:
+    def __init__(self, root: Path, name: str) -> None:
+        self.home = root / name / "home"
+        self.agent = root / name / "agent"
+        self.agent.mkdir(parents=True)
+        self.env = dict(os.environ, P2PNODE_HOME=str(self.home), PI_CODING_AGENT_DIR=str(self.agent))
+        self.id = load_or_create_identity(NodePaths(self.home).identity).node_id  # as `p2pnode id` does
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([PY, "-m", "p2pnode", *args], env=self.env, capture_output=True, text=True,
+                              timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"p2pnode {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+        return proc
+
+    def fetch_json(self, *args: str) -> dict:
+        return json.loads(self.run("fetch", *args, "--json").stdout)
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[int]:
+        """`p2pnode serve-peers` on loopback; yields its port; stopped (SIGTERM) at the end."""
+        proc = subprocess.Popen([PY, "-m", "p2pnode", "serve-peers", "--port", "0"], env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line.startswith("listening on"), proc.stderr.read() if proc.stderr else line
+            yield int(line.rsplit(":", 1)[1])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
