@@ -49,6 +49,11 @@ def goal(name: str, value: float, target: float, unit: str, higher_is_better: bo
     return {"name": name, "value": round(value, 4), "target": target, "unit": unit, "met": bool(met)}
 
 
+def unmet(name: str, target: float, unit: str, why: str) -> dict[str, Any]:
+    """The goal of a baseline that could not run: reported unmet with the reason, never dropped."""
+    return {"name": name, "value": None, "target": target, "unit": unit, "met": False, "why": why}
+
+
 def disk_bytes(path: str | os.PathLike[str]) -> int:
     """Allocated bytes (st_blocks × 512) of every file under path: what the disk really holds."""
     total = 0
