@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -25,6 +27,7 @@ from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
+from p2pnode.pi import secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
 from p2pnode.pi.lines import LineRef
@@ -60,6 +63,8 @@ class BranchInfo:
     """The local session file (manifest.json), if there is one."""
     lineage_cut: str | None = None
     """The parentSession left out by `share --no-lineage` on this node (None: not cut here)."""
+    secrets_allowed: bool = False
+    """Shared with `--allow-secrets` although the secret scan found some in it."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +77,10 @@ class ShareResult(BranchInfo):
     warnings: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     """What the user is told once per node (pi 1.5.2's system prompt travels with the session)."""
+    redacted_from: str | None = None
+    """`share --redact`: the original file, whose redacted copy (`path`) was shared instead."""
+    secrets: list[dict[str, Any]] = field(default_factory=list)
+    """`share --allow-secrets`: what the scan found in what was shared (masked), with its file."""
 
 
 SYSTEM_PROMPT_NOTICE = (
@@ -93,6 +102,41 @@ def _check_placeable(path: Path, header: pisession.SessionHeader) -> None:
         pisession.placed_names(header)
     except HostileHeader as exc:
         raise HostileHeader(f"{path} cannot be shared, peers could not place it: {exc}") from None
+
+
+def _new_session_id() -> str:
+    """A UUIDv7, as Pi makes session ids (48-bit Unix milliseconds, then random bits)."""
+    rand = int.from_bytes(os.urandom(10), "big") & ((1 << 76) - 1)
+    value = (int(time.time() * 1000) << 80) | (0x7 << 76) | rand
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # the RFC 9562 variant
+    return str(uuid.UUID(int=value))
+
+
+def write_redacted_copy(path: Path) -> Path:
+    """`share --redact`: the session with each secret replaced by its marker, as a new Pi
+    session beside the original (a new id in its header and its name; every other byte as it
+    was, so its lines are the original's lines and delta transfer still works).  A session with
+    nothing to redact is shared as it is."""
+    data = path.read_bytes()
+    findings = secrets.scan(data)
+    if not findings:
+        return path
+    header = pisession.read_header(path)
+    new_id = _new_session_id()
+    redacted = secrets.redact(data, findings)
+    end = redacted.find(b"\n")
+    first, rest = (redacted, b"") if end < 0 else (redacted[:end], redacted[end:])
+    old = b'"id":' + json.dumps(header.id).encode()
+    if first.count(old) != 1:
+        raise InvalidInput(f"{path}: cannot give the redacted copy a new id (the header line is not "
+                           "the first line or not as Pi writes it)")
+    copy = path.with_name(pisession.session_file_name(header.timestamp or "redacted", new_id))
+    with open(copy, "xb") as f:  # never over an existing file
+        f.write(first.replace(old, b'"id":' + json.dumps(new_id).encode()) + rest)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(copy, path.stat().st_mode & 0o777)
+    return copy
 
 
 class Library:
@@ -147,17 +191,29 @@ class Library:
         return pisession.find_by_id(pi.agent, target, pi.sessions)
 
     def share(self, target: str | None = None, *, latest: bool = False, no_lineage: bool = False,
-              cwd: str | None = None, pi: PiDirs | None = None) -> ShareResult:
+              cwd: str | None = None, pi: PiDirs | None = None, allow_secrets: bool = False,
+              redact: bool = False) -> ShareResult:
         """Share a session with its lineage: the ancestors this node knows (shared or fetched)
-        as they are, the ones it has never seen found through parentSession and shared first."""
+        as they are, the ones it has never seen found through parentSession and shared first.
+
+        The secret scan runs over all of it first and fails closed (SecretsFound, nothing
+        offered) unless `allow_secrets`; `redact` shares a redacted copy of the session."""
         cwd = cwd or os.getcwd()
         pi = pi or self.pi_dirs(cwd)
         path = self.resolve_target(target, latest=latest, cwd=cwd, pi=pi)
+        original = path
+        if redact:
+            path = write_redacted_copy(path)
         with self._lock:
             chain, base, cut_above = self._lineage(path, pi, follow=not no_lineage)
             for file, header in chain:
                 _check_placeable(file, header)
             known = list(reversed(self.lineage(base))) if base is not None else []
+            found = self._scan_lineage(chain, known)
+            if found and not allow_secrets:
+                raise secrets.SecretsFound([(where, f) for where, _, f in found])
+            for branch in {b for _, b, _ in found if b is not None}:
+                self.sessions.mark_secrets_allowed(branch)
             for info in known:  # offered again with the new child, as the ancestors shared now are
                 self.sessions.set_offered(info.branch, True)
             infos: list[BranchInfo] = [self._info(self.sessions.branch(i.branch)) for i in known]
@@ -168,13 +224,30 @@ class Library:
                 if file == chain[-1][0] and base is None:
                     cut = cut or cut_above
                 info, file_warnings = self._share_file(file, header, parent, cut)
+                if any(where == str(file) for where, _, _ in found):
+                    info = self._info(self.sessions.mark_secrets_allowed(info.branch), info.path)
                 infos.append(info)
                 warnings += file_warnings
                 parent = info.branch
             notices = self._notices(path)
         for warning in warnings:
             log.info("%s", warning)  # the caller shows ShareResult.warnings (the CLI on stderr)
-        return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices)
+        allowed = [dict(f.as_dict(), file=where) for where, _, f in found]
+        redacted_from = str(original.absolute()) if path != original else None
+        return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices,
+                           redacted_from=redacted_from, secrets=allowed)
+
+    def _scan_lineage(self, chain: list[tuple[Path, pisession.SessionHeader]], known: list[BranchInfo]
+                      ) -> list[tuple[str, str | None, secrets.Finding]]:
+        """(file or branch, the known branch or None, finding) for everything `share` would
+        offer: the files it shares and the branches it offers again."""
+        found: list[tuple[str, str | None, secrets.Finding]] = []
+        for info in known:
+            where = info.path or f"branch {info.branch}"
+            found += [(where, info.branch, f) for f in secrets.scan(self.sessions.session_bytes(info.src))]
+        for file, _ in reversed(chain):
+            found += [(str(file), None, f) for f in secrets.scan(file.read_bytes())]
+        return found
 
     def _lineage(self, path: Path, pi: PiDirs, *, follow: bool
                  ) -> tuple[list[tuple[Path, pisession.SessionHeader]], str | None, str | None]:
@@ -354,7 +427,7 @@ class Library:
             branch=record.branch, src=record.src, parent=record.parent, size=version.size,
             lines=version.lines, header=dict(version.header), title=version.title, offered=record.offered,
             shared_at=record.shared_at, path=path if path is not None else self.manifest.get(record.branch),
-            lineage_cut=record.lineage_cut,
+            lineage_cut=record.lineage_cut, secrets_allowed=record.secrets_allowed,
         )
 
     def branches(self, include_unshared: bool = False) -> list[BranchInfo]:
