@@ -44,7 +44,7 @@ def _target(obj: dict, where: str) -> tuple[dict, str, str] | None:
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         return None
     role = {"toolResult": "toolResult", "user": "user", "bash": "assistant"}[where]
-    if message.get("role") != role or (where == "toolResult" and message.get("toolName") != "bash"):
+    if message.get("role") != role:
         return None
     for i, item in enumerate(message["content"]):
         if where == "bash" and item.get("type") == "toolCall" and item.get("name") == "bash":
@@ -55,7 +55,7 @@ def _target(obj: dict, where: str) -> tuple[dict, str, str] | None:
 
 
 def plant(data: bytes, where: str, value: str) -> tuple[bytes, int, str]:
-    """The session with `value` written into the first tool result of bash ("toolResult"), user
+    """The session with `value` written into the first tool result ("toolResult"), user
     message ("user") or bash command ("bash"): (bytes, line number, JSON path)."""
     lines = data.split(b"\n")
     for n, line in enumerate(lines):
