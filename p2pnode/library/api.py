@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -151,6 +151,8 @@ class Library:
         self._lock = threading.RLock()
         self._offered: tuple[int, dict[str, str]] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
+        self._bases: dict[str, Version] = {}
+        """Versions imported as a grown base (not rewritten), until their secret scan."""
 
     @classmethod
     def open(cls, paths: NodePaths, agent_dir: Path | None = None,
@@ -209,7 +211,17 @@ class Library:
             for file, header in chain:
                 _check_placeable(file, header)
             known = list(reversed(self.lineage(base))) if base is not None else []
-            found = self._scan_lineage(chain, known)
+            # stored first (the store may keep bytes), scanned, and only then offered
+            stored: list[tuple[Path, Version, list[str]]] = []
+            like = self.sessions.branch(base).src if base is not None else None
+            for file, header in reversed(chain):  # root first
+                version, file_warnings = self._store_file(file, header, like)
+                stored.append((file, version, file_warnings))
+                like = version.src
+            found: list[tuple[str, str | None, secrets.Finding]] = [
+                (i.path or f"branch {i.branch}", i.branch, f)
+                for i in known for f in self._findings(i.src, None)]
+            found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src, file)]
             if found and not allow_secrets:
                 raise secrets.SecretsFound([(where, f) for where, _, f in found])
             for branch in {b for _, b, _ in found if b is not None}:
@@ -219,11 +231,11 @@ class Library:
             infos: list[BranchInfo] = [self._info(self.sessions.branch(i.branch)) for i in known]
             warnings: list[str] = []
             parent = base
-            for file, header in reversed(chain):  # root first
+            for (file, header), (_, version, file_warnings) in zip(reversed(chain), stored, strict=True):
                 cut = header.parent_session if no_lineage and file == path else None
                 if file == chain[-1][0] and base is None:
                     cut = cut or cut_above
-                info, file_warnings = self._share_file(file, header, parent, cut)
+                info = self._offer_file(file, version, parent, cut)
                 if any(where == str(file) for where, _, _ in found):
                     info = self._info(self.sessions.mark_secrets_allowed(info.branch), info.path)
                 infos.append(info)
@@ -237,17 +249,41 @@ class Library:
         return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices,
                            redacted_from=redacted_from, secrets=allowed)
 
-    def _scan_lineage(self, chain: list[tuple[Path, pisession.SessionHeader]], known: list[BranchInfo]
-                      ) -> list[tuple[str, str | None, secrets.Finding]]:
-        """(file or branch, the known branch or None, finding) for everything `share` would
-        offer: the files it shares and the branches it offers again."""
-        found: list[tuple[str, str | None, secrets.Finding]] = []
-        for info in known:
-            where = info.path or f"branch {info.branch}"
-            found += [(where, info.branch, f) for f in secrets.scan(self.sessions.session_bytes(info.src))]
-        for file, _ in reversed(chain):
-            found += [(str(file), None, f) for f in secrets.scan(file.read_bytes())]
+    def _findings(self, src: str, file: Path | None) -> list[secrets.Finding]:
+        """The secret scan of a stored version, remembered per version (scanned.json), so a
+        re-share scans only what the session grew by: a version is scanned once, from the
+        end of the last complete line of the version it grew from (the import's base)."""
+        record = self._scanned()
+        if src in record:
+            return [secrets.Finding(**f) for f in record[src]]
+        version = self.sessions.version(src)
+        base = self._bases.pop(src, None)
+        cut, earlier, lines_before = 0, [], 0
+        if base is not None and base.src in record and file is not None:
+            cut = base.last_line_start
+            earlier = [secrets.Finding(**f) for f in record[base.src] if f["end"] <= cut]
+            lines_before = base.lines - (1 if cut < base.size else 0)
+        if file is not None:
+            with open(file, "rb") as f:
+                f.seek(cut)
+                data = f.read(version.size - cut)
+            if len(data) != version.size - cut:
+                raise VerificationFailed(f"{file} shrank while it was being shared; share it again")
+        else:
+            data = self.sessions.session_bytes(src)
+        found = earlier + [replace(f, line=f.line + lines_before, start=f.start + cut, end=f.end + cut)
+                           for f in secrets.scan(data)]
+        record[src] = [f.as_dict() for f in found]
+        atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
         return found
+
+    def _scanned(self) -> dict[str, list[dict[str, Any]]]:
+        """Every version this node has scanned: its findings ([] when clean)."""
+        try:
+            record = json.loads((self.paths.home / "scanned.json").read_bytes())
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def _lineage(self, path: Path, pi: PiDirs, *, follow: bool
                  ) -> tuple[list[tuple[Path, pisession.SessionHeader]], str | None, str | None]:
@@ -362,25 +398,30 @@ class Library:
         atomic_write(said, json.dumps(dict(seen, system_prompt=True)).encode())
         return [SYSTEM_PROMPT_NOTICE]
 
-    def _share_file(self, path: Path, header: pisession.SessionHeader, parent: str | None,
-                    lineage_cut: str | None = None) -> tuple[BranchInfo, list[str]]:
+    def _store_file(self, path: Path, header: pisession.SessionHeader,
+                    like: str | None) -> tuple[Version, list[str]]:
+        """The stored version of the file's complete lines (imported unless held already)."""
         warnings: list[str] = []
         cached = self.hasher.cached(path)
         if cached is not None and self.sessions.has_version(cached.blake3):
             version = self.sessions.version(cached.blake3)
         else:
-            version, warnings = self._import(path, header, parent)
+            version, warnings = self._import(path, header, like)
         left_out = path.stat().st_size - version.size
         if left_out > 0:
             warnings.append(f"{path}: shared its complete lines ({version.size} bytes); the {left_out} bytes "
                             "after the last newline (a line Pi is still writing) are left for the next share")
+        return version, warnings
+
+    def _offer_file(self, path: Path, version: Version, parent: str | None,
+                    lineage_cut: str | None = None) -> BranchInfo:
         sidecar = Sidecar(version.src, parent)
         record = self.sessions.add_branch(sidecar.encode(), sidecar.branch, version.src, parent, lineage_cut)
         self.manifest.record(record.branch, path.absolute())
-        return self._info(record, str(path.absolute())), warnings
+        return self._info(record, str(path.absolute()))
 
     def _import(self, path: Path, header: pisession.SessionHeader,
-                parent: str | None) -> tuple[Version, list[str]]:
+                like: str | None) -> tuple[Version, list[str]]:
         """Store the file, reusing an older version it grew from, or its parent's lines."""
         size = path.stat().st_size
         known = self.hasher.known(path)
@@ -388,7 +429,6 @@ class Library:
             base: Version | None = self.sessions.version(known.blake3)
         else:
             base = self.sessions.latest_version_of(header.id, size)
-        like = self.sessions.branch(parent).src if parent is not None else None
 
         def scan(prefix: Prefix | None, sink: Sink) -> Scan:
             return self.hasher.scan(path, prefix=prefix, sink=sink)
@@ -397,6 +437,8 @@ class Library:
         self.hasher.save()
         if result.scan.rewritten:
             log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
+        elif base is not None:
+            self._bases[result.version.src] = base  # the secret scan starts where base ends
         return result.version, result.warnings
 
     def unshare(self, branch_hex: str) -> BranchInfo:

@@ -114,6 +114,29 @@ def test_refused_when_a_known_ancestor_offered_again_holds_a_key(agent: Path, tm
         assert [b.branch for b in lib.branches()] == []
 
 
+def test_a_refused_session_stays_refused_and_a_grown_one_is_scanned_from_where_it_grew(
+        lib: Library, agent: Path) -> None:
+    """The store keeps what a refused share imported, which must not make the next share skip
+    the scan; a re-share scans only the new lines (scanned.json), with the right line numbers."""
+    path = find(agent, B1)
+    clean = path.read_bytes()
+    first = lib.share(str(path))
+    kind, value = PLANTED[5]
+    grown_line = json.dumps({"type": "message", "id": "f00dcafe", "parentId": None, "message": {
+        "role": "user", "content": [{"type": "text", "text": f"use {value} please"}]}}).encode() + b"\n"
+    path.write_bytes(clean + grown_line)
+    for _ in range(2):
+        with pytest.raises(secrets.SecretsFound) as refused:
+            lib.share(str(path))
+        [(_, finding)] = refused.value.found
+        assert (finding.kind, finding.line, finding.where) == (kind, clean.count(b"\n") + 1,
+                                                               "message.content[0].text")
+        assert finding.start == len(clean) + len(b'{"type": "message", "id": "f00dcafe", "parentId": null, '
+                                                 b'"message": {"role": "user", "content": [{"type": "text", '
+                                                 b'"text": "use ')
+    assert [b.branch for b in lib.branches()] == [first.branch]
+
+
 def test_allow_secrets_shares_and_marks(lib: Library, agent: Path) -> None:
     path = find(agent, B5)
     plant_all(find(agent, B1))
