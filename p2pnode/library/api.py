@@ -139,6 +139,43 @@ def write_redacted_copy(path: Path) -> Path:
     return copy
 
 
+class _ScanningSink:
+    """The import's sink, with the secret scan of the same bytes as they pass: no second read,
+    and the scan runs while the import worker compresses the lines fed before."""
+
+    def __init__(self) -> None:
+        self.inner: Sink | None = None
+        self.start = 0
+        """The file offset the fed bytes start at (where the version it grew from ends)."""
+        self.findings: list[secrets.Finding] = []
+        self._pending = b""
+        self._offset = 0
+        self._lines = 0
+
+    def begin(self, appended: bool) -> int:
+        assert self.inner is not None
+        self.start = self.inner.begin(appended)
+        return self.start
+
+    def feed(self, data: memoryview) -> None:
+        assert self.inner is not None
+        self.inner.feed(data)
+        chunk = self._pending + bytes(data)
+        cut = chunk.rfind(b"\n") + 1  # whole lines only: a key is never cut in two
+        self._scan(chunk[:cut])
+        self._pending = chunk[cut:]
+
+    def finish(self) -> None:
+        self._scan(self._pending)
+        self._pending = b""
+
+    def _scan(self, data: bytes) -> None:
+        self.findings += [replace(f, line=f.line + self._lines, start=f.start + self._offset,
+                                  end=f.end + self._offset) for f in secrets.scan(data)]
+        self._offset += len(data)
+        self._lines += data.count(b"\n")
+
+
 class Library:
     def __init__(self, paths: NodePaths, store: Store, agent_dir: Path) -> None:
         self.paths = paths
@@ -151,8 +188,9 @@ class Library:
         self._lock = threading.RLock()
         self._offered: tuple[int, dict[str, str]] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
-        self._bases: dict[str, Version] = {}
-        """Versions imported as a grown base (not rewritten), until their secret scan."""
+        self._fed: dict[str, tuple[_ScanningSink, Version | None]] = {}
+        """What the secret scan saw of each version the import just read (and the version it
+        grew from), until `_findings` records it."""
 
     @classmethod
     def open(cls, paths: NodePaths, agent_dir: Path | None = None,
@@ -220,8 +258,8 @@ class Library:
                 like = version.src
             found: list[tuple[str, str | None, secrets.Finding]] = [
                 (i.path or f"branch {i.branch}", i.branch, f)
-                for i in known for f in self._findings(i.src, None)]
-            found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src, file)]
+                for i in known for f in self._findings(i.src)]
+            found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
             if found and not allow_secrets:
                 raise secrets.SecretsFound([(where, f) for where, _, f in found])
             for branch in {b for _, b, _ in found if b is not None}:
@@ -249,30 +287,24 @@ class Library:
         return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices,
                            redacted_from=redacted_from, secrets=allowed)
 
-    def _findings(self, src: str, file: Path | None) -> list[secrets.Finding]:
-        """The secret scan of a stored version, remembered per version (scanned.json), so a
-        re-share scans only what the session grew by: a version is scanned once, from the
-        end of the last complete line of the version it grew from (the import's base)."""
+    def _findings(self, src: str) -> list[secrets.Finding]:
+        """The secret scan of a stored version, remembered per version (scanned.json): the scan
+        the import ran on the bytes it read (a grown session: only what it grew by, with the
+        findings of the version it grew from), else of the stored bytes."""
         record = self._scanned()
         if src in record:
             return [secrets.Finding(**f) for f in record[src]]
-        version = self.sessions.version(src)
-        base = self._bases.pop(src, None)
-        cut, earlier, lines_before = 0, [], 0
-        if base is not None and base.src in record and file is not None:
-            cut = base.last_line_start
-            earlier = [secrets.Finding(**f) for f in record[base.src] if f["end"] <= cut]
+        fed, base = self._fed.pop(src, (None, None))
+        if fed is not None and fed.start == 0:
+            found = fed.findings
+        elif fed is not None and base is not None and base.src in record:
+            cut = fed.start
             lines_before = base.lines - (1 if cut < base.size else 0)
-        if file is not None:
-            with open(file, "rb") as f:
-                f.seek(cut)
-                data = f.read(version.size - cut)
-            if len(data) != version.size - cut:
-                raise VerificationFailed(f"{file} shrank while it was being shared; share it again")
-        else:
-            data = self.sessions.session_bytes(src)
-        found = earlier + [replace(f, line=f.line + lines_before, start=f.start + cut, end=f.end + cut)
-                           for f in secrets.scan(data)]
+            found = [secrets.Finding(**f) for f in record[base.src] if f["end"] <= cut]
+            found += [replace(f, line=f.line + lines_before, start=f.start + cut, end=f.end + cut)
+                      for f in fed.findings]
+        else:  # held already (cached), or grown from a version never scanned: scan it whole
+            found = secrets.scan(self.sessions.session_bytes(src))
         record[src] = [f.as_dict() for f in found]
         atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
         return found
@@ -430,15 +462,18 @@ class Library:
         else:
             base = self.sessions.latest_version_of(header.id, size)
 
+        fed = _ScanningSink()
+
         def scan(prefix: Prefix | None, sink: Sink) -> Scan:
-            return self.hasher.scan(path, prefix=prefix, sink=sink)
+            fed.inner = sink
+            return self.hasher.scan(path, prefix=prefix, sink=fed)
 
         result = self.sessions.import_file(path, scan, header, base, like)
         self.hasher.save()
+        fed.finish()
         if result.scan.rewritten:
             log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
-        elif base is not None:
-            self._bases[result.version.src] = base  # the secret scan starts where base ends
+        self._fed[result.version.src] = (fed, base)
         return result.version, result.warnings
 
     def unshare(self, branch_hex: str) -> BranchInfo:
