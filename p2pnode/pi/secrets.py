@@ -26,30 +26,34 @@ class Pattern:
     """How many leading characters of the value a masked finding shows (the public prefix)."""
     group: int = 0
     """The group holding the secret itself (0: the whole match)."""
+    variants: tuple[tuple[bytes, str, int], ...] = ()
+    """(value prefix, kind, shown) for one pattern that finds several kinds: each pattern is a
+    pass over all the bytes, so kinds that share a literal share a pass."""
+
+    def kind_of(self, value: bytes) -> tuple[str, int]:
+        return next(((k, n) for p, k, n in self.variants if value.startswith(p)), (self.kind, self.shown))
 
 
-def _p(kind: str, regex: bytes, shown: int, group: int = 0) -> Pattern:
-    return Pattern(kind, re.compile(regex), shown, group)
+def _p(kind: str, regex: bytes, shown: int, group: int = 0,
+       variants: tuple[tuple[bytes, str, int], ...] = ()) -> Pattern:
+    return Pattern(kind, re.compile(regex), shown, group, variants)
 
 
 _URL_PASSWORD = rb"[^\s/@\"'\\:<>{}$*]"
 PATTERNS: tuple[Pattern, ...] = (
-    _p("anthropic-key", rb"sk-ant-[A-Za-z0-9_-]{20,300}", 7),
-    _p("openai-key", rb"sk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,300}", 8),
-    _p("openai-key", rb"sk-[A-Za-z0-9]{32,200}", 3),
+    _p("openai-key", rb"sk-(?:ant-[A-Za-z0-9_-]{20,300}|(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,300}"
+                     rb"|[A-Za-z0-9]{32,200})", 3,
+       variants=((b"sk-ant-", "anthropic-key", 7), (b"sk-proj-", "openai-key", 8))),
     _p("google-api-key", rb"AIza[0-9A-Za-z_-]{35}", 4),
-    _p("github-token", rb"ghp_[A-Za-z0-9]{36}", 4),
-    _p("github-token", rb"gho_[A-Za-z0-9]{36}", 4),
+    _p("github-token", rb"gh[po]_[A-Za-z0-9]{36}", 4),
     _p("github-token", rb"github_pat_[A-Za-z0-9_]{40,255}", 11),
     _p("gitlab-token", rb"glpat-[A-Za-z0-9_-]{20,64}", 6),
     _p("slack-token", rb"xox[abpr]-[A-Za-z0-9-]{10,200}", 5),
     _p("stripe-key", rb"sk_live_[A-Za-z0-9]{20,200}", 8),
-    _p("stripe-key", rb"rk_live_[A-Za-z0-9]{20,200}", 8),
     _p("aws-access-key-id", rb"AKIA[0-9A-Z]{16}", 4),
     _p("aws-access-key-id", rb"ASIA[0-9A-Z]{16}", 4),
-    _p("aws-secret-key", rb"aws_secret_access_key[\\\"' ]*[=:][\\\"' ]*([A-Za-z0-9/+]{40})", 0, 1),
-    _p("aws-secret-key", rb"AWS_SECRET_ACCESS_KEY[\\\"' ]*[=:][\\\"' ]*([A-Za-z0-9/+]{40})", 0, 1),
-    _p("aws-secret-key", rb"SecretAccessKey[\\\"' ]*[=:][\\\"' ]*([A-Za-z0-9/+]{40})", 0, 1),
+    _p("aws-secret-key", rb"ecret_?[Aa]ccess_?[Kk]ey[\\\"' ]*[=:][\\\"' ]*([A-Za-z0-9/+]{40})", 0, 1),
+    _p("aws-secret-key", rb"ECRET_ACCESS_KEY[\\\"' ]*[=:][\\\"' ]*([A-Za-z0-9/+]{40})", 0, 1),
     _p("npm-token", rb"npm_[A-Za-z0-9]{36}", 4),
     _p("huggingface-token", rb"hf_[A-Za-z0-9]{34,40}", 3),
     _p("private-key", rb"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?:[^\"\\\n]|\\.){0,65536}?"
@@ -113,7 +117,7 @@ def _matches(data: bytes) -> Iterator[tuple[Pattern, int, int]]:
                 continue
             if pattern.kind == "password-in-url" and _PLACEHOLDERS.match(data[start:end]):
                 continue
-            if any(s < end and start < e for s, e in taken):  # sk-proj-... is not also an sk-...
+            if any(s < end and start < e for s, e in taken):  # one secret, one finding (a JWT in a URL...)
                 continue
             taken.append((start, end))
             yield pattern, start, end
@@ -131,8 +135,8 @@ def scan(data: bytes) -> list[Finding]:
         line_end = data.find(b"\n", start)
         line = data[line_start:line_end if line_end >= 0 else len(data)]
         entry, where = _locate(line, data[start:end])
-        findings.append(Finding(pattern.kind, mask(data[start:end], pattern.shown), line_no, entry, where,
-                                start, end))
+        kind, shown = pattern.kind_of(data[start:end])
+        findings.append(Finding(kind, mask(data[start:end], shown), line_no, entry, where, start, end))
     return findings
 
 
