@@ -26,6 +26,7 @@ from p2pnode.cli.render import (
     print_fetch,
     print_json,
     print_peers,
+    print_share_notes,
     print_show,
     print_status,
     shown,
@@ -124,11 +125,14 @@ def cmd_share(args: argparse.Namespace) -> int:
 
     pi = pi_dirs(args)
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
-               "cwd": os.getcwd(), "pi": pi.as_dict()}
+               "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
+               "redact": args.redact}
     result = via_node(node_paths(args), "share", payload)
     if result is None:
         with open_library(node_paths(args)) as lib:
-            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi).as_dict()
+            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
+                               allow_secrets=args.allow_secrets, redact=args.redact).as_dict()
+    print_share_notes(result)
     for warning in result.get("warnings", []):
         print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
     for notice in result.get("notices", []):
@@ -201,6 +205,10 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-lineage", action="store_true",
                    help="share without its parentSession (parent null; `show` says the lineage was cut)")
     p.add_argument("--session-dir", help="Pi's --session-dir: sessions are flat in this dir (as for pi)")
+    p.add_argument("--allow-secrets", action="store_true",
+                   help="share even if the secret scan finds some (the branch is marked so in ls/show)")
+    p.add_argument("--redact", action="store_true",
+                   help="share a redacted copy (a new Pi session beside the original)")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
     p.set_defaults(func=cmd_share)
     p = sub.add_parser("ls", help="list shared branches")
@@ -435,7 +443,8 @@ def _os_error_subject(exc: OSError) -> str:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"p2pnode: {shown(message)}", file=sys.stderr)
+    for line in message.split("\n"):  # a list (the secret scan's findings): one line each, all prefixed
+        print(f"p2pnode: {shown(line)}", file=sys.stderr)
     return code
 
 

@@ -83,7 +83,7 @@ def print_branches(infos: list[BranchInfo]) -> None:
     print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
-        mark = "" if i.offered else " (unshared)"
+        mark = ("" if i.offered else " (unshared)") + (" (secrets allowed)" if i.secrets_allowed else "")
         print(f"{short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {short(i.parent):16}  "
               f"{one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
 
@@ -103,6 +103,8 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
               "was not followed")
     print(f"path        {shown(info.path or '-')}")
     print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
+    if info.secrets_allowed:
+        print("secrets     shared with --allow-secrets: the secret scan found some in it")
     print("lineage")
     ancestors = list(reversed(lineage))
     if ancestors[0].parent is not None:
@@ -132,3 +134,15 @@ def print_fetch(result: dict[str, Any]) -> None:
     if result["path"] and not result["conflict"]:
         print(f"path     {shown(result['path'])}")
         print(f"continue with:  pi --fork {shown(shlex.quote(result['path']))}")
+
+
+def print_share_notes(result: dict[str, Any]) -> None:
+    """What `share --redact` or `--allow-secrets` did, on stderr (stdout keeps the hash)."""
+    if result.get("redacted_from"):
+        print(f"p2pnode: note: shared a redacted copy {shown(result['path'])} of "
+              f"{shown(result['redacted_from'])} (secrets replaced by [REDACTED:<kind>]; the original "
+              "is unchanged and not shared)", file=sys.stderr)
+    for f in result.get("secrets", []):
+        where = f" at {f['where']}" if f.get("where") else ""
+        print(f"p2pnode: warning: shared with --allow-secrets: {shown(f['file'])}:{f['line']}: {f['kind']} "
+              f"{shown(f['masked'])} in {shown(f['entry'])}{shown(where)}", file=sys.stderr)

@@ -15,8 +15,10 @@ import json
 import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,6 +27,7 @@ from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
+from p2pnode.pi import secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
 from p2pnode.pi.lines import LineRef
@@ -60,6 +63,8 @@ class BranchInfo:
     """The local session file (manifest.json), if there is one."""
     lineage_cut: str | None = None
     """The parentSession left out by `share --no-lineage` on this node (None: not cut here)."""
+    secrets_allowed: bool = False
+    """Shared with `--allow-secrets` although the secret scan found some in it."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +77,10 @@ class ShareResult(BranchInfo):
     warnings: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     """What the user is told once per node (pi 1.5.2's system prompt travels with the session)."""
+    redacted_from: str | None = None
+    """`share --redact`: the original file, whose redacted copy (`path`) was shared instead."""
+    secrets: list[dict[str, Any]] = field(default_factory=list)
+    """`share --allow-secrets`: what the scan found in what was shared (masked), with its file."""
 
 
 SYSTEM_PROMPT_NOTICE = (
@@ -95,6 +104,78 @@ def _check_placeable(path: Path, header: pisession.SessionHeader) -> None:
         raise HostileHeader(f"{path} cannot be shared, peers could not place it: {exc}") from None
 
 
+def _new_session_id() -> str:
+    """A UUIDv7, as Pi makes session ids (48-bit Unix milliseconds, then random bits)."""
+    rand = int.from_bytes(os.urandom(10), "big") & ((1 << 76) - 1)
+    value = (int(time.time() * 1000) << 80) | (0x7 << 76) | rand
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # the RFC 9562 variant
+    return str(uuid.UUID(int=value))
+
+
+def write_redacted_copy(path: Path) -> Path:
+    """`share --redact`: the session with each secret replaced by its marker, as a new Pi
+    session beside the original (a new id in its header and its name; every other byte as it
+    was, so its lines are the original's lines and delta transfer still works).  A session with
+    nothing to redact is shared as it is."""
+    data = path.read_bytes()
+    findings = secrets.scan(data)
+    if not findings:
+        return path
+    header = pisession.read_header(path)
+    new_id = _new_session_id()
+    redacted = secrets.redact(data, findings)
+    end = redacted.find(b"\n")
+    first, rest = (redacted, b"") if end < 0 else (redacted[:end], redacted[end:])
+    old = b'"id":' + json.dumps(header.id).encode()
+    if first.count(old) != 1:
+        raise InvalidInput(f"{path}: cannot give the redacted copy a new id (the header line is not "
+                           "the first line or not as Pi writes it)")
+    copy = path.with_name(pisession.session_file_name(header.timestamp or "redacted", new_id))
+    with open(copy, "xb") as f:  # never over an existing file
+        f.write(first.replace(old, b'"id":' + json.dumps(new_id).encode()) + rest)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(copy, path.stat().st_mode & 0o777)
+    return copy
+
+
+class _ScanningSink:
+    """The import's sink, with the secret scan of the same bytes as they pass: no second read,
+    and the scan runs while the import worker compresses the lines fed before."""
+
+    def __init__(self) -> None:
+        self.inner: Sink | None = None
+        self.start = 0
+        """The file offset the fed bytes start at (where the version it grew from ends)."""
+        self.findings: list[secrets.Finding] = []
+        self._pending = b""
+        self._offset = 0
+        self._lines = 0
+
+    def begin(self, appended: bool) -> int:
+        assert self.inner is not None
+        self.start = self.inner.begin(appended)
+        return self.start
+
+    def feed(self, data: memoryview) -> None:
+        assert self.inner is not None
+        self.inner.feed(data)
+        chunk = self._pending + bytes(data)
+        cut = chunk.rfind(b"\n") + 1  # whole lines only: a key is never cut in two
+        self._scan(chunk[:cut])
+        self._pending = chunk[cut:]
+
+    def finish(self) -> None:
+        self._scan(self._pending)
+        self._pending = b""
+
+    def _scan(self, data: bytes) -> None:
+        self.findings += [replace(f, line=f.line + self._lines, start=f.start + self._offset,
+                                  end=f.end + self._offset) for f in secrets.scan(data)]
+        self._offset += len(data)
+        self._lines += data.count(b"\n")
+
+
 class Library:
     def __init__(self, paths: NodePaths, store: Store, agent_dir: Path) -> None:
         self.paths = paths
@@ -107,6 +188,9 @@ class Library:
         self._lock = threading.RLock()
         self._offered: tuple[int, dict[str, str]] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
+        self._fed: dict[str, tuple[_ScanningSink, Version | None]] = {}
+        """What the secret scan saw of each version the import just read (and the version it
+        grew from), until `_findings` records it."""
 
     @classmethod
     def open(cls, paths: NodePaths, agent_dir: Path | None = None,
@@ -147,34 +231,91 @@ class Library:
         return pisession.find_by_id(pi.agent, target, pi.sessions)
 
     def share(self, target: str | None = None, *, latest: bool = False, no_lineage: bool = False,
-              cwd: str | None = None, pi: PiDirs | None = None) -> ShareResult:
+              cwd: str | None = None, pi: PiDirs | None = None, allow_secrets: bool = False,
+              redact: bool = False) -> ShareResult:
         """Share a session with its lineage: the ancestors this node knows (shared or fetched)
-        as they are, the ones it has never seen found through parentSession and shared first."""
+        as they are, the ones it has never seen found through parentSession and shared first.
+
+        The secret scan runs over all of it first and fails closed (SecretsFound, nothing
+        offered) unless `allow_secrets`; `redact` shares a redacted copy of the session."""
         cwd = cwd or os.getcwd()
         pi = pi or self.pi_dirs(cwd)
         path = self.resolve_target(target, latest=latest, cwd=cwd, pi=pi)
+        original = path
+        if redact:
+            path = write_redacted_copy(path)
         with self._lock:
             chain, base, cut_above = self._lineage(path, pi, follow=not no_lineage)
             for file, header in chain:
                 _check_placeable(file, header)
             known = list(reversed(self.lineage(base))) if base is not None else []
+            # stored first (the store may keep bytes), scanned, and only then offered
+            stored: list[tuple[Path, Version, list[str]]] = []
+            like = self.sessions.branch(base).src if base is not None else None
+            for file, header in reversed(chain):  # root first
+                version, file_warnings = self._store_file(file, header, like)
+                stored.append((file, version, file_warnings))
+                like = version.src
+            found: list[tuple[str, str | None, secrets.Finding]] = [
+                (i.path or f"branch {i.branch}", i.branch, f)
+                for i in known for f in self._findings(i.src)]
+            found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
+            if found and not allow_secrets:
+                raise secrets.SecretsFound([(where, f) for where, _, f in found])
+            for branch in {b for _, b, _ in found if b is not None}:
+                self.sessions.mark_secrets_allowed(branch)
             for info in known:  # offered again with the new child, as the ancestors shared now are
                 self.sessions.set_offered(info.branch, True)
             infos: list[BranchInfo] = [self._info(self.sessions.branch(i.branch)) for i in known]
             warnings: list[str] = []
             parent = base
-            for file, header in reversed(chain):  # root first
+            for (file, header), (_, version, file_warnings) in zip(reversed(chain), stored, strict=True):
                 cut = header.parent_session if no_lineage and file == path else None
                 if file == chain[-1][0] and base is None:
                     cut = cut or cut_above
-                info, file_warnings = self._share_file(file, header, parent, cut)
+                info = self._offer_file(file, version, parent, cut)
+                if any(where == str(file) for where, _, _ in found):
+                    info = self._info(self.sessions.mark_secrets_allowed(info.branch), info.path)
                 infos.append(info)
                 warnings += file_warnings
                 parent = info.branch
             notices = self._notices(path)
         for warning in warnings:
             log.info("%s", warning)  # the caller shows ShareResult.warnings (the CLI on stderr)
-        return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices)
+        allowed = [dict(f.as_dict(), file=where) for where, _, f in found]
+        redacted_from = str(original.absolute()) if path != original else None
+        return ShareResult(**asdict(infos[-1]), ancestors=infos[:-1], warnings=warnings, notices=notices,
+                           redacted_from=redacted_from, secrets=allowed)
+
+    def _findings(self, src: str) -> list[secrets.Finding]:
+        """The secret scan of a stored version, remembered per version (scanned.json): the scan
+        the import ran on the bytes it read (a grown session: only what it grew by, with the
+        findings of the version it grew from), else of the stored bytes."""
+        record = self._scanned()
+        if src in record:
+            return [secrets.Finding(**f) for f in record[src]]
+        fed, base = self._fed.pop(src, (None, None))
+        if fed is not None and fed.start == 0:
+            found = fed.findings
+        elif fed is not None and base is not None and base.src in record:
+            cut = fed.start
+            lines_before = base.lines - (1 if cut < base.size else 0)
+            found = [secrets.Finding(**f) for f in record[base.src] if f["end"] <= cut]
+            found += [replace(f, line=f.line + lines_before, start=f.start + cut, end=f.end + cut)
+                      for f in fed.findings]
+        else:  # held already (cached), or grown from a version never scanned: scan it whole
+            found = secrets.scan(self.sessions.session_bytes(src))
+        record[src] = [f.as_dict() for f in found]
+        atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
+        return found
+
+    def _scanned(self) -> dict[str, list[dict[str, Any]]]:
+        """Every version this node has scanned: its findings ([] when clean)."""
+        try:
+            record = json.loads((self.paths.home / "scanned.json").read_bytes())
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def _lineage(self, path: Path, pi: PiDirs, *, follow: bool
                  ) -> tuple[list[tuple[Path, pisession.SessionHeader]], str | None, str | None]:
@@ -289,25 +430,30 @@ class Library:
         atomic_write(said, json.dumps(dict(seen, system_prompt=True)).encode())
         return [SYSTEM_PROMPT_NOTICE]
 
-    def _share_file(self, path: Path, header: pisession.SessionHeader, parent: str | None,
-                    lineage_cut: str | None = None) -> tuple[BranchInfo, list[str]]:
+    def _store_file(self, path: Path, header: pisession.SessionHeader,
+                    like: str | None) -> tuple[Version, list[str]]:
+        """The stored version of the file's complete lines (imported unless held already)."""
         warnings: list[str] = []
         cached = self.hasher.cached(path)
         if cached is not None and self.sessions.has_version(cached.blake3):
             version = self.sessions.version(cached.blake3)
         else:
-            version, warnings = self._import(path, header, parent)
+            version, warnings = self._import(path, header, like)
         left_out = path.stat().st_size - version.size
         if left_out > 0:
             warnings.append(f"{path}: shared its complete lines ({version.size} bytes); the {left_out} bytes "
                             "after the last newline (a line Pi is still writing) are left for the next share")
+        return version, warnings
+
+    def _offer_file(self, path: Path, version: Version, parent: str | None,
+                    lineage_cut: str | None = None) -> BranchInfo:
         sidecar = Sidecar(version.src, parent)
         record = self.sessions.add_branch(sidecar.encode(), sidecar.branch, version.src, parent, lineage_cut)
         self.manifest.record(record.branch, path.absolute())
-        return self._info(record, str(path.absolute())), warnings
+        return self._info(record, str(path.absolute()))
 
     def _import(self, path: Path, header: pisession.SessionHeader,
-                parent: str | None) -> tuple[Version, list[str]]:
+                like: str | None) -> tuple[Version, list[str]]:
         """Store the file, reusing an older version it grew from, or its parent's lines."""
         size = path.stat().st_size
         known = self.hasher.known(path)
@@ -315,15 +461,19 @@ class Library:
             base: Version | None = self.sessions.version(known.blake3)
         else:
             base = self.sessions.latest_version_of(header.id, size)
-        like = self.sessions.branch(parent).src if parent is not None else None
+
+        fed = _ScanningSink()
 
         def scan(prefix: Prefix | None, sink: Sink) -> Scan:
-            return self.hasher.scan(path, prefix=prefix, sink=sink)
+            fed.inner = sink
+            return self.hasher.scan(path, prefix=prefix, sink=fed)
 
         result = self.sessions.import_file(path, scan, header, base, like)
         self.hasher.save()
+        fed.finish()
         if result.scan.rewritten:
             log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
+        self._fed[result.version.src] = (fed, base)
         return result.version, result.warnings
 
     def unshare(self, branch_hex: str) -> BranchInfo:
@@ -354,7 +504,7 @@ class Library:
             branch=record.branch, src=record.src, parent=record.parent, size=version.size,
             lines=version.lines, header=dict(version.header), title=version.title, offered=record.offered,
             shared_at=record.shared_at, path=path if path is not None else self.manifest.get(record.branch),
-            lineage_cut=record.lineage_cut,
+            lineage_cut=record.lineage_cut, secrets_allowed=record.secrets_allowed,
         )
 
     def branches(self, include_unshared: bool = False) -> list[BranchInfo]:

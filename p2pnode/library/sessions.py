@@ -107,6 +107,8 @@ class BranchRecord:
     lineage_cut: str | None = None
     """The header's parentSession that `share --no-lineage` did not follow (local only: the
     sidecar says `parent: null` like any root's)."""
+    secrets_allowed: bool = False
+    """Shared with `--allow-secrets` although the scan found secrets in it (local only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -547,6 +549,13 @@ class SessionStore:
             turn = self.store.append_turn(ctx, sidecar, type_tag=TAG_SIDECAR, expected_parent=version.head)
             record = BranchRecord(branch, src, parent, ctx, turn.turn_id, True, now, lineage_cut)
             self._state.generation += 1
+        self._state.branches[branch] = record
+        self._save()
+        return record
+
+    def mark_secrets_allowed(self, branch: str) -> BranchRecord:
+        """Remember that this branch was shared with the secrets the scan found in it."""
+        record = replace(self.branch(branch), secrets_allowed=True)
         self._state.branches[branch] = record
         self._save()
         return record

@@ -13,7 +13,8 @@ the running node when there is one (node/control_client.py: JSON over HTTP on
 browses mDNS itself with `discovery.lan_peers`).  Control endpoints (all POST, JSON in and
 out; errors carry the CLI exit code):
     /v1/status {}                                     -> await Node.status()
-    /v1/share {"target", "latest", "no_lineage", "cwd", "pi"} -> ShareResult.as_dict()
+    /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact"}
+                                                      -> ShareResult.as_dict()
     /v1/unshare {"branch"}                            -> {"branch"}
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
 `pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
@@ -273,7 +274,9 @@ class Node:
             target = str(Path(cwd) / target)  # a path relative to the caller, not to the node
         result = await asyncio.to_thread(self.lib.share, target, latest=bool(_field(body, "latest", bool)),
                                          no_lineage=bool(_field(body, "no_lineage", bool)), cwd=cwd,
-                                         pi=_pi_dirs(body))
+                                         pi=_pi_dirs(body),
+                                         allow_secrets=bool(_field(body, "allow_secrets", bool)),
+                                         redact=bool(_field(body, "redact", bool)))
         log.info("shared %s (%s)", result.branch, result.path)
         await self.announce()
         return result.as_dict()
