@@ -17,6 +17,11 @@ ROOT_FORK = {
 }
 
 
+def find(agent: Path, pattern: str) -> Path:
+    """The session file under `agent`'s sessions/--<cwd>--/ dirs whose name matches `pattern`."""
+    return next((agent / "sessions").glob("*/" + pattern))
+
+
 def pi_fork(source: Path, agent: Path, cwd: Path, session_id: str, *, pi: str,
             typed: str | None = None, timestamp: str = "2026-11-23T12:00:00.000Z") -> Path:
     """What `pi --fork <source>` run in `cwd` writes: a new header (parentSession = the source

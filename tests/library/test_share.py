@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -15,6 +14,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pifork import find
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library.api import Library
@@ -40,16 +40,6 @@ def agent(corpus_dir: Path, tmp_path: Path) -> Path:
     for f in agent.rglob("*.jsonl"):
         f.chmod(0o644)
     return agent
-
-
-@pytest.fixture
-def lib(agent: Path, tmp_path: Path) -> Iterator[Library]:
-    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
-        yield lib
-
-
-def find(agent: Path, pattern: str) -> Path:
-    return next((agent / "sessions").glob("*/" + pattern))
 
 
 def stored_bytes(lib: Library) -> int:

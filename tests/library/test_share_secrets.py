@@ -8,10 +8,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pifork import find
 from procnode import Node
 from secretkeys import PLANTED, plant
 
@@ -39,16 +39,6 @@ def copy_corpus(corpus: str, tmp_path: Path) -> Path:
 @pytest.fixture
 def agent(tmp_path: Path) -> Path:
     return copy_corpus("pi-corpus-0.73.1", tmp_path)
-
-
-@pytest.fixture
-def lib(agent: Path, tmp_path: Path) -> Iterator[Library]:
-    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
-        yield lib
-
-
-def find(agent: Path, pattern: str) -> Path:
-    return next((agent / "sessions").glob("*/" + pattern))
 
 
 def plant_all(path: Path) -> None:
