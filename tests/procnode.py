@@ -7,9 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from p2pnode.node.control_client import control_socket
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import load_or_create_identity
 
@@ -43,6 +45,25 @@ class Node:
             line = proc.stdout.readline() if proc.stdout else ""
             assert line.startswith("listening on"), proc.stderr.read() if proc.stderr else line
             yield int(line.rsplit(":", 1)[1])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+    @contextlib.contextmanager
+    def node_running(self) -> Iterator[subprocess.Popen[bytes]]:
+        """`p2pnode serve` (no mDNS, loopback, any port) until its control socket is there
+        (bounded: 10 s); stopped (SIGTERM) at the end."""
+        serve = ["serve", "--no-mdns", "--host", "127.0.0.1", "--port", "0"]
+        proc = subprocess.Popen([PY, "-m", "p2pnode", *serve], env=self.env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            sock = control_socket(NodePaths(self.home))
+            for _ in range(100):
+                if sock.exists():
+                    break
+                time.sleep(0.1)
+            assert sock.exists(), f"the node of {self.home} did not start"
+            yield proc
         finally:
             proc.terminate()
             proc.wait(timeout=10)

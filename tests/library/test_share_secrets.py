@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,6 @@ from procnode import Node
 from secretkeys import PLANTED, plant
 
 from p2pnode.library.api import Library
-from p2pnode.node.control_client import control_socket
 from p2pnode.paths import NodePaths
 from p2pnode.pi import secrets
 from p2pnode.pi.hashing import hash_file
@@ -224,17 +221,6 @@ def test_cli_refuses_with_exit_4_then_redacts_and_allows(tmp_path: Path, corpus_
 def test_cli_through_a_running_node_passes_the_flags(tmp_path: Path, corpus_new_dir: Path) -> None:
     node = Node(tmp_path, "a")
     shutil.copytree(corpus_new_dir / "sessions", node.agent / "sessions")
-    serve = [sys.executable, "-m", "p2pnode", "serve", "--no-mdns", "--host", "127.0.0.1", "--port", "0"]
-    proc = subprocess.Popen(serve, env=node.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        sock = control_socket(NodePaths(node.home))
-        for _ in range(100):  # until its control socket is there (bounded: 10 s)
-            if sock.exists():
-                break
-            time.sleep(0.1)
-        assert sock.exists()
+    with node.node_running() as proc:
         _cli_checks(node, find(node.agent, TOOLRESULT_FILE))
         assert proc.poll() is None  # the node did the shares (the CLI could not open its store)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

@@ -9,8 +9,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import blake3
@@ -18,7 +16,6 @@ import pytest
 import zstandard
 from procnode import PY, Node
 
-from p2pnode.node.daemon import control_socket
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
@@ -230,18 +227,8 @@ def test_share_prints_a_ticket_when_a_node_runs(nodes) -> None:
     a, _, _ = nodes
     alone = a.run("share", str(a.agent / B2)).stdout.split()
     assert len(alone) == 1
-    node = subprocess.Popen([PY, "-m", "p2pnode", "serve", "--no-mdns", "--host", "127.0.0.1", "--port", "0"],
-                            env=a.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        sock = control_socket(NodePaths(a.home))
-        for _ in range(100):  # until its control socket is there (bounded: 10 s)
-            if sock.exists():
-                break
-            time.sleep(0.1)
+    with a.node_running():
         out = a.run("share", str(a.agent / B3)).stdout.split()
-    finally:
-        node.terminate()
-        node.wait(timeout=10)
     branch, ticket = out
     decoded = wire.decode_ticket(ticket)
     assert decoded.branch.hex() == branch and decoded.node == parse_node_id(a.id)

@@ -13,14 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from procnode import Node
 
 from p2pnode.library.api import SYSTEM_PROMPT_NOTICE, Library
-from p2pnode.node.control_client import control_socket
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi import session as pisession
@@ -168,16 +166,7 @@ def test_the_clis_pi_dirs_count_with_a_running_node(tmp_path: Path, corpus_new_d
     cli_agent = tmp_path / "cli-agent"
     shutil.copytree(corpus_new_dir / "sessions", cli_agent / "sessions")
     cli_env = dict(a.env, PI_CODING_AGENT_DIR=str(cli_agent))
-    serve = [sys.executable, "-m", "p2pnode", "serve", "--no-mdns", "--host", "127.0.0.1", "--port", "0"]
-    nodes = [subprocess.Popen(serve, env=x.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for x in (a, b)]
-    try:
-        for x in (a, b):
-            sock = control_socket(NodePaths(x.home))
-            for _ in range(100):  # until its control socket is there (bounded: 10 s)
-                if sock.exists():
-                    break
-                time.sleep(0.1)
+    with a.node_running(), b.node_running():
         proc = subprocess.run([sys.executable, "-m", "p2pnode", "share", "my.session_1", "--json"],
                               env=cli_env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
@@ -191,10 +180,6 @@ def test_the_clis_pi_dirs_count_with_a_running_node(tmp_path: Path, corpus_new_d
         assert Path(got["path"]).parent == flat
         assert Path(got["path"]).read_bytes() == Path(shared["path"]).read_bytes()
         assert not (b.agent / "sessions").exists()  # Pi looks only in the session dir when one is set
-    finally:
-        for n in nodes:
-            n.terminate()
-            n.wait(timeout=10)
 
 
 def test_fetch_places_in_the_session_dir_from_the_environment(tmp_path: Path, corpus_new_dir: Path,
