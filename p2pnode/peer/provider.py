@@ -465,17 +465,15 @@ class _HandshakeGate(asyncio.Protocol):
 
 
 def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
-    """Hand `data` to a protocol as if the transport had read it."""
-    if isinstance(protocol, asyncio.BufferedProtocol) or hasattr(protocol, "get_buffer"):
-        view = memoryview(data)
-        while view:
-            buf = protocol.get_buffer(len(view))
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
-            protocol.buffer_updated(n)  # type: ignore[attr-defined]
-            view = view[n:]
-    else:
-        protocol.data_received(data)  # type: ignore[attr-defined]
+    """Hand `data` to the TLS protocol as if the transport had read it (asyncio's and uvloop's
+    SSLProtocol are both buffered protocols)."""
+    view = memoryview(data)
+    while view:
+        buf = protocol.get_buffer(len(view))  # type: ignore[attr-defined]
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        protocol.buffer_updated(n)  # type: ignore[attr-defined]
+        view = view[n:]
 
 
 class _DeadlineSite(web.TCPSite):
