@@ -24,9 +24,9 @@ The order of work, and why:
 3. Only after the store committed it, the requested session is written where Pi finds it
    (pi/placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
 
-Which peer is asked and what its failure means is the downloader's (downloader.py: a peer
-that lies or stalls is dropped for the fetch, a broken link is retried a few times); one
-peer's HTTPS session is link.py's.  Verified lines and blob prefixes survive a broken link,
+How missing lines are asked for and verified is batches.py's; which peer is asked and what its
+failure means is the downloader's (downloader.py: a peer that lies or stalls is dropped for
+the fetch, a broken link is retried a few times); one peer's HTTPS session is link.py's.  Verified lines and blob prefixes survive a broken link,
 so the next attempt, on the same or another peer, continues where the last one stopped.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ from p2pnode.errors import (
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.identity import Identity
@@ -74,10 +74,6 @@ T = TypeVar("T")
 
 Progress = Callable[[int, int], None]
 """progress(bytes_done, bytes_total) while session bytes arrive."""
-
-BATCHES_IN_FLIGHT = 3
-DECODE_RUN = 1 << 20
-"""Raw bytes of received blobs handed to a worker thread at a time for decoding."""
 
 
 @dataclass
@@ -219,8 +215,10 @@ class _Fetch:
                 return split_lines(await self._whole(src))
             missing = await self._missing(manifest)
             if missing:
-                get_lines = functools.partial(self._batches, missing=missing)
-                await self.pool.run(f"lines of session {src}", get_lines)
+                self._total = sum(r.length for r in missing)
+                self._done = sum(r.length for r in missing if r.hash in self.lines)
+                await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
+                                        self.lines.__contains__, self._keep)
             lines = await self._assemble(manifest, src)
             if lines is not None:
                 self.lines_total += len(manifest)
@@ -234,68 +232,8 @@ class _Fetch:
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _batches(self, peer: PeerLink, missing: list[LineRef]) -> None:
-        """Ask `peer` for the missing lines not received yet, in batches of bounded size,
-        BATCHES_IN_FLIGHT at a time so that the peer prepares one while we verify another."""
-        self._total = sum(r.length for r in missing)
-        todo = [r for r in missing if r.hash not in self.lines]
-        self._done = self._total - sum(r.length for r in todo)
-        groups: list[list[LineRef]] = [[]]
-        size = 0
-        for ref in todo:
-            if len(groups[-1]) >= self.limits.max_batch_hashes or size >= self.limits.batch_target_bytes:
-                groups.append([])
-                size = 0
-            groups[-1].append(ref)
-            size += ref.length
-        slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
-
-        async def one(group: list[LineRef]) -> None:
-            async with slots:
-                await self._batch(peer, group)
-
-        tasks = [asyncio.create_task(one(g)) for g in groups if g]
-        try:
-            await asyncio.gather(*tasks)
-        finally:  # on the first failure, stop the others (what they verified is kept)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _batch(self, peer: PeerLink, group: list[LineRef]) -> None:
-        """One batch request.  Received blobs are decompressed and hashed on worker threads
-        (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read."""
-        decoder = wire.BatchDecoder([r.hash for r in group], self.limits)
-        body = wire.encode_batch_request(r.hash for r in group)
-        decoding: list[asyncio.Future[None]] = []
-        run: list[wire.BatchBlob] = []
-        run_bytes = 0
-        try:
-            async with peer.request("POST", wire.PATH_BATCH, data=body,
-                                    headers={"Content-Type": "application/octet-stream"}) as resp:
-                peer._check(resp, f"batch of {len(group)} lines")
-                async for chunk in resp.content.iter_any():
-                    peer.bytes_received += len(chunk)
-                    for blob in decoder.feed(chunk):
-                        run.append(blob)
-                        run_bytes += blob.raw_len
-                    if run_bytes >= DECODE_RUN:
-                        decoding.append(asyncio.ensure_future(self._keep(run)))
-                        run, run_bytes = [], 0
-                decoder.finish()
-            if run:
-                decoding.append(asyncio.ensure_future(self._keep(run)))
-            await asyncio.gather(*decoding)
-        finally:  # a failure stops the rest; what was verified is kept
-            for f in decoding:
-                f.cancel()
-            await asyncio.gather(*decoding, return_exceptions=True)
-        if decoder.received != len(group):
-            raise wire.WireError(f"peer sent {decoder.received} of the {len(group)} line blobs asked for")
-
-    async def _keep(self, blobs: list[wire.BatchBlob]) -> None:
-        """Verify received blobs (wire.decode_blob) and keep them, raw and as sent."""
-        raws = await asyncio.to_thread(_decode_all, blobs)
+    async def _keep(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
+        """Keep verified blobs (batches.py checked them), raw and as sent."""
         for blob, raw in zip(blobs, raws, strict=True):
             self.lines[blob.hash] = raw
             self.blobs[blob.hash] = blob
@@ -362,10 +300,6 @@ async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
 
 def _has_branch(lib: FetchTarget, branch: str) -> bool:
     return lib.has_branch(branch)
-
-
-def _decode_all(blobs: list[wire.BatchBlob]) -> list[bytes]:
-    return [wire.decode_blob(b) for b in blobs]
 
 
 async def _with_peer(peer: PeerLink, coro: Awaitable[T]) -> tuple[PeerLink, T]:
