@@ -47,9 +47,11 @@ class FetchProgress:
             return
         if self._bar is None:
             self._bar = Progress(TextColumn("fetch"), BarColumn(), DownloadColumn(),
-                                 TextColumn("{task.fields[detail]}"), console=self.console, transient=True)
+                                 TextColumn("{task.fields[detail]}"), console=self.console, transient=True,
+                                 auto_refresh=False)  # drawn at each report: the node sends 5 a second
             self._task = self._bar.add_task("fetch", total=p.bytes_total, detail="")
             self._bar.start()
         assert self._task is not None
         self._bar.update(self._task, completed=p.bytes_done, total=p.bytes_total,
                          detail=transfer_detail(p.as_dict()))
+        self._bar.refresh()

@@ -19,7 +19,8 @@ from p2pnode.node.control_client import call_node
 from p2pnode.paths import NodePaths
 from p2pnode.peer.trust import TrustStore
 
-HEADER = b'{"type":"session","version":3,"id":"slow","timestamp":"2026-11-21T20:00:00.000Z","cwd":"/w/slowproj"}\n'
+HEADER = (b'{"type":"session","version":3,"id":"slow","timestamp":"2026-11-21T20:00:00.000Z",'
+          b'"cwd":"/w/slowproj"}\n')
 
 
 class SlowRelay:
@@ -130,8 +131,10 @@ async def test_background_fetch_returns_at_once_and_status_shows_it(pair) -> Non
             assert listed[started["id"]]["background"] is True
             assert listed[started["id"]]["state"] in ("running", "done")
             assert "background" in b.run("status").stdout
-            await _until(lambda: {t["id"]: t for t in _status(b)["transfers"]}[started["id"]]["state"] == "done",
-                         "the background transfer finished", 60)
+            def state() -> str:
+                return {t["id"]: t for t in _status(b)["transfers"]}[started["id"]]["state"]
+
+            await _until(lambda: state() == "done", "the background transfer finished", 60)
         ended = {t["id"]: t for t in _status(b)["transfers"]}[started["id"]]
         assert ended["bytes_done"] == ended["bytes_total"] > 4_000_000
         placed = list(b.agent.rglob("*.jsonl"))
