@@ -145,7 +145,7 @@ def offered_rows(answers: list[PeerOffer], names: dict[str, str | None]) -> dict
     for a in answers:
         node_id = a.catalog.node_id if a.catalog else a.addresses[0].node_id
         who = {"node_id": node_id, "name": names.get(node_id) if node_id else None,
-               "short_id": (node_id or "")[:8] or None}
+               "short_id": node_id.split("-")[0] if node_id else None}  # its first group, as Syncthing
         peers.append(dict(who, addresses=[str(x) for x in a.addresses], error=a.error,
                           offers=len(a.catalog.branches) if a.catalog else None))
         for e in a.catalog.branches if a.catalog else []:

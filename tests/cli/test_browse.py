@@ -48,15 +48,15 @@ def test_browse_lists_what_a_peer_offers(team: tuple[Node, Node]) -> None:
     rows = {r["branch"]: r for r in seen["branches"]}
     assert rows.keys() == offered.keys() and len(rows) == 5  # B5, its three ancestors, A3
     beta = rows[next(b for b, x in offered.items() if x["header"]["id"].startswith("01a1ff93-69ef"))]
-    assert beta["name"] == "alice" and beta["node_id"] == a.id and beta["short_id"] == a.id[:8]
+    assert beta["name"] == "alice" and beta["node_id"] == a.id and beta["short_id"] == a.id[:7]
     assert beta["project"] == "beta" and beta["cwd"] == "/tmp/pi-harness/work/beta"
     assert beta["versions"] == 1 and beta["size"] == 1317
     assert beta["lines"] == offered[beta["branch"]]["lines"]
     assert beta["title"] == offered[beta["branch"]]["title"]
-    assert seen["peers"] == [{"node_id": a.id, "name": "alice", "short_id": a.id[:8],
+    assert seen["peers"] == [{"node_id": a.id, "name": "alice", "short_id": a.id[:7],
                               "addresses": [f"127.0.0.1:{port}"], "error": None, "offers": 5}]
     assert text.splitlines()[0].split()[:4] == ["WHO", "BRANCH", "AGE", "LINES"]
-    assert sum(f"alice ({a.id[:8]})" in line and "beta" in line for line in text.splitlines()) == 4
+    assert sum(f"alice ({a.id[:7]})" in line and "beta" in line for line in text.splitlines()) == 4
 
 
 def test_browse_reports_an_unreachable_peer_and_needs_peers_without_a_node(team: tuple[Node, Node]) -> None:

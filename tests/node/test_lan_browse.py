@@ -51,7 +51,7 @@ def test_browse_and_fetch_by_prefix_over_mdns(trio: dict[str, LanNode], corpus_d
     on_h1 = wait_for("h1 to list what h2 offers", lambda: _browse(h1)["branches"] or None, 30)
     assert [r["branch"] for r in on_h1] == [theirs]  # never h3's: h1 does not trust h3
     text = h2.cli("ls", "--peers").stdout
-    assert f"h1 ({h1.node_id[:8]})" in text and mine[:12] in text
+    assert f"h1 ({h1.node_id[:7]})" in text and mine[:12] in text
 
     r = h2.cli("fetch", mine[:12], "--json")  # resolved against the catalogs of trusted peers online
     assert r.returncode == 0, r.stderr

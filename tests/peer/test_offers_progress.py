@@ -69,10 +69,10 @@ def test_browse_rows_say_who_what_and_how_many_versions() -> None:
 
     e = entry("1" * 64)
     versioned = Versioned(**{**e.__dict__, "branch": "2" * 64}, versions=("a", "b", "c"))
-    rows = offered_rows([offer(P1, e, versioned, node="NODE1234XYZ"), PeerOffer([P2], error="timed out")],
-                        {"NODE1234XYZ": "alice"})
+    rows = offered_rows([offer(P1, e, versioned, node="NODE123-XYZ"), PeerOffer([P2], error="timed out")],
+                        {"NODE123-XYZ": "alice"})
     got = [(r["branch"][0], r["versions"], r["name"], r["short_id"], r["project"]) for r in rows["branches"]]
-    assert got == [("1", 1, "alice", "NODE1234", "proj"), ("2", 3, "alice", "NODE1234", "proj")]
+    assert got == [("1", 1, "alice", "NODE123", "proj"), ("2", 3, "alice", "NODE123", "proj")]
     assert rows["peers"][1] == {"node_id": None, "name": None, "short_id": None, "addresses": ["10.0.0.2:2"],
                                 "error": "timed out", "offers": None}
 
