@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from p2pnode.errors import NotFound, P2PNodeError
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.peer import offers
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import Identity
@@ -126,7 +126,7 @@ class Transfers:
         return {"id": transfer.id, "state": transfer.state}
 
     async def browse(self, body: dict[str, Any]) -> dict[str, Any]:
-        given = [PeerAddress.parse(str(t)) for t in body.get("peers") or []]
+        given = _peers(body)
         nodes = offers.by_node(given + [a for a in self.node.trusted_online() if a not in given])
         answers = await offers.ask_catalogs(nodes, self.node.identity, self.node.trust)
         return offers.offered_rows(answers, {p.node_id: p.name for p in self.node.trust.peers()})
@@ -134,7 +134,7 @@ class Transfers:
     async def _start(self, body: dict[str, Any]) -> Transfer:
         branch = str(body.get("branch") or "")
         if not is_hash_hex(branch.strip().lower()):  # a prefix or a session id: which branch, from whom
-            given = [PeerAddress.parse(str(t)) for t in body.get("peers") or []]
+            given = _peers(body)
             asked = given or self.node.trusted_online()
             if not asked:
                 raise offers.no_peers(branch)
@@ -199,6 +199,14 @@ class Transfers:
             yield transfer.event()
         finally:
             self._end_attached(transfer)
+
+
+def _peers(body: dict[str, Any]) -> list[PeerAddress]:
+    """The request's "peers" (a list of `[ID@]HOST:PORT`); InvalidInput for anything else."""
+    peers = body.get("peers") or []
+    if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
+        raise InvalidInput("control: 'peers' must be a list of str")
+    return [PeerAddress.parse(p) for p in peers]
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
