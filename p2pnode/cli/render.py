@@ -75,9 +75,10 @@ def print_status(status: dict[str, Any]) -> None:
     for t in status["transfers"]:
         total = t["bytes_total"]
         done = f"{t['bytes_done'] / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{t['bytes_done']} bytes"
+        running = t.get("state", "running") == "running"
         state = t.get("state", "running") + (" (background)" if t.get("background") else "")
-        why = f"  {shown(t['error'])}" if t.get("error") else ""
-        print(f"  {t.get('id', '-')}  {t['branch'][:16]}  {state}  {done}  {transfer_detail(t)}{why}")
+        how = transfer_detail(t) if running else shown(t.get("error") or "")
+        print(f"  {t.get('id', '-')}  {t['branch'][:16]}  {state}  {done}  {how}".rstrip())
 
 
 def print_branches(infos: list[BranchInfo]) -> None:
