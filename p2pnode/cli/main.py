@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
+from p2pnode.cli import browse
 from p2pnode.cli.render import (
-    ProgressBar,
     print_branches,
     print_fetch,
     print_json,
@@ -138,16 +138,20 @@ def cmd_share(args: argparse.Namespace) -> int:
     for notice in result.get("notices", []):
         print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
     ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
+    command = browse.fetch_line(node_paths(args), result["branch"])
     if args.json:
-        print_json(dict(result, ticket=ticket) if ticket else result)
+        print_json(dict(result, ticket=ticket, fetch=command) if ticket else dict(result, fetch=command))
     else:
         print(result["branch"])
         if ticket:
             print(ticket)
+        browse.print_handoff(command, ticket)
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    if args.peers:
+        return browse.cmd_browse(args)
     with open_library(node_paths(args)) as lib:
         infos = lib.branches(include_unshared=args.all)
     if args.json:
@@ -213,6 +217,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_share)
     p = sub.add_parser("ls", help="list shared branches")
     p.add_argument("--all", action="store_true", help="also branches that were unshared")
+    p.add_argument("--peers", action="store_true", help="what trusted peers offer instead (= browse)")
+    browse.add_browse_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ls)
     for name, func, text in (
@@ -275,10 +281,11 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
-    """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
+    """(branch hash, prefix or session id; peers) from the target or a ticket, plus every --from."""
     from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import format_node_id
+    from p2pnode.peer.offers import check_target
 
     peers = [PeerAddress.parse(text) for text in args.peer or []]
     if wire.is_ticket(args.target):
@@ -286,23 +293,32 @@ def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
         node_id = format_node_id(ticket.node)
         peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
         return ticket.branch.hex(), peers
-    return wire.check_hex_hash(args.target.strip().lower(), "branch hash"), peers
+    return check_target(args.target), peers
 
 
 def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
+    from p2pnode.cli.progress import FetchProgress
     from p2pnode.node.routing import fetch_here
 
-    bar = ProgressBar()
-    try:
-        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), bar)
-    finally:
-        bar.finish()
+    with FetchProgress([str(p) for p in peers]) as view:
+        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), view)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from p2pnode.cli.fetching import fetch_in_background, fetch_via_node
+
     branch, peers = _fetch_target(args)
-    result = via_node(node_paths(args), "fetch", {"branch": branch, "peers": [str(p) for p in peers],
-                                      "pi": pi_dirs(args).as_dict()})
+    payload = {"branch": branch, "peers": [str(p) for p in peers], "pi": pi_dirs(args).as_dict()}
+    if args.background:
+        started = fetch_in_background(node_paths(args), payload)
+        if args.json:
+            print_json(started)
+        else:
+            print(started["id"])
+            print(f"p2pnode: fetching {started['branch']} in the background as transfer {started['id']}; "
+                  "`p2pnode status` shows it", file=sys.stderr)
+        return 0
+    result = fetch_via_node(node_paths(args), payload)
     if result is None:
         result = _fetch_here(args, branch, peers)
     if args.json:
@@ -360,10 +376,14 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_peers)
     p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
-    p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
+    p.add_argument("target", metavar="BRANCH|TICKET",
+                   help="a branch hash, a unique prefix of one (as `browse` lists), a Pi session id, "
+                        "or a p2p1: ticket")
     p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
                    help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
+    p.add_argument("--background", action="store_true",
+                   help="let the running node fetch it; print the transfer id and return (see `status`)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("serve-peers", help="run only the HTTPS peer server (no mDNS, no store service)")
@@ -385,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(sub)
     add_session_commands(sub)
     add_peer_commands(sub)
+    browse.add_browse_commands(sub)
     return parser
 
 

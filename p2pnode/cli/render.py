@@ -1,5 +1,6 @@
-"""What the CLI prints: JSON, the text views of status, peers, ls, show and fetch, the progress bar,
-and `shown`, the one escape for text that may come from a peer before it reaches a terminal.
+"""What the CLI prints: JSON, the text views of status, peers, ls, show and fetch, a transfer's
+progress in words (the live bar is cli/progress.py's), and `shown`, the one escape for text
+that may come from a peer before it reaches a terminal.
 Nothing here decides anything; main.py parses and dispatches."""
 from __future__ import annotations
 
@@ -33,26 +34,23 @@ def one_line(text: str | None, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-class ProgressBar:
-    """A one-line bar on stderr for transfers over MIN_BYTES; silent when not on a terminal."""
+def transfer_detail(t: dict[str, Any]) -> str:
+    """Rate, ETA, lines verified and peers of a transfer (TransferProgress's fields), in one text."""
+    rate, eta, lines, peers = t.get("rate"), t.get("eta"), t.get("lines_verified"), t.get("peers") or []
+    of = f"/{t['lines_total']}" if t.get("lines_total") else ""
+    parts = [f"{rate / 1e6:.1f} MB/s" if rate else "-- MB/s",
+             f"ETA {duration(eta)}" if eta is not None else "ETA --"]
+    if lines is not None:
+        parts.append(f"{lines}{of} lines verified")
+    if peers:
+        parts.append(f"{len(peers)} peer{'s' if len(peers) > 1 else ''}"
+                     + (f" ({shown(peers[0])})" if len(peers) == 1 else ""))
+    return "  ".join(parts)
 
-    MIN_BYTES = 4 << 20
 
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self.shown = False
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < self.MIN_BYTES:
-            return
-        filled = int(30 * done / total) if total else 30
-        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {100 * done // max(total, 1):3d}%"
-                         f" {done / 1e6:.1f}/{total / 1e6:.1f} MB")
-        self.shown = True
-
-    def finish(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
+def duration(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def print_status(status: dict[str, Any]) -> None:
@@ -75,8 +73,12 @@ def print_status(status: dict[str, Any]) -> None:
               f"  {p['name'] or ''}")
     print(f"transfers  {len(status['transfers']) or 'none'}")
     for t in status["transfers"]:
-        print(f"  {t['branch'][:16]}  {t['bytes_done']}/{t['bytes_total'] or '?'} bytes"
-              f"  from {', '.join(t['peers'])}")
+        total = t["bytes_total"]
+        done = f"{t['bytes_done'] / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{t['bytes_done']} bytes"
+        running = t.get("state", "running") == "running"
+        state = t.get("state", "running") + (" (background)" if t.get("background") else "")
+        how = transfer_detail(t) if running else shown(t.get("error") or "")
+        print(f"  {t.get('id', '-')}  {t['branch'][:16]}  {state}  {done}  {how}".rstrip())
 
 
 def print_branches(infos: list[BranchInfo]) -> None:

@@ -3,7 +3,8 @@
 `p2pnode serve` listens on `<home>/control.sock` (mode 0600: only its owner may drive it);
 the CLI asks it to do what needs the store, which the running node holds locked.  This module
 uses the standard library only, so that a command that finds no node pays nothing for it.
-Endpoints and their bodies are listed in node/daemon.py.
+Endpoints and their bodies are listed in node/daemon.py (and node/transfers.py, whose
+`fetch` may answer as a stream of NDJSON events: call_node_streamed).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import base64
 import http.client
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 CONTROL_SOCKET = "control.sock"
 CONTROL_TIMEOUT = 30.0
 FETCH_TIMEOUT = 3600.0
+CONTROL_MAX_EVENT = 1 << 20
+"""Longest event line a streamed answer may send (a result is a few KiB)."""
 READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes", "session_bytes"})
 """Library methods `/v1/read` may call: read-only ones, for `ls`, `show` and `cat`."""
 
@@ -89,6 +93,40 @@ def call_node(paths: NodePaths, op: str, payload: dict[str, Any] | None = None,
     if resp.status != 200:
         raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
     return data
+
+
+def call_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
+                       on_event: Callable[[dict[str, Any]], None],
+                       timeout: float = FETCH_TIMEOUT) -> dict[str, Any] | None:
+    """Ask the running node to do op, answered as NDJSON events (node/transfers.py): each
+    event goes to on_event, and the last one, a result or an error, ends the call.  None when no
+    node runs.  The connection closes on any way out (Ctrl-C included): the node then stops
+    what it was doing for this command."""
+    path = control_socket(paths)
+    if not path.exists():
+        return None
+    conn = _UnixHTTPConnection(path, timeout)
+    try:
+        conn.request("POST", f"/v1/{op}", body=json.dumps(dict(payload, stream=True)),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            data = json.loads(resp.read() or b"{}")
+            raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
+        while line := resp.readline(CONTROL_MAX_EVENT):
+            event = json.loads(line)
+            if event.get("event") == "result":
+                return dict(event["result"])
+            if event.get("event") == "error":
+                raise NodeError(str(event.get("message")), int(event.get("exit_code", 1)))
+            on_event(event)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None  # a socket file left by a killed node: nobody is listening
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise PeerUnavailable(f"the running node at {path} did not finish {op}: {exc}") from exc
+    finally:
+        conn.close()
+    raise PeerUnavailable(f"the running node at {path} stopped before {op} ended")
 
 
 def store_in_use(paths: NodePaths, doing: str) -> Conflict:

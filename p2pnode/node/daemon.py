@@ -17,6 +17,8 @@ out; errors carry the CLI exit code):
                                                       -> ShareResult.as_dict()
     /v1/unshare {"branch"}                            -> {"branch"}
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
+                                (streamed, in the background, cancelled: node/transfers.py)
+    /v1/cancel, /v1/browse                            -> node/transfers.py
 `pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
 environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
@@ -33,8 +35,7 @@ import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,12 @@ from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.status import build_status, trusted_peer
+from p2pnode.node.transfers import Transfers
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import fetch_branch, get_catalog
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
+from p2pnode.peer.progress import ProgressInfo, ProgressMeter
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
 from p2pnode.peer.wire import DEFAULT_LIMITS
@@ -83,7 +86,7 @@ class Node:
         self.paths = paths.ensure()
         self.config = config
         self.port = 0
-        self.transfers: dict[str, dict[str, Any]] = {}
+        self.transfers = Transfers(self)
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
         self._announce_lock = asyncio.Lock()
@@ -111,6 +114,7 @@ class Node:
         self._stack.push_async_callback(peers.close)
         self.port = peers.port
         await self._start_control()
+        self._stack.push_async_callback(self.transfers.close)
         if self.config.mdns:
             self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event)
             await self.discovery.start()
@@ -151,7 +155,7 @@ class Node:
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
-            "fetch": self._c_fetch, "read": self._c_read}
+            "read": self._c_read, **self.transfers.routes()}
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
@@ -250,7 +254,7 @@ class Node:
                             catalog=catalog, branches=branches,
                             peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
                             addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
-                            transfers=list(self.transfers.values()))
+                            transfers=self.transfers.listed())
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []
@@ -288,24 +292,25 @@ class Node:
         await self.announce()
         return {"branch": branch}
 
-    async def _c_fetch(self, body: dict[str, Any]) -> dict[str, Any]:
+    def trusted_online(self) -> list[PeerAddress]:
+        """Every address of every trusted peer whose last probe answered (whom `browse` asks)."""
+        peers = self.discovery.peers.values() if self.discovery else []
+        return [a for p in peers if p.online and self.is_trusted(p.node_id) for a in self._addresses(p)]
+
+    async def _c_fetch(self, body: dict[str, Any], progress: ProgressMeter | None = None) -> dict[str, Any]:
+        """The fetch itself (run as a transfer by node/transfers.py, which reports `progress`)."""
         branch = _field(body, "branch", str) or ""
         peers = [PeerAddress.parse(text) for text in _field(body, "peers", list, str) or []]
         peers = peers or await self.holders(branch)
         if not peers:
             raise PeerUnavailable(f"branch {branch}: no trusted peer on the LAN offers it")
-        progress = {"branch": branch, "peers": [str(p) for p in peers], "started": time.time(),
-                    "bytes_done": 0, "bytes_total": None}
-        self.transfers[branch] = progress
-
-        def on_progress(done: int, total: int) -> None:
-            progress.update(bytes_done=done, bytes_total=total)
-
+        if progress is not None:
+            progress(0, 0, ProgressInfo(peers=tuple(str(p) for p in peers)))
         pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
         try:
             async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
                 result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
-                                            agent_dir=pi.agent, progress=on_progress,
+                                            agent_dir=pi.agent, progress=progress,
                                             limits=FETCH_LIMITS, session_dir=pi.sessions)
         except TimeoutError:
             raise PeerUnavailable(f"fetch {branch}: not done after {FETCH_LIMITS.fetch_timeout:g} s; "
@@ -313,8 +318,6 @@ class Node:
         except P2PNodeError as exc:
             log.info("fetch %s refused or failed: %s", branch, exc)
             raise
-        finally:
-            self.transfers.pop(branch, None)
         log.info("fetched %s", branch)
         await self.announce()
         return result.as_dict()
@@ -353,14 +356,24 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
 
 
 def _json_handler(fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        """fn's answer as one JSON reply, or, when fn answers an async generator, as NDJSON events."""
         try:
             body = await request.json() if request.can_read_body else {}
         except (ValueError, RecursionError) as exc:
             raise InvalidInput(f"control request is not JSON: {type(exc).__name__}") from None
         if not isinstance(body, dict):
             raise InvalidInput("control request must be a JSON object")
-        return web.json_response(await fn(body))
+        answer = await fn(body)
+        if not isinstance(answer, AsyncGenerator):
+            return web.json_response(answer)
+        stream = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await stream.prepare(request)
+        async with contextlib.aclosing(answer):  # closed early when the caller goes away
+            async for event in answer:
+                await stream.write(json.dumps(event).encode() + b"\n")
+        await stream.write_eof()
+        return stream
 
     return handle
 

@@ -51,13 +51,20 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
                trust: TrustStore, progress: Progress) -> dict[str, Any]:
     """A one-shot fetch with no node running: the peers given, else the trusted holders found
     on the LAN; the store is opened only for each local step (OpenPerUse), never while a peer
-    is awaited."""
+    is awaited.  A hash prefix or session id is resolved against the given peers' catalogs."""
     import asyncio
 
     from p2pnode.discovery.mdns import lan_peers
+    from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse, fetch_branch
     from p2pnode.peer.identity import parse_node_id
+    from p2pnode.pi.sidecar import is_hash_hex
 
+    if not is_hash_hex(branch):
+        if not peers:
+            raise offers.no_peers(branch)
+        answers = asyncio.run(offers.ask_catalogs(offers.by_node(peers), identity, trust))
+        branch, peers = offers.resolve(branch, answers)
     if not peers:
         peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
     result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, identity, trust,

@@ -165,7 +165,7 @@ def test_specific_bad_inputs_have_their_exit_codes(ordinary: OrdinaryUser, corpu
         (["cat", "ab" * 32], 3, "ab" * 32),
         (["unshare", "xyz!"], 4, "not a branch hash"),
         (["cat", "12"], 4, "not a branch hash"),
-        (["fetch", "xyz"], 4, "not 64 lowercase hex"),
+        (["fetch", "xyz"], 4, "not a branch hash"),
         (["fetch", "ab" * 32, "--from", "nowhere"], 4, "not HOST:PORT"),
         (["fetch", "ab" * 32, "--from", "127.0.0.1:1"], 6, "127.0.0.1:1"),
         (["trust", "not-a-node-id"], 4, "not-a-node-id"),

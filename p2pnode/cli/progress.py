@@ -1,0 +1,57 @@
+"""The live progress line of `p2pnode fetch` (rich, on stderr): bytes, rate, ETA, peers and lines
+verified, the same for a one-shot fetch (fed by get.py's progress callback through a
+ProgressMeter) and for one the running node does (fed by its streamed events).  Nothing is
+drawn when stderr is not a terminal, nor for a transfer under MIN_BYTES that ends before
+anything would be worth seeing; stdout (the result, `--json`) is never touched."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
+
+from p2pnode.cli.render import transfer_detail
+from p2pnode.peer.progress import ProgressInfo, ProgressMeter, TransferProgress
+
+MIN_BYTES = 1 << 20
+
+
+class FetchProgress:
+    """A context manager: `view(done, total[, info])` as a fetch's progress callback, or
+    `view.show(TransferProgress)` for the node's events; the bar is removed at the end."""
+
+    def __init__(self, peers: list[str] | None = None, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.enabled = self.console.is_terminal
+        self.meter = ProgressMeter(peers, on_change=self.show)
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> FetchProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, done: int, total: int, info: ProgressInfo | None = None) -> None:
+        self.meter(done, total, info)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """One event the node streamed (node/transfers.py): progress is shown, the rest ignored."""
+        if event.get("event") == "progress":
+            self.show(TransferProgress.from_dict(event))
+
+    def show(self, p: TransferProgress) -> None:
+        if not self.enabled or not p.bytes_total or p.bytes_total < MIN_BYTES:
+            return
+        if self._bar is None:
+            self._bar = Progress(TextColumn("fetch"), BarColumn(), DownloadColumn(),
+                                 TextColumn("{task.fields[detail]}"), console=self.console, transient=True,
+                                 auto_refresh=False)  # drawn at each report: the node sends 5 a second
+            self._task = self._bar.add_task("fetch", total=p.bytes_total, detail="")
+            self._bar.start()
+        assert self._task is not None
+        self._bar.update(self._task, completed=p.bytes_done, total=p.bytes_total,
+                         detail=transfer_detail(p.as_dict()))
+        self._bar.refresh()

@@ -1,0 +1,215 @@
+"""The node's fetches as transfers the CLI can watch, cancel or leave running, and `browse`:
+the control endpoints behind `p2pnode fetch` and `p2pnode browse` when a node runs.
+
+    /v1/fetch {"branch", "peers", "pi"}                 -> FetchResult.as_dict() (one reply)
+    /v1/fetch {..., "stream": true}                     -> NDJSON events, one per line:
+        {"event": "started", "id", "branch"}, {"event": "progress", **TransferProgress},
+        then {"event": "result", "result": FetchResult} or {"event": "error", "message", "exit_code"}
+    /v1/fetch {..., "background": true}                 -> {"id", "branch", "background": true} at once
+    /v1/cancel {"id"}                                   -> {"id", "state"}
+    /v1/browse {"peers": ["[ID@]HOST:PORT"]}            -> {"branches": [...], "peers": [...]}
+
+`branch` may be a unique hash prefix or a Pi session id: it is resolved (peer/offers.py) against
+the catalogs of the peers given, else of every trusted peer online, before the transfer starts,
+so that an unknown or ambiguous one is an error at once, also with --background.
+
+A transfer that a command waits for (stream or one reply) is cancelled when that command goes
+away (its control connection closes, as on Ctrl-C) or asks /v1/cancel; a background one runs
+until it ends or is cancelled.  Finished background transfers stay in `status` for
+RECENT_SECONDS (at most MAX_RECENT of them), so that their outcome can be seen.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.peer import offers
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.identity import Identity
+from p2pnode.peer.progress import ProgressMeter
+from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.sidecar import is_hash_hex
+
+RECENT_SECONDS = 60.0
+MAX_RECENT = 8
+EVENT_INTERVAL = 0.2
+"""At most this many progress events per second to a waiting command: a terminal bar needs no more."""
+
+Route = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class FetchingNode(Protocol):
+    """What transfers need from the node: who to ask, and its fetch."""
+
+    identity: Identity
+    trust: TrustStore
+
+    def trusted_online(self) -> list[PeerAddress]: ...
+
+    async def _c_fetch(self, body: dict[str, Any],
+                       progress: ProgressMeter | None = None) -> dict[str, Any]: ...
+
+
+@dataclass
+class Transfer:
+    id: str
+    branch: str
+    background: bool
+    meter: ProgressMeter
+    started: float = field(default_factory=time.time)
+    state: str = "running"
+    """running, done, failed or cancelled."""
+    result: dict[str, Any] | None = None
+    error: P2PNodeError | None = None
+    finished: float | None = None
+    """time.monotonic() when it ended."""
+    task: asyncio.Task[dict[str, Any]] | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As `status` lists it (branch, bytes_done, bytes_total, peers, as before, and more)."""
+        return dict(self.meter.current.as_dict(), id=self.id, branch=self.branch, state=self.state,
+                    background=self.background, started=self.started,
+                    error=str(self.error) if self.error else None)
+
+    def event(self) -> dict[str, Any]:
+        if self.state == "done":
+            return {"event": "result", "result": self.result}
+        if self.error is not None:
+            return {"event": "error", "message": str(self.error), "exit_code": self.error.exit_code}
+        return dict(self.meter.current.as_dict(), event="progress")
+
+
+class Transfers:
+    def __init__(self, node: FetchingNode) -> None:
+        self.node = node
+        self.running: dict[str, Transfer] = {}
+
+    def routes(self) -> dict[str, Route]:
+        return {"fetch": self.fetch, "cancel": self.cancel, "browse": self.browse}
+
+    def listed(self) -> list[dict[str, Any]]:
+        """Running transfers, and background ones that ended within RECENT_SECONDS."""
+        now = time.monotonic()
+        ended = sorted((t for t in self.running.values() if t.finished is not None),
+                       key=lambda t: t.finished or 0.0, reverse=True)
+        for old in [t for t in ended if now - (t.finished or now) > RECENT_SECONDS] + ended[MAX_RECENT:]:
+            self.running.pop(old.id, None)
+        return [t.as_dict() for t in self.running.values()]
+
+    async def fetch(self, body: dict[str, Any]) -> Any:
+        transfer = await self._start(body)
+        if transfer.background:
+            return {"id": transfer.id, "branch": transfer.branch, "background": True}
+        if body.get("stream") is True:
+            return self._events(transfer)
+        assert transfer.task is not None
+        try:
+            return await asyncio.shield(transfer.task)
+        finally:
+            self._end_attached(transfer)
+
+    async def cancel(self, body: dict[str, Any]) -> dict[str, Any]:
+        transfer = self.running.get(str(body.get("id")))
+        if transfer is None:
+            raise NotFound(f"no transfer {body.get('id')!r} on this node")
+        if transfer.task is not None and not transfer.task.done():
+            transfer.task.cancel()
+            with contextlib.suppress(BaseException):
+                await transfer.task
+        return {"id": transfer.id, "state": transfer.state}
+
+    async def browse(self, body: dict[str, Any]) -> dict[str, Any]:
+        given = _peers(body)
+        nodes = offers.by_node(given + [a for a in self.node.trusted_online() if a not in given])
+        answers = await offers.ask_catalogs(nodes, self.node.identity, self.node.trust)
+        return offers.offered_rows(answers, {p.node_id: p.name for p in self.node.trust.peers()})
+
+    async def _start(self, body: dict[str, Any]) -> Transfer:
+        branch = str(body.get("branch") or "")
+        if not is_hash_hex(branch.strip().lower()):  # a prefix or a session id: which branch, from whom
+            given = _peers(body)
+            asked = given or self.node.trusted_online()
+            if not asked:
+                raise offers.no_peers(branch)
+            answers = await offers.ask_catalogs(offers.by_node(asked), self.node.identity, self.node.trust)
+            branch, holders = offers.resolve(branch, answers)
+            body = dict(body, branch=branch, peers=[str(p) for p in holders])
+        changed = asyncio.Event()
+        meter = ProgressMeter([str(p) for p in body.get("peers") or []], on_change=lambda _: changed.set())
+        transfer = Transfer(id=secrets.token_hex(4), branch=branch, background=body.get("background") is True,
+                            meter=meter, changed=changed)
+        self.running[transfer.id] = transfer
+        transfer.task = asyncio.ensure_future(self._run(transfer, body))
+        transfer.task.add_done_callback(_retrieved)
+        return transfer
+
+    async def close(self) -> None:
+        """The node stops: every transfer still running is cancelled (nothing is committed half)."""
+        tasks = [t.task for t in self.running.values() if t.task is not None and not t.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, transfer: Transfer, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            transfer.result = await self.node._c_fetch(body, transfer.meter)
+            transfer.state = "done"
+            return transfer.result
+        except asyncio.CancelledError:
+            transfer.state, transfer.error = "cancelled", P2PNodeError("cancelled")
+            raise
+        except P2PNodeError as exc:
+            transfer.state, transfer.error = "failed", exc
+            raise
+        except Exception as exc:  # reported as the node's failure, as other control calls are
+            transfer.state = "failed"
+            transfer.error = P2PNodeError(f"the node failed: {exc or 'no details'} (see its log)")
+            raise
+        finally:
+            transfer.finished = time.monotonic()
+            transfer.changed.set()
+
+    def _end_attached(self, transfer: Transfer) -> None:
+        """The command waiting for `transfer` got its answer or went away: a transfer still
+        running is cancelled, and it leaves the list (the command saw, or chose not to see, the end)."""
+        if transfer.task is not None and not transfer.task.done():
+            transfer.task.cancel()
+        self.running.pop(transfer.id, None)
+
+    async def _events(self, transfer: Transfer) -> AsyncGenerator[dict[str, Any], None]:
+        """The stream a waiting command reads; closing it early (the command went away) cancels."""
+        try:
+            yield {"event": "started", "id": transfer.id, "branch": transfer.branch}
+            while transfer.finished is None:
+                await transfer.changed.wait()
+                transfer.changed.clear()
+                if transfer.finished is None:
+                    yield transfer.event()
+                    await asyncio.sleep(EVENT_INTERVAL)
+            if transfer.task is not None:  # its exception was reported as an event
+                with contextlib.suppress(BaseException):
+                    transfer.task.result()
+            yield transfer.event()
+        finally:
+            self._end_attached(transfer)
+
+
+def _peers(body: dict[str, Any]) -> list[PeerAddress]:
+    """The request's "peers" (a list of `[ID@]HOST:PORT`); InvalidInput for anything else."""
+    peers = body.get("peers") or []
+    if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
+        raise InvalidInput("control: 'peers' must be a list of str")
+    return [PeerAddress.parse(p) for p in peers]
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A background transfer's failure is in its Transfer (status shows it), not a loop warning."""
+    if not task.cancelled():
+        task.exception()

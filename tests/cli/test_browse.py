@@ -1,0 +1,119 @@
+"""What teammates see: `browse` / `ls --peers` (with --from, and through a running node), `share`
+ending with the line the teammate types, and `fetch` by a hash prefix or a Pi session id.
+Real `p2pnode` processes on loopback with the real Pi files of the corpus."""
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+from procnode import Node
+
+from p2pnode.cli.browse import age, print_offers
+from p2pnode.paths import NodePaths
+from p2pnode.peer.trust import TrustStore
+
+BETA = "sessions/--tmp-pi-harness-work-beta--"
+B5 = f"{BETA}/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
+ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
+A3 = f"{ALPHA}/2026-11-21T19-26-32-251Z_01a1ff93-173a-7744-89ad-bbc16c12cc22.jsonl"
+
+
+@pytest.fixture
+def team(tmp_path: Path, corpus_dir: Path) -> tuple[Node, Node]:
+    """alice holds the corpus; alice and bob trust each other by name."""
+    a, b = Node(tmp_path, "alice"), Node(tmp_path, "bob")
+    shutil.copytree(corpus_dir / "sessions", a.agent / "sessions")
+    TrustStore(NodePaths(a.home).trust).trust(b.id, name="bob")
+    TrustStore(NodePaths(b.home).trust).trust(a.id, name="alice")
+    return a, b
+
+
+def test_browse_lists_what_a_peer_offers(team: tuple[Node, Node]) -> None:
+    a, b = team
+    a.run("share", str(a.agent / B5))
+    a.run("share", str(a.agent / A3))
+    offered = {x["branch"]: x for x in json.loads(a.run("ls", "--json").stdout)}
+    with a.serving() as port:
+        seen = json.loads(b.run("browse", "--from", f"127.0.0.1:{port}", "--json").stdout)
+        alias = json.loads(b.run("ls", "--peers", "--from", f"127.0.0.1:{port}", "--json").stdout)
+        text = b.run("browse", "--from", f"127.0.0.1:{port}").stdout
+        with b.node_running():
+            via_node = json.loads(b.run("browse", "--from", f"127.0.0.1:{port}", "--json").stdout)
+    assert seen == alias == via_node
+    rows = {r["branch"]: r for r in seen["branches"]}
+    assert rows.keys() == offered.keys() and len(rows) == 5  # B5, its three ancestors, A3
+    beta = rows[next(b for b, x in offered.items() if x["header"]["id"].startswith("01a1ff93-69ef"))]
+    assert beta["name"] == "alice" and beta["node_id"] == a.id and beta["short_id"] == a.id[:7]
+    assert beta["project"] == "beta" and beta["cwd"] == "/tmp/pi-harness/work/beta"
+    assert beta["versions"] == 1 and beta["size"] == 1317
+    assert beta["lines"] == offered[beta["branch"]]["lines"]
+    assert beta["title"] == offered[beta["branch"]]["title"]
+    assert seen["peers"] == [{"node_id": a.id, "name": "alice", "short_id": a.id[:7],
+                              "addresses": [f"127.0.0.1:{port}"], "error": None, "offers": 5}]
+    assert text.splitlines()[0].split()[:4] == ["WHO", "BRANCH", "AGE", "LINES"]
+    assert sum(f"alice ({a.id[:7]})" in line and "beta" in line for line in text.splitlines()) == 4
+
+
+def test_browse_reports_an_unreachable_peer_and_needs_peers_without_a_node(team: tuple[Node, Node]) -> None:
+    _, b = team
+    nobody = b.run("browse", check=False)
+    assert nobody.returncode == 6 and "--from" in nobody.stderr
+    gone = b.run("browse", "--from", "127.0.0.1:9", "--json")
+    answer = json.loads(gone.stdout)
+    assert answer["branches"] == [] and answer["peers"][0]["error"]
+    assert "did not answer" in gone.stderr
+
+
+def test_share_prints_the_fetch_line_and_it_fetches(team: tuple[Node, Node]) -> None:
+    a, b = team
+    share = a.run("share", str(a.agent / B5))
+    branch = share.stdout.split()[0]
+    line = re.search(r"teammates on the LAN run:  (p2pnode fetch ([0-9a-f]+))$", share.stderr, re.M)
+    assert line, share.stderr
+    prefix = line.group(2)
+    assert len(prefix) >= 12 and branch.startswith(prefix)
+    assert "off the LAN" in share.stderr
+    assert json.loads(a.run("share", str(a.agent / B5), "--json").stdout)["fetch"] == line.group(1)
+    with a.serving() as port:
+        fetched = b.fetch_json(*line.group(1).split()[2:], "--from", f"127.0.0.1:{port}")
+    assert fetched["branch"] == branch and Path(fetched["path"]).read_bytes() == (a.agent / B5).read_bytes()
+
+
+def test_fetch_by_prefix_or_session_id_and_the_errors(team: tuple[Node, Node]) -> None:
+    a, b = team
+    branch = a.run("share", str(a.agent / B5)).stdout.split()[0]
+    a.run("share", str(a.agent / A3))
+    with a.serving() as port:
+        peer = f"127.0.0.1:{port}"
+        by_id = b.fetch_json("01a1ff93-69ef-76bb-aaf0-d291c98d9fe0", "--from", peer)
+        assert by_id["branch"] == branch
+        ambiguous = b.run("fetch", "01a1ff93-", "--from", peer, check=False)
+        assert ambiguous.returncode == 3 and "matches 5 offered branches" in ambiguous.stderr
+        unknown = b.run("fetch", "ffffffffffff", "--from", peer, check=False)
+        assert unknown.returncode == 3 and "no branch matching 'ffffffffffff'" in unknown.stderr
+        short = b.run("fetch", "abc", "--from", peer, check=False)
+        assert short.returncode == 4 and "at least 4 hex digits" in short.stderr
+    alone = b.run("fetch", branch[:12], check=False)  # no node, no --from: nobody to ask
+    assert alone.returncode == 6 and "--from" in alone.stderr
+
+
+def test_browse_text_escapes_what_peers_sent() -> None:
+    row = {"node_id": "N" * 56, "name": "mallory\x1b[2J", "short_id": "NNNNNNNN", "branch": "ab" * 32,
+           "title": "title\x1b]0;pwned\x07", "project": "p\u202eroj", "size": 2_500_000, "lines": 7,
+           "timestamp": "2026-11-21T19:26:53.423Z", "versions": 3}
+    out = io.StringIO()
+    with redirect_stdout(out):
+        print_offers([row], now=0.0)
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert "\\x1b[2J" in text and "2.5 MB" in text and f"{'ab' * 6}  " in text
+
+
+def test_age_is_one_short_unit() -> None:
+    assert age("2026-11-21T19:00:00.000Z", now=1_795_287_600.0 + 3 * 3600 + 59) == "3h"
+    assert age("not a time", now=0.0) == "?"

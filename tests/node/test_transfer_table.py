@@ -1,0 +1,84 @@
+"""The node's transfer table on its own: what `status` keeps of ended background transfers
+(bounded in number and in time), and a waiting command's stream that closes early cancelling
+its transfer.  The fetch is a stand-in the test ends at will (the real fetch through a real
+node, Ctrl-C included: test_transfers.py); the table, its tasks and events are the real ones."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from p2pnode.node import transfers
+from p2pnode.node.transfers import Transfers
+from p2pnode.peer.progress import ProgressMeter
+
+
+class StandInNode:
+    """Fetches that report half their bytes, then wait until the test lets them end."""
+
+    identity: Any = None
+    trust: Any = None
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.cancelled = 0
+
+    def trusted_online(self) -> list:
+        return []
+
+    async def _c_fetch(self, body: dict[str, Any], progress: ProgressMeter | None = None) -> dict[str, Any]:
+        assert progress is not None
+        progress(50, 100)
+        try:
+            await self.go.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        progress(100, 100)
+        return {"branch": body["branch"]}
+
+
+def branch(i: int) -> str:
+    return f"{i:064x}"
+
+
+async def test_ended_background_transfers_are_kept_briefly_and_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    node = StandInNode()
+    table = Transfers(node)
+    count = transfers.MAX_RECENT + 3
+    started = [await table.fetch({"branch": branch(i), "background": True}) for i in range(count)]
+    assert {s["id"] for s in started} == {t["id"] for t in table.listed()}
+    await asyncio.sleep(0)
+    assert {(t["bytes_done"], t["state"]) for t in table.listed()} == {(50, "running")}
+    node.go.set()
+    await asyncio.gather(*(t.task for t in table.running.values() if t.task))
+    ended = table.listed()
+    assert len(ended) == transfers.MAX_RECENT and {t["state"] for t in ended} == {"done"}
+    assert {t["bytes_done"] for t in ended} == {100}
+    monkeypatch.setattr(transfers, "RECENT_SECONDS", 0.0)
+    await asyncio.sleep(0.01)
+    assert table.listed() == []
+
+
+async def test_a_stream_closed_early_cancels_its_transfer() -> None:
+    node = StandInNode()
+    table = Transfers(node)
+    events = await table.fetch({"branch": branch(1), "stream": True})
+    assert (await events.__anext__())["event"] == "started"
+    progress = await events.__anext__()
+    assert progress["event"] == "progress" and progress["bytes_done"] == 50
+    await events.aclose()  # the command went away (Ctrl-C): the control connection closed
+    await asyncio.sleep(0)
+    assert node.cancelled == 1 and table.listed() == []
+
+
+async def test_cancel_by_id_ends_a_background_transfer_and_says_so() -> None:
+    node = StandInNode()
+    table = Transfers(node)
+    started = await table.fetch({"branch": branch(2), "background": True})
+    await asyncio.sleep(0)
+    assert await table.cancel({"id": started["id"]}) == {"id": started["id"], "state": "cancelled"}
+    assert [(t["state"], t["error"]) for t in table.listed()] == [("cancelled", "cancelled")]
+    with pytest.raises(Exception, match="no transfer 'nope'"):
+        await table.cancel({"id": "nope"})

@@ -1,0 +1,110 @@
+"""The sans-IO parts of what the user sees: resolving a prefix or a session id against peers'
+catalogs, the shortest unique prefix `share` prints, browse rows, and the progress meter and
+the live bar it feeds (rich, drawn on a forced terminal into a buffer)."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pytest
+from rich.console import Console
+
+from p2pnode.cli.progress import FetchProgress
+from p2pnode.errors import InvalidInput, NotFound
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.offers import PeerOffer, check_target, offered_rows, resolve, unique_prefix
+from p2pnode.peer.progress import ProgressInfo, ProgressMeter, TransferProgress
+
+P1, P2 = PeerAddress(None, "10.0.0.1", 1), PeerAddress(None, "10.0.0.2", 2)
+
+
+def entry(branch: str, sid: str = "01a1ff93-0000", lines: int = 1, title: str = "t") -> wire.CatalogEntry:
+    return wire.CatalogEntry(branch=branch, src="c" * 64, parent=None, size=10 * lines, lines=lines,
+                             header={"id": sid, "cwd": "/home/me/proj", "timestamp": "2026-11-21T19:00:00Z"},
+                             title=title)
+
+
+def offer(addr: PeerAddress, *entries: wire.CatalogEntry, node: str = "N") -> PeerOffer:
+    return PeerOffer([addr], wire.CatalogMessage(1, node, list(entries)))
+
+
+def test_a_unique_prefix_resolves_to_the_branch_and_every_holder() -> None:
+    a, b = "abcd0" + "0" * 59, "abcd1" + "1" * 59
+    offers = [offer(P1, entry(a), entry(b)), offer(P2, entry(a))]
+    assert resolve("ABCD00", offers) == (a, [P1, P2])
+    assert resolve(b, offers) == (b, [P1])
+    with pytest.raises(NotFound, match=r"'abcd' matches 2 offered branches: abcd0000.*abcd1111.*more of"):
+        resolve("abcd", offers)
+    with pytest.raises(NotFound, match=r"no branch matching 'ffff' is offered by the 1 peer\(s\) asked; "
+                                       r"not asked: 10.0.0.2:2: refused"):
+        resolve("ffff", [offer(P1, entry(a)), PeerOffer([P2], error="refused")])
+    with pytest.raises(InvalidInput, match="at least 4 hex"):
+        check_target("abc")
+    with pytest.raises(InvalidInput):
+        check_target("xyz-12")
+
+
+def test_a_session_id_names_its_newest_version_but_not_two_sessions() -> None:
+    v1, v2, other = "1" * 64, "2" * 64, "3" * 64
+    offers = [offer(P1, entry(v1, "01a1ff93-69ef", lines=3), entry(v2, "01a1ff93-69ef", lines=5)),
+              offer(P2, entry(other, "01a1ff93-aaaa"))]
+    assert resolve("01a1ff93-69ef", offers) == (v2, [P1])
+    with pytest.raises(NotFound, match="matches 3 offered branches"):
+        resolve("01a1ff93-", offers)
+
+
+def test_unique_prefix_is_at_least_twelve_and_long_enough() -> None:
+    mine = "abcdef0123456789" + "0" * 48
+    assert unique_prefix(mine, [mine]) == mine[:12]
+    near = "abcdef0123456789ab" + "1" * 46
+    assert unique_prefix(mine, [mine, near]) == mine[:17]
+    assert unique_prefix(mine, [near], minimum=4) == mine[:17]
+
+
+def test_browse_rows_say_who_what_and_how_many_versions() -> None:
+    @dataclass(frozen=True)
+    class Versioned(wire.CatalogEntry):  # an entry of a catalog that lists versions (issue 14)
+        versions: tuple[str, ...] = ()
+
+    e = entry("1" * 64)
+    versioned = Versioned(**{**e.__dict__, "branch": "2" * 64}, versions=("a", "b", "c"))
+    rows = offered_rows([offer(P1, e, versioned, node="NODE123-XYZ"), PeerOffer([P2], error="timed out")],
+                        {"NODE123-XYZ": "alice"})
+    got = [(r["branch"][0], r["versions"], r["name"], r["short_id"], r["project"]) for r in rows["branches"]]
+    assert got == [("1", 1, "alice", "NODE123", "proj"), ("2", 3, "alice", "NODE123", "proj")]
+    assert rows["peers"][1] == {"node_id": None, "name": None, "short_id": None, "addresses": ["10.0.0.2:2"],
+                                "error": "timed out", "offers": None}
+
+
+def test_meter_rate_eta_and_optional_info() -> None:
+    now = [100.0]
+    seen: list[TransferProgress] = []
+    meter = ProgressMeter(["p1"], clock=lambda: now[0], on_change=seen.append)
+    meter(0, 10_000_000)
+    now[0] += 2.0
+    meter(4_000_000, 10_000_000)  # the two-argument form get.py uses
+    assert meter.current.rate == 2_000_000 and meter.current.eta == 3.0 and meter.current.peers == ["p1"]
+    now[0] += 1.0
+    meter(6_000_000, 10_000_000, ProgressInfo(lines_verified=30, lines_total=50, peers=("p1", "p2")))
+    cur = meter.current
+    assert (cur.lines_verified, cur.lines_total, cur.peers, cur.seconds) == (30, 50, ["p1", "p2"], 3.0)
+    assert len(seen) == 3 and TransferProgress.from_dict(dict(cur.as_dict(), extra=1)) == cur
+
+
+def test_the_bar_draws_on_a_terminal_and_stays_silent_elsewhere() -> None:
+    tty = io.StringIO()
+    with FetchProgress(["127.0.0.1:4747"], Console(file=tty, force_terminal=True, width=160)) as view:
+        view(0, 8_000_000)
+        view(2_000_000, 8_000_000, ProgressInfo(lines_verified=12, lines_total=40))
+        view.event({"event": "progress", "bytes_done": 4_000_000, "bytes_total": 8_000_000, "rate": 1.5e6,
+                    "eta": 2.7, "lines_verified": 20, "lines_total": 40, "peers": ["a", "b"]})
+        view.event({"event": "started", "id": "x"})
+    drawn = tty.getvalue()
+    assert "1.5 MB/s" in drawn and "ETA 0:03" in drawn and "20/40 lines verified" in drawn
+    assert "2 peers" in drawn
+    assert "2.0/8.0 MB" in drawn and "12/40 lines verified" in drawn and "(127.0.0.1:4747)" in drawn
+    pipe = io.StringIO()
+    with FetchProgress([], Console(file=pipe, force_terminal=False)) as view:
+        view(4_000_000, 8_000_000)
+    assert pipe.getvalue() == ""
