@@ -26,8 +26,9 @@ The order of work, and why:
 
 How missing lines are asked for and verified is batches.py's; which peer is asked and what its
 failure means is the downloader's (downloader.py: a peer that lies or stalls is dropped for
-the fetch, a broken link is retried a few times); one peer's HTTPS session is link.py's.  Verified lines and blob prefixes survive a broken link,
-so the next attempt, on the same or another peer, continues where the last one stopped.
+the fetch, a broken link is retried a few times); one peer's HTTPS session is link.py's.
+Verified lines and blob prefixes survive a broken link, so the next attempt, on the same or
+another peer, continues where the last one stopped.
 """
 from __future__ import annotations
 
