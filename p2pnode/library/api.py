@@ -11,20 +11,19 @@ what the node serves, never the live file that Pi keeps appending to.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
-from p2pnode.library import access
+from p2pnode.library import access, space
 from p2pnode.library.audit import AuditLog
 from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
@@ -748,6 +747,65 @@ class Library:
         branches = sorted({visible[h][1] for h in hashes if h in visible})
         self.audit.append("served", peer=peer, peer_name=name, kind=kind, branches=branches, bytes=nbytes)
 
+    # --- space (library/space.py) ---
+
+    def gc(self, on_phase: Callable[[str], None] | None = None) -> space.GCReport:
+        """Forget withdrawn branches and superseded versions, then run the store's crash-safe
+        GC; skipped (nothing changed) while a fetch holds a transfer lease."""
+        if not self.leases.begin_collecting():
+            return space.GCReport([], [], 0, 0, 0, skipped="a fetch is in progress")
+        try:
+            with self._lock:
+                before = space.store_bytes(self.paths.store)
+                drop = space.garbage(self.sessions)
+                self.sessions.forget(drop.branches, drop.versions)
+                for branch in drop.branches:
+                    self.manifest.remove(branch)
+                stats = self.store.gc(on_phase)
+                report = space.GCReport(drop.branches, drop.versions, stats.bytes_freed, before,
+                                        space.store_bytes(self.paths.store))
+                self.audit.append("gc", branches=drop.branches, versions=len(drop.versions),
+                                  bytes=stats.bytes_freed)
+                self._changed()
+                return report
+        finally:
+            self.leases.end_collecting()
+
+    def remove(self, target: str) -> list[BranchInfo]:
+        """`p2pnode rm`: forget a branch (hash or prefix) or every branch of a Pi session id,
+        with their versions unless a kept branch uses them; offered ones are unshared first.
+        Their bytes go at the next `gc`.  A branch that is the parent of another held here is
+        refused: remove the child first."""
+        with self._lock:
+            records = self._remove_targets(target)
+            names = {r.branch for r in records}
+            children = [r.branch for r in self.sessions.branches()
+                        if r.parent in names and r.branch not in names]
+            if children:
+                raise InvalidInput(f"{target}: branch {children[0]} held here has it as its parent; "
+                                   f"remove that first (p2pnode rm {children[0][:16]})")
+            infos = [self._info(r) for r in records]
+            used = {r.src for r in self.sessions.branches() if r.branch not in names}
+            self.sessions.forget(sorted(names), sorted({r.src for r in records} - used))
+            for info in infos:
+                self.manifest.remove(info.branch)
+                self.audit.append("removed", branch=info.branch, title=info.title, was_offered=info.offered)
+            self._changed()
+            return infos
+
+    def _remove_targets(self, target: str) -> list[BranchRecord]:
+        text = target.strip()
+        by_session = [r for v in self.sessions.versions_of(text) for r in self.sessions.branches_of(v.src)]
+        if by_session:
+            return by_session
+        return [self.sessions.branch(self.resolve_branch(text))]
+
+    def space(self) -> dict[str, int]:
+        """`status`: the store's bytes and what `gc` would reclaim now (an estimate)."""
+        with self._lock:
+            return {"store_bytes": space.store_bytes(self.paths.store),
+                    "reclaimable_bytes": space.reclaimable_bytes(self.sessions, self.store)}
+
 
 class TransferLeases:
     """Fetches in progress hold a lease; GC runs only while none is held, and a fetch that
@@ -759,29 +817,28 @@ class TransferLeases:
         self._held = 0
         self._collecting = False
 
-    @contextlib.contextmanager
-    def transfer(self) -> Iterator[None]:
+    def acquire(self) -> None:
+        """Take a lease for a fetch (blocks while GC runs; call it off the event loop)."""
         with self._cond:
             while self._collecting:
                 self._cond.wait()
             self._held += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._held -= 1
-                self._cond.notify_all()
 
-    @contextlib.contextmanager
-    def collecting(self) -> Iterator[bool]:
-        """Yields False (and GC must not run) while a transfer holds a lease."""
+    def release(self) -> None:
         with self._cond:
-            free = not self._held and not self._collecting
-            self._collecting = self._collecting or free
-        try:
-            yield free
-        finally:
-            if free:
-                with self._cond:
-                    self._collecting = False
-                    self._cond.notify_all()
+            self._held -= 1
+            self._cond.notify_all()
+
+    def begin_collecting(self) -> bool:
+        """False while a fetch holds a lease (GC must not run); else fetches wait until
+        end_collecting."""
+        with self._cond:
+            if self._held or self._collecting:
+                return False
+            self._collecting = True
+            return True
+
+    def end_collecting(self) -> None:
+        with self._cond:
+            self._collecting = False
+            self._cond.notify_all()

@@ -416,6 +416,9 @@ class SessionStore:
     def branches(self) -> list[BranchRecord]:
         return list(self._state.branches.values())
 
+    def versions(self) -> list[Version]:
+        return list(self._state.sessions.values())
+
     def versions_of(self, session_id: str) -> list[Version]:
         return [v for v in self._state.sessions.values() if v.session_id == session_id]
 

@@ -19,7 +19,8 @@ that does not exist gets (404, same body).  When that changes (unshare, expiry, 
 (`lib.add_listener`; expiry is also checked every TRUST_POLL_SECONDS), and every answer
 served is logged (`lib.record_served`: peer, branches, bytes).
 
-Per peer: at most `limits.max_concurrent_requests` requests at once (more get 429), `limits.max_connections_per_peer` connections, request bodies up to
+Per peer: at most `limits.max_concurrent_requests` requests at once (more get 429),
+`limits.max_connections_per_peer` connections, request bodies up to
 `limits.max_batch_request` bytes, and a peer that stops reading for
 `limits.slow_reader_timeout` seconds is disconnected.  Before trust is known: pending TLS
 handshakes are bounded per source and in all, each with a deadline (_HandshakeGate); after
@@ -365,9 +366,9 @@ class PeerServer:
 
     def _frames(self, hashes: list[bytes], pos: int, peer: str) -> tuple[bytes, list[str], int]:
         """(frames, the hashes they carry, where the next group starts): the line blobs
-        offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are left out, exactly as if
-        they did not exist.  Stored bytes are sent as they are: the store's codec numbers
-        (store/records.py) are the wire's (0 raw, 1 zstd)."""
+        offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are
+        left out, exactly as if they did not exist.  Stored bytes are sent as they are: the
+        store's codec numbers (store/records.py) are the wire's (0 raw, 1 zstd)."""
         parts: list[bytes] = []
         carried: list[str] = []
         size = 0
