@@ -751,17 +751,20 @@ class Library:
 
     def gc(self, on_phase: Callable[[str], None] | None = None) -> space.GCReport:
         """Forget withdrawn branches and superseded versions, then run the store's crash-safe
-        GC; skipped (nothing changed) while a fetch holds a transfer lease."""
+        GC; skipped (nothing changed) while a fetch holds a transfer lease.  `on_phase(name)`
+        after each durable step: "records-saved", "contexts-deleted", then the store's."""
+        phase = on_phase or (lambda _name: None)
         if not self.leases.begin_collecting():
             return space.GCReport([], [], 0, 0, 0, skipped="a fetch is in progress")
         try:
             with self._lock:
                 before = space.store_bytes(self.paths.store)
                 drop = space.garbage(self.sessions)
-                self.sessions.forget(drop.branches, drop.versions)
+                self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))
+                phase("contexts-deleted")
                 for branch in drop.branches:
                     self.manifest.remove(branch)
-                stats = self.store.gc(on_phase)
+                stats = self.store.gc(phase)
                 report = space.GCReport(drop.branches, drop.versions, stats.bytes_freed, before,
                                         space.store_bytes(self.paths.store))
                 self.audit.append("gc", branches=drop.branches, versions=len(drop.versions),

@@ -600,7 +600,8 @@ class SessionStore:
             self._save()
         return record
 
-    def forget(self, branches: Sequence[str], versions: Sequence[str]) -> list[int]:
+    def forget(self, branches: Sequence[str], versions: Sequence[str],
+               on_saved: Callable[[], None] | None = None) -> list[int]:
         """Drop branch and version records (`p2pnode rm`, `gc`) and delete the store contexts
         no remaining record uses; the state file is saved before the contexts go, so a crash in
         between leaves unreferenced contexts (dropped as leftovers at the next open), never a
@@ -613,6 +614,8 @@ class SessionStore:
         used = {v.context for v in state.sessions.values()} | {b.context for b in state.branches.values()}
         state.generation += 1
         self._save()
+        if on_saved is not None:
+            on_saved()
         gone = [h.context_id for h in self.store.list_contexts() if h.context_id not in used
                 and h.head_turn_id and self.store.get_turn(h.head_turn_id).type_tag in OUR_TAGS]
         for ctx in gone:
