@@ -357,7 +357,8 @@ class PeerServer:
             if reading is not None:
                 reading.cancel()
         await self._finish(response, wire.encode_batch_end(sent))
-        await self._served(peer, "batch", served, nbytes)
+        if served:  # a batch of nothing this peer may have served nothing
+            await self._served(peer, "batch", served, nbytes)
         return response
 
     def _read_group(self, hashes: list[bytes], pos: int,
