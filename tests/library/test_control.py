@@ -142,7 +142,8 @@ def test_a_branch_without_a_clean_scan_record_is_not_served(agent: Path, tmp_pat
         assert lib.offered_object(info.branch, ALICE) is None
 
 
-def test_listeners_hear_of_unshare_and_expiry(lib: Library, agent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listeners_hear_of_unshare_and_expiry(lib: Library, agent: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     heard: list[int] = []
     lib.add_listener(lambda: heard.append(1))
     info = lib.share(str(find(agent, A1)), expires="30m")
@@ -248,7 +249,8 @@ def test_rm_forgets_a_branch_or_a_session_id(lib: Library, agent: Path) -> None:
     assert lib.store.list_contexts() == []
 
 
-def test_gc_is_skipped_while_a_fetch_holds_a_lease_and_a_fetch_waits_for_gc(lib: Library, agent: Path) -> None:
+def test_gc_is_skipped_while_a_fetch_holds_a_lease_and_a_fetch_waits_for_gc(lib: Library,
+                                                                            agent: Path) -> None:
     big = lib.share(str(find(agent, A3)))
     lib.unshare(big.branch)
     lib.leases.acquire()

@@ -22,7 +22,8 @@ from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.tls import client_context
 from p2pnode.peer.trust import TrustStore
 
-A6 = "sessions/--tmp-pi-harness-work-alpha--/2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl"
+ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
+A6 = f"{ALPHA}/2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl"
 NOWHERE = "e" * 64
 
 
