@@ -202,6 +202,7 @@ class Library:
         self._listeners: list[Callable[[], None]] = []
         self.audit = AuditLog(paths.home / "audit.log")
         self.leases = TransferLeases()
+        self._reclaimable: tuple[tuple[int, int, int], int] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
         self._fed: dict[str, tuple[_ScanningSink, Version | None]] = {}
         """What the secret scan saw of each version the import just read (and the version it
@@ -741,11 +742,17 @@ class Library:
             listener()
 
     def record_served(self, peer: str, name: str | None, kind: str, hashes: Sequence[str],
-                      nbytes: int) -> None:
-        """Log what one response served to a peer (the branches its hashes were visible through)."""
-        visible = self._visible(peer)
-        branches = sorted({visible[h][1] for h in hashes if h in visible})
-        self.audit.append("served", peer=peer, peer_name=name, kind=kind, branches=branches, bytes=nbytes)
+                      nbytes: int, complete: bool = True) -> None:
+        """Log what one response served to a peer: the branches its hashes are visible through
+        (for an answer cut off because they no longer are: the branch or session it carried),
+        its bytes, and whether it was cut off."""
+        with self._lock:
+            visible = self._visible(peer)
+            branches = {visible[h][1] for h in hashes if h in visible}
+            branches |= {r.branch for h in hashes if h not in visible for r in self.sessions.branches()
+                         if h in (r.branch, r.src)}
+        self.audit.append("served", peer=peer, peer_name=name, kind=kind, branches=sorted(branches),
+                          bytes=nbytes, complete=complete)
 
     # --- space (library/space.py) ---
 
@@ -804,10 +811,14 @@ class Library:
         return [self.sessions.branch(self.resolve_branch(text))]
 
     def space(self) -> dict[str, int]:
-        """`status`: the store's bytes and what `gc` would reclaim now (an estimate)."""
+        """`status`: the store's bytes and what `gc` would reclaim now (an estimate, computed
+        again only when the records or the turns changed: it walks every kept turn)."""
         with self._lock:
+            key = (self.sessions.generation, self.store.turn_count, len(self.sessions.versions()))
+            if self._reclaimable is None or self._reclaimable[0] != key:
+                self._reclaimable = (key, space.reclaimable_bytes(self.sessions, self.store))
             return {"store_bytes": space.store_bytes(self.paths.store),
-                    "reclaimable_bytes": space.reclaimable_bytes(self.sessions, self.store)}
+                    "reclaimable_bytes": self._reclaimable[1]}
 
 
 class TransferLeases:

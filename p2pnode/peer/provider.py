@@ -182,11 +182,13 @@ class PeerServer:
         finally:
             self._serving.pop(transport, None)
 
-    async def _served(self, peer: str, kind: str, hashes: list[str], nbytes: int) -> None:
-        """The audit log's entry for an answer sent (the peer's name as this node trusts it)."""
+    async def _served(self, peer: str, kind: str, hashes: list[str], nbytes: int,
+                      complete: bool = True) -> None:
+        """The audit log's entry for an answer sent, or cut off after `nbytes` (the peer's name
+        as this node trusts it)."""
         trusted = self.trust.get(parse_node_id(peer))
         name = trusted.name if trusted else None
-        await self._call(self.lib.record_served, peer, name, kind, hashes, nbytes)
+        await self._call(self.lib.record_served, peer, name, kind, hashes, nbytes, complete)
 
     # -- per-peer guard -----------------------------------------------------------------
 
@@ -306,11 +308,16 @@ class PeerServer:
         await response.prepare(request)
         view = memoryview(data)
         last = max(start, end - CHUNK)
-        with self._carrying(request, peer, [h]):
-            for pos in range(start, last, CHUNK):
-                await self._send(response, view[pos : min(last, pos + CHUNK)])
-            await self._finish(response, view[last:end])
-        await self._served(peer, kind, [h], end - start)
+        sent = start
+        try:
+            with self._carrying(request, peer, [h]):
+                for pos in range(start, last, CHUNK):
+                    await self._send(response, view[pos : min(last, pos + CHUNK)])
+                    sent = min(last, pos + CHUNK)
+                await self._finish(response, view[last:end])
+                sent = end
+        finally:
+            await self._served(peer, kind, [h], sent - start, complete=sent == end)
         return response
 
     def _session_bytes(self, src: str) -> bytes:
@@ -343,6 +350,7 @@ class PeerServer:
         sent = nbytes = 0
         served: list[str] = []
         reading: asyncio.Future[tuple[bytes, list[str], int]] | None = self._read_group(hashes, 0, peer)
+        complete = False
         try:
             with self._carrying(request, peer, served):
                 while reading is not None:
@@ -353,12 +361,13 @@ class PeerServer:
                     nbytes += len(frames)
                     served += group
                     await self._send(response, frames)
+                await self._finish(response, wire.encode_batch_end(sent))
+                complete = True
         finally:
             if reading is not None:
                 reading.cancel()
-        await self._finish(response, wire.encode_batch_end(sent))
-        if served:  # a batch of nothing this peer may have served nothing
-            await self._served(peer, "batch", served, nbytes)
+            if served:  # a batch of nothing this peer may have served nothing
+                await self._served(peer, "batch", served, nbytes, complete)
         return response
 
     def _read_group(self, hashes: list[bytes], pos: int,

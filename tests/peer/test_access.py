@@ -138,6 +138,13 @@ async def test_unshare_stops_a_transfer_in_flight(world: World, server: PeerServ
         stalled.release()
         await s.close()
     assert not server._serving
+    for _ in range(100):  # logged when the handler has seen the abort
+        cut = [e for e in world.lib.audit.read() if e["event"] == "served" and not e["complete"]]
+        if cut:
+            break
+        await asyncio.sleep(0.05)
+    assert cut[0]["branches"] == [big.branch] and cut[0]["kind"] == "session"
+    assert 0 <= cut[0]["bytes"] < big.size and cut[0]["peer_name"] == "alice"
 
 
 async def test_expiry_stops_a_batch_in_flight(world: World, server: PeerServer,
