@@ -581,9 +581,10 @@ class SessionStore:
 
 
     def withdraw(self, branch: str, why: str) -> BranchRecord:
-        """Stop offering a branch and remember why ("unshared" or "expired")."""
+        """Stop offering a branch and remember why ("unshared" or "expired"); a branch that is
+        not offered (fetched and never shared here, or withdrawn already) stays as it is."""
         record = self.branch(branch)
-        if record.offered or record.withdrawn != why:
+        if record.offered:
             record = replace(record, offered=False, withdrawn=why)
             self._state.branches[branch] = record
             self._state.generation += 1

@@ -51,7 +51,8 @@ def announce_on_change(node: Node) -> None:
     loop = asyncio.get_running_loop()
 
     def changed() -> None:
-        loop.call_soon_threadsafe(_spawn, node)
+        if not loop.is_closed():  # a GC thread may finish after the node stopped
+            loop.call_soon_threadsafe(_spawn, node)
 
     node.lib.add_listener(changed)
 

@@ -227,6 +227,7 @@ def test_gc_keeps_fetched_sessions_and_ancestors_of_kept_branches(lib: Library, 
     with Library.open(NodePaths(tmp_path / "other"), agent_dir=agent) as other:
         data = find(agent, A1).read_bytes()
         fetched = other.add_fetched(lib.sidecar_bytes(parent.branch), data.splitlines(keepends=True))
+        assert other.unshare(fetched.branch).withdrawn is None  # nothing to unshare: still kept
         assert other.gc().branches == [] and other.session_bytes(fetched.src) == data
 
 
