@@ -32,6 +32,7 @@ def log_line(e: dict[str, Any]) -> str:
         who = f"{shown(e.get('peer_name'))} " if e.get("peer_name") else ""
         branches = ", ".join(short(b) for b in e.get("branches") or []) or "-"
         what = f"{e.get('kind')} of {branches} to {who}{shown(e.get('peer'))}, {e.get('bytes')} bytes"
+        what += "" if e.get("complete", True) else " (cut off)"
     elif event == "gc":
         what = (f"{len(e.get('branches') or [])} branch(es), {e.get('versions')} version(s), "
                 f"{e.get('bytes')} bytes freed")

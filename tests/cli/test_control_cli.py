@@ -82,3 +82,15 @@ def test_through_a_running_node(nodes, corpus_dir: Path) -> None:
         assert status["running"] and status["reclaimable_bytes"] == 0
         assert a.run("rm", big, check=False).returncode == 3
         assert a.run("cat", shared["branch"]).stdout.encode() == (corpus_dir / B5).read_bytes()
+
+
+def test_log_lines_say_who_got_what() -> None:
+    from p2pnode.cli.log import log_line
+
+    shared = {"time": 0, "event": "shared", "branch": "ab" * 32, "title": "fix\x1b[2J the bug", "to": None,
+              "expires_at": None, "secrets_allowed": True}
+    assert "to all trusted peers" in log_line(shared) and "(secrets allowed)" in log_line(shared)
+    assert "\x1b" not in log_line(shared)  # a title from a session is printed escaped
+    served = {"time": 0, "event": "served", "peer": "N" * 56, "peer_name": "bob", "kind": "batch",
+              "branches": ["cd" * 32], "bytes": 10, "complete": False}
+    assert f"to bob {'N' * 56}, 10 bytes" in log_line(served) and "cut off" in log_line(served)
