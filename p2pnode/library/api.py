@@ -823,36 +823,37 @@ class Library:
 
 class TransferLeases:
     """Fetches in progress hold a lease; GC runs only while none is held, and a fetch that
-    starts while GC runs waits for it: lines a fetch has put into the store before their turns
-    exist are never collected (docs/ARCHITECTURE.md, "Space")."""
+    starts while GC runs waits for it to end (try_acquire until it succeeds): lines a fetch
+    has put into the store before their turns exist are never collected (docs/ARCHITECTURE.md,
+    "Space")."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._guard = threading.Lock()
         self._held = 0
         self._collecting = False
 
-    def acquire(self) -> None:
-        """Take a lease for a fetch (blocks while GC runs; call it off the event loop)."""
-        with self._cond:
-            while self._collecting:
-                self._cond.wait()
+    def try_acquire(self) -> bool:
+        """Take a lease for a fetch, unless GC runs (False: try again shortly).  It never
+        blocks, so a fetch cancelled while waiting cannot leave a lease behind."""
+        with self._guard:
+            if self._collecting:
+                return False
             self._held += 1
+            return True
 
     def release(self) -> None:
-        with self._cond:
+        with self._guard:
             self._held -= 1
-            self._cond.notify_all()
 
     def begin_collecting(self) -> bool:
-        """False while a fetch holds a lease (GC must not run); else fetches wait until
+        """False while a fetch holds a lease (GC must not run); else no lease is given until
         end_collecting."""
-        with self._cond:
+        with self._guard:
             if self._held or self._collecting:
                 return False
             self._collecting = True
             return True
 
     def end_collecting(self) -> None:
-        with self._cond:
+        with self._guard:
             self._collecting = False
-            self._cond.notify_all()

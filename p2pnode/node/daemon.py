@@ -309,7 +309,8 @@ class Node:
             progress.update(bytes_done=done, bytes_total=total)
 
         pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
-        await asyncio.to_thread(self.lib.leases.acquire)  # no GC while this fetch stores lines
+        while not self.lib.leases.try_acquire():  # no GC while this fetch stores lines
+            await asyncio.sleep(0.05)
         try:
             async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
                 result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,

@@ -29,7 +29,7 @@ async def test_background_gc_waits_for_fetches_then_collects(corpus_dir: Path, t
         assert not space.worth_collecting(lib.space()["reclaimable_bytes"], lib.space()["store_bytes"])
         lib.unshare(big.branch)
         assert space.worth_collecting(lib.space()["reclaimable_bytes"], lib.space()["store_bytes"])
-        lib.leases.acquire()  # a fetch in progress
+        assert lib.leases.try_acquire()  # a fetch in progress
         task = asyncio.ensure_future(upkeep.background_gc(lib, every=0.05))
         try:
             await asyncio.sleep(0.5)  # several rounds, each one skipped
