@@ -94,3 +94,39 @@ def test_log_lines_say_who_got_what() -> None:
     served = {"time": 0, "event": "served", "peer": "N" * 56, "peer_name": "bob", "kind": "batch",
               "branches": ["cd" * 32], "bytes": 10, "complete": False}
     assert f"to bob {'N' * 56}, 10 bytes" in log_line(served) and "cut off" in log_line(served)
+
+
+async def test_unshare_from_the_command_line_stops_a_running_nodes_transfer(nodes) -> None:
+    """The whole path: `p2pnode unshare` (another process) -> the node's control endpoint ->
+    the library -> the peer server aborts the answer a slow peer is reading."""
+    import asyncio
+    import random
+
+    import aiohttp
+
+    from p2pnode.peer import wire
+    from p2pnode.peer.identity import load_or_create_identity
+    from p2pnode.peer.tls import client_context
+
+    a, b, _ = nodes
+    path = a.agent / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_big.jsonl"
+    path.parent.mkdir(parents=True)
+    rnd = random.Random(7)
+    path.write_bytes(b'{"type":"session","version":3,"id":"big","timestamp":"2026-11-21T20:00:00.000Z","cwd":"/w"}\n'
+                     + b"".join(b'{"type":"custom","data":"' + rnd.randbytes(300_000).hex().encode() + b'"}\n'
+                                for _ in range(40)))
+    shared = json.loads(a.run("share", str(path), "--json").stdout)
+    b_id = load_or_create_identity(NodePaths(b.home).identity)
+    tls = client_context(b_id, TrustStore(NodePaths(b.home).trust), load_or_create_identity(
+        NodePaths(a.home).identity).fingerprint)
+    with a.node_running():
+        port = json.loads(a.run("status", "--json").stdout)["port"]
+        url = f"https://127.0.0.1:{port}" + wire.PATH_OBJECT.format(hash=shared["src"])
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s, s.get(url) as r:
+            assert r.status == 200
+            await asyncio.sleep(0.5)  # the node is now blocked writing to us
+            await asyncio.to_thread(a.run, "unshare", shared["branch"])
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await asyncio.wait_for(r.read(), 20)  # far below the node's 30 s slow-reader timeout
+        log = json.loads(a.run("log", "--json").stdout)
+    assert [e["event"] for e in log if e["event"] != "served"] == ["shared", "unshared"]
