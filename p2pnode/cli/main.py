@@ -21,6 +21,8 @@ from typing import Any
 
 from p2pnode import __version__
 from p2pnode.cli import browse
+from p2pnode.cli.access import share_to
+from p2pnode.cli.log import add_log_commands
 from p2pnode.cli.render import (
     print_branches,
     print_fetch,
@@ -31,6 +33,7 @@ from p2pnode.cli.render import (
     print_status,
     shown,
 )
+from p2pnode.cli.space import add_space_commands
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.node.routing import open_library, ticket_for, via_node
 from p2pnode.paths import NodePaths
@@ -126,12 +129,13 @@ def cmd_share(args: argparse.Namespace) -> int:
     pi = pi_dirs(args)
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
-               "redact": args.redact}
+               "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
     result = via_node(node_paths(args), "share", payload)
     if result is None:
         with open_library(node_paths(args)) as lib:
             result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
-                               allow_secrets=args.allow_secrets, redact=args.redact).as_dict()
+                               allow_secrets=args.allow_secrets, redact=args.redact,
+                               expires=payload["expires"], to=payload["to"]).as_dict()
     print_share_notes(result)
     for warning in result.get("warnings", []):
         print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
@@ -213,6 +217,11 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
                    help="share even if the secret scan finds some (the branch is marked so in ls/show)")
     p.add_argument("--redact", action="store_true",
                    help="share a redacted copy (a new Pi session beside the original)")
+    p.add_argument("--expires", metavar="DURATION",
+                   help="stop serving it after 30m, 12h, 7d, 2w or 'never' "
+                        "(default: share_expires in the node's config.json, else never)")
+    p.add_argument("--to", nargs="+", metavar="PEER",
+                   help="offer it only to these trusted peers (names or ids; default: all trusted peers)")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
     p.set_defaults(func=cmd_share)
     p = sub.add_parser("ls", help="list shared branches")
@@ -406,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_commands(sub)
     add_peer_commands(sub)
     browse.add_browse_commands(sub)
+    add_log_commands(sub)
+    add_space_commands(sub)
     return parser
 
 

@@ -39,7 +39,7 @@ def transfer_detail(t: dict[str, Any]) -> str:
     rate, eta, lines, peers = t.get("rate"), t.get("eta"), t.get("lines_verified"), t.get("peers") or []
     of = f"/{t['lines_total']}" if t.get("lines_total") else ""
     parts = [f"{rate / 1e6:.1f} MB/s" if rate else "-- MB/s",
-             f"ETA {duration(eta)}" if eta is not None else "ETA --"]
+             f"ETA {clock(eta)}" if eta is not None else "ETA --"]
     if lines is not None:
         parts.append(f"{lines}{of} lines verified")
     if peers:
@@ -48,7 +48,8 @@ def transfer_detail(t: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def duration(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """m:ss or h:mm:ss (an ETA)."""
     s = int(seconds + 0.5)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
@@ -71,6 +72,9 @@ def print_status(status: dict[str, Any]) -> None:
         where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
         print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
               f"  {p['name'] or ''}")
+    if status.get("store_bytes") is not None:
+        print(f"store      {status['store_bytes']} bytes, about {status['reclaimable_bytes']} reclaimable "
+              "(`p2pnode gc`)")
     print(f"transfers  {len(status['transfers']) or 'none'}")
     for t in status["transfers"]:
         total = t["bytes_total"]
@@ -85,9 +89,32 @@ def print_branches(infos: list[BranchInfo]) -> None:
     print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
-        mark = ("" if i.offered else " (unshared)") + (" (secrets allowed)" if i.secrets_allowed else "")
+        mark = access_note(i) + (" (secrets allowed)" if i.secrets_allowed else "")
         print(f"{short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {short(i.parent):16}  "
               f"{one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+
+
+def access_note(info: BranchInfo, now: float | None = None) -> str:
+    """ " (unshared)", " (expired)", " (expires in 6d)", " (to 2 peers)": who may fetch it, until when."""
+    import time
+
+    if not info.offered:
+        return f" ({info.withdrawn})" if info.withdrawn else " (fetched, not offered)"
+    note = ""
+    if info.expires_at is not None:
+        left = info.expires_at / 1000 - (time.time() if now is None else now)
+        note += f" (expires in {duration(left)})" if left > 0 else " (expired)"
+    if info.to is not None:
+        note += f" (to {', '.join(short(p) for p in info.to)})"
+    return note
+
+
+def duration(seconds: float) -> str:
+    """4d, 3h, 12m, 40s: the largest whole unit."""
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(int(seconds), 0)}s"
 
 
 def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], children: list[BranchInfo]) -> None:
@@ -104,7 +131,7 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
         print(f"lineage cut shared with --no-lineage: parentSession {shown(info.lineage_cut)} "
               "was not followed")
     print(f"path        {shown(info.path or '-')}")
-    print(f"offered     {'yes' if info.offered else 'no (unshared)'}")
+    print(f"offered     {'yes' if info.offered else 'no'}{access_note(info)}")
     if info.secrets_allowed:
         print("secrets     shared with --allow-secrets: the secret scan found some in it")
     print("lineage")

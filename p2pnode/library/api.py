@@ -17,12 +17,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
+from p2pnode.library import access, space
+from p2pnode.library.audit import AuditLog
 from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.paths import NodePaths, PiDirs, session_dir
@@ -65,6 +67,12 @@ class BranchInfo:
     """The parentSession left out by `share --no-lineage` on this node (None: not cut here)."""
     secrets_allowed: bool = False
     """Shared with `--allow-secrets` although the secret scan found some in it."""
+    expires_at: int | None = None
+    """Unix milliseconds when it stops being served (`share --expires`; None: never)."""
+    to: list[str] | None = None
+    """The node ids it is offered to (`share --to`; None: every trusted peer)."""
+    withdrawn: str | None = None
+    """"unshared" or "expired" once no longer offered for that reason."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,7 +194,15 @@ class Library:
         self.hasher = FileHasher(paths.home / "hashcache.json", complete_lines=True)
         self.manifest = Manifest(paths.manifest)
         self._lock = threading.RLock()
-        self._offered: tuple[int, dict[str, str]] | None = None
+        self._access: dict[str | None, tuple[int, dict[str, tuple[str, str]]]] = {}
+        """Per peer (None: any trusted peer): the generation and what it may be served, by hash
+        (kind, the branch that makes it visible)."""
+        self._next_expiry: int | None = 0
+        """When the next offered branch expires (0: not yet computed)."""
+        self._listeners: list[Callable[[], None]] = []
+        self.audit = AuditLog(paths.home / "audit.log")
+        self.leases = TransferLeases()
+        self._reclaimable: tuple[tuple[int, int, int], int] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
         self._fed: dict[str, tuple[_ScanningSink, Version | None]] = {}
         """What the secret scan saw of each version the import just read (and the version it
@@ -232,12 +248,17 @@ class Library:
 
     def share(self, target: str | None = None, *, latest: bool = False, no_lineage: bool = False,
               cwd: str | None = None, pi: PiDirs | None = None, allow_secrets: bool = False,
-              redact: bool = False) -> ShareResult:
+              redact: bool = False, expires: str | None = None,
+              to: Sequence[str] | None = None) -> ShareResult:
         """Share a session with its lineage: the ancestors this node knows (shared or fetched)
         as they are, the ones it has never seen found through parentSession and shared first.
 
         The secret scan runs over all of it first and fails closed (SecretsFound, nothing
-        offered) unless `allow_secrets`; `redact` shares a redacted copy of the session."""
+        offered) unless `allow_secrets`; `redact` shares a redacted copy of the session.
+        `expires` ("7d", "never"; None: the node's default) and `to` (node ids; None: every
+        trusted peer) say who may fetch it and until when (library/access.py)."""
+        audience = access.Audience(access.expires_at(expires, self.paths.home),
+                                   sorted(set(to)) if to else None)
         cwd = cwd or os.getcwd()
         pi = pi or self.pi_dirs(cwd)
         path = self.resolve_target(target, latest=latest, cwd=cwd, pi=pi)
@@ -264,6 +285,8 @@ class Library:
                 raise secrets.SecretsFound([(where, f) for where, _, f in found])
             for branch in {b for _, b, _ in found if b is not None}:
                 self.sessions.mark_secrets_allowed(branch)
+            live = {r.branch: r for r in self.sessions.branches()
+                    if r.offered and not access.expired(r.expires_at, access.now_ms())}
             for info in known:  # offered again with the new child, as the ancestors shared now are
                 self.sessions.set_offered(info.branch, True)
             infos: list[BranchInfo] = [self._info(self.sessions.branch(i.branch)) for i in known]
@@ -280,6 +303,7 @@ class Library:
                 warnings += file_warnings
                 parent = info.branch
             notices = self._notices(path)
+            infos = self._grant(infos, audience, live)
         for warning in warnings:
             log.info("%s", warning)  # the caller shows ShareResult.warnings (the CLI on stderr)
         allowed = [dict(f.as_dict(), file=where) for where, _, f in found]
@@ -477,9 +501,13 @@ class Library:
         return result.version, result.warnings
 
     def unshare(self, branch_hex: str) -> BranchInfo:
-        """Stop offering a branch to peers; its bytes stay in the store."""
+        """Stop offering a branch to peers, at once (transfers of it stop: `add_listener`); its
+        bytes stay in the store until `p2pnode gc`."""
         with self._lock:
-            return self._info(self.sessions.set_offered(self.resolve_branch(branch_hex), False))
+            info = self._info(self.sessions.withdraw(self.resolve_branch(branch_hex), "unshared"))
+            self.audit.append("unshared", branch=info.branch, title=info.title)
+            self._changed()
+            return info
 
     def record_path(self, branch_hex: str, path: Path | str) -> None:
         self.manifest.record(branch_hex, Path(path).absolute())
@@ -505,6 +533,7 @@ class Library:
             lines=version.lines, header=dict(version.header), title=version.title, offered=record.offered,
             shared_at=record.shared_at, path=path if path is not None else self.manifest.get(record.branch),
             lineage_cut=record.lineage_cut, secrets_allowed=record.secrets_allowed,
+            expires_at=record.expires_at, to=record.to, withdrawn=record.withdrawn,
         )
 
     def branches(self, include_unshared: bool = False) -> list[BranchInfo]:
@@ -532,9 +561,11 @@ class Library:
         branch = self.resolve_branch(branch_hex)
         return [i for i in self.branches(include_unshared=True) if i.parent == branch]
 
-    def catalog(self) -> Catalog:
+    def catalog(self, peer: str | None = None) -> Catalog:
+        """The offered branches `peer` may fetch (None: those offered to every trusted peer)."""
         with self._lock:
-            return Catalog(self.sessions.generation, self.branches())
+            visible = self._visible(peer)
+            return Catalog(self.sessions.generation, [i for i in self.branches() if i.branch in visible])
 
     def sidecar_bytes(self, branch_hex: str) -> bytes:
         with self._lock:
@@ -579,33 +610,49 @@ class Library:
     def has_session(self, src_hex: str) -> bool:
         return self.sessions.has_version(src_hex)
 
-    def offered_object(self, hash_hex: str) -> str | None:
-        """"sidecar", "session" or "line" if the hash is reachable from an offered branch
-        (its offered ancestors included), else None: peers get nothing else."""
-        with self._lock:
-            generation = self.sessions.generation
-            if self._offered is None or self._offered[0] != generation:
-                self._offered = (generation, self._reachable())
-            return self._offered[1].get(hash_hex)
+    def offered_object(self, hash_hex: str, peer: str | None = None) -> str | None:
+        """"sidecar", "session" or "line" if `peer` (a node id; None: any trusted peer) may be
+        served the hash now, else None: peers get nothing else.  The one check the provider
+        makes per request (library/access.py has the rule)."""
+        entry = self._visible(peer).get(hash_hex)
+        return entry[0] if entry else None
 
-    def _reachable(self) -> dict[str, str]:
-        """What this node's user chose to offer: offered branches and their ancestors, except
-        that the walk stops at a branch that is not offered (unshared, or fetched and never
-        shared here): a branch whose parent a peer chose cannot make an unshared one visible."""
-        kinds: dict[str, str] = {}
-        for info in self.branches():
-            branch: str | None = info.branch
-            while branch is not None and branch not in kinds and self.has_branch(branch):
-                record = self.sessions.branch(branch)
-                if not record.offered:
-                    break
-                kinds[branch] = "sidecar"
-                if record.src not in kinds:
-                    for line_hash in self.sessions.line_hashes(record.src):
-                        kinds.setdefault(line_hash.hex(), "line")
-                    kinds[record.src] = "session"
-                branch = record.parent
-        return kinds
+    def _visible(self, peer: str | None) -> dict[str, tuple[str, str]]:
+        """What `peer` may be served: the branches offered to it, unexpired and clean (or shared
+        with --allow-secrets), with their ancestors; the walk stops at a branch that is not so
+        itself (unshared, expired, or fetched and never shared here): a branch whose parent a
+        peer chose cannot make an unshared one visible."""
+        with self._lock:
+            now = access.now_ms()
+            if self._next_expiry is not None and now >= self._next_expiry:
+                self._expire_due(now)
+            generation = self.sessions.generation
+            cached = self._access.get(peer)
+            if cached is not None and cached[0] == generation:
+                return cached[1]
+            scanned = self._scanned()
+
+            def servable(r: BranchRecord) -> bool:
+                return (r.offered and not access.expired(r.expires_at, now)
+                        and (r.secrets_allowed or scanned.get(r.src) == []))
+
+            kinds: dict[str, tuple[str, str]] = {}
+            for first in self.sessions.branches():
+                if not servable(first) or (first.to is not None and peer not in first.to):
+                    continue
+                branch: str | None = first.branch
+                while branch is not None and branch not in kinds and self.has_branch(branch):
+                    record = self.sessions.branch(branch)
+                    if not servable(record):
+                        break
+                    kinds[branch] = ("sidecar", branch)
+                    if record.src not in kinds:
+                        for line_hash in self.sessions.line_hashes(record.src):
+                            kinds.setdefault(line_hash.hex(), ("line", branch))
+                        kinds[record.src] = ("session", branch)
+                    branch = record.parent
+            self._access[peer] = (generation, kinds)
+            return kinds
 
     # --- fetched versions ---
 
@@ -639,4 +686,174 @@ class Library:
             record = self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent)
             if record.offered != offered:
                 record = self.sessions.set_offered(branch, offered)
-            return self._info(record)
+            info = self._info(record)
+            self.audit.append("fetched", branch=branch, src=info.src, bytes=info.size, title=info.title)
+            return info
+
+    # --- who may fetch what, and until when (library/access.py) ---
+
+    def _grant(self, infos: list[BranchInfo], audience: access.Audience,
+               live: dict[str, BranchRecord]) -> list[BranchInfo]:
+        """Give the branches a share offered their audience (the shared one exactly; ancestors
+        that were offered already keep whom they had: access.Audience.widened) and log it."""
+        granted = []
+        for info in infos:
+            mine = audience
+            old = live.get(info.branch)
+            if info is not infos[-1] and old is not None:
+                mine = audience.widened(old.expires_at, old.to)
+            record = self.sessions.set_access(info.branch, mine.expires_at, mine.to)
+            granted.append(self._info(record, info.path))
+        last = granted[-1]
+        self.audit.append("shared", branch=last.branch, src=last.src, bytes=last.size, title=last.title,
+                          expires_at=last.expires_at, to=last.to, secrets_allowed=last.secrets_allowed,
+                          lineage=[i.branch for i in granted[:-1]])
+        self._next_expiry = 0
+        self._changed()
+        return granted
+
+    def expire_due(self) -> list[str]:
+        """Withdraw the offered branches whose expiry has passed (each logged once, the catalog
+        generation moves); the node's timer calls this, and so does every request."""
+        with self._lock:
+            return self._expire_due(access.now_ms())
+
+    def _expire_due(self, now: int) -> list[str]:
+        gone = [r for r in self.sessions.branches() if r.offered and access.expired(r.expires_at, now)]
+        for record in gone:
+            self.sessions.withdraw(record.branch, "expired")
+            self.audit.append("expired", branch=record.branch, expires_at=record.expires_at)
+        self._next_expiry = min((r.expires_at for r in self.sessions.branches()
+                                 if r.offered and r.expires_at is not None), default=None)
+        if gone:
+            self._changed()
+        return [r.branch for r in gone]
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on any thread) whenever what peers may be served may have shrunk."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def record_served(self, peer: str, name: str | None, kind: str, hashes: Sequence[str],
+                      nbytes: int, complete: bool = True) -> None:
+        """Log what one response served to a peer: the branches its hashes are visible through
+        (for an answer cut off because they no longer are: the branch or session it carried),
+        its bytes, and whether it was cut off."""
+        with self._lock:
+            visible = self._visible(peer)
+            branches = {visible[h][1] for h in hashes if h in visible}
+            branches |= {r.branch for h in hashes if h not in visible for r in self.sessions.branches()
+                         if h in (r.branch, r.src)}
+        self.audit.append("served", peer=peer, peer_name=name, kind=kind, branches=sorted(branches),
+                          bytes=nbytes, complete=complete)
+
+    # --- space (library/space.py) ---
+
+    def gc(self, on_phase: Callable[[str], None] | None = None) -> space.GCReport:
+        """Forget withdrawn branches and superseded versions, then run the store's crash-safe
+        GC; skipped (nothing changed) while a fetch holds a transfer lease.  `on_phase(name)`
+        after each durable step: "records-saved", "contexts-deleted", then the store's."""
+        phase = on_phase or (lambda _name: None)
+        if not self.leases.begin_collecting():
+            return space.GCReport([], [], 0, 0, 0, skipped="a fetch is in progress")
+        try:
+            with self._lock:
+                before = space.store_bytes(self.paths.store)
+                drop = space.garbage(self.sessions)
+                self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))
+                phase("contexts-deleted")
+                for branch in drop.branches:
+                    self.manifest.remove(branch)
+                stats = self.store.gc(phase)
+                report = space.GCReport(drop.branches, drop.versions, stats.bytes_freed, before,
+                                        space.store_bytes(self.paths.store))
+                self.audit.append("gc", branches=drop.branches, versions=len(drop.versions),
+                                  bytes=stats.bytes_freed)
+                self._changed()
+                return report
+        finally:
+            self.leases.end_collecting()
+
+    def remove(self, target: str) -> list[BranchInfo]:
+        """`p2pnode rm`: forget a branch (hash or prefix) or every branch of a Pi session id,
+        with their versions unless a kept branch uses them; offered ones are unshared first.
+        Their bytes go at the next `gc`.  A branch that is the parent of another held here is
+        refused: remove the child first."""
+        with self._lock:
+            records = self._remove_targets(target)
+            names = {r.branch for r in records}
+            children = [r.branch for r in self.sessions.branches()
+                        if r.parent in names and r.branch not in names]
+            if children:
+                raise InvalidInput(f"{target}: branch {children[0]} held here has it as its parent; "
+                                   f"remove that first (p2pnode rm {children[0][:16]})")
+            infos = [self._info(r) for r in records]
+            used = {r.src for r in self.sessions.branches() if r.branch not in names}
+            self.sessions.forget(sorted(names), sorted({r.src for r in records} - used))
+            for info in infos:
+                self.manifest.remove(info.branch)
+                self.audit.append("removed", branch=info.branch, title=info.title, was_offered=info.offered)
+            self._changed()
+            return infos
+
+    def _remove_targets(self, target: str) -> list[BranchRecord]:
+        text = target.strip()
+        by_session = [r for v in self.sessions.versions_of(text) for r in self.sessions.branches_of(v.src)]
+        if by_session:
+            return by_session
+        return [self.sessions.branch(self.resolve_branch(text))]
+
+    def space(self) -> dict[str, int]:
+        """`status`: the store's bytes and what `gc` would reclaim now (an estimate, computed
+        again only when the records or the turns changed: it walks every kept turn)."""
+        with self._lock:
+            key = (self.sessions.generation, self.store.turn_count, len(self.sessions.versions()))
+            if self._reclaimable is None or self._reclaimable[0] != key:
+                self._reclaimable = (key, space.reclaimable_bytes(self.sessions, self.store))
+            return {"store_bytes": space.store_bytes(self.paths.store),
+                    "reclaimable_bytes": self._reclaimable[1]}
+
+
+class TransferLeases:
+    """Fetches in progress hold a lease; GC runs only while none is held, and a fetch that
+    starts while GC runs waits for it to end (try_acquire until it succeeds): lines a fetch
+    has put into the store before their turns exist are never collected (docs/ARCHITECTURE.md,
+    "Space")."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held = 0
+        self._collecting = False
+
+    def try_acquire(self) -> bool:
+        """Take a lease for a fetch, unless GC runs (False: try again shortly).  It never
+        blocks, so a fetch cancelled while waiting cannot leave a lease behind."""
+        with self._guard:
+            if self._collecting:
+                return False
+            self._held += 1
+            return True
+
+    def release(self) -> None:
+        with self._guard:
+            self._held -= 1
+
+    def begin_collecting(self) -> bool:
+        """False while a fetch holds a lease (GC must not run); else no lease is given until
+        end_collecting."""
+        with self._guard:
+            if self._held or self._collecting:
+                return False
+            self._collecting = True
+            return True
+
+    def end_collecting(self) -> None:
+        with self._guard:
+            self._collecting = False

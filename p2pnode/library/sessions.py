@@ -109,6 +109,13 @@ class BranchRecord:
     sidecar says `parent: null` like any root's)."""
     secrets_allowed: bool = False
     """Shared with `--allow-secrets` although the scan found secrets in it (local only)."""
+    expires_at: int | None = None
+    """Unix milliseconds after which the branch is no longer served (`share --expires`; None: never)."""
+    to: list[str] | None = None
+    """Node ids the branch is offered to (`share --to`); None: every trusted peer."""
+    withdrawn: str | None = None
+    """Why it is no longer offered: "unshared" or "expired" (None: offered, or fetched and never
+    shared here).  A withdrawn branch is garbage for `p2pnode gc`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,6 +416,9 @@ class SessionStore:
     def branches(self) -> list[BranchRecord]:
         return list(self._state.branches.values())
 
+    def versions(self) -> list[Version]:
+        return list(self._state.sessions.values())
+
     def versions_of(self, session_id: str) -> list[Version]:
         return [v for v in self._state.sessions.values() if v.session_id == session_id]
 
@@ -539,7 +549,7 @@ class SessionStore:
             if existing.offered:
                 record = replace(existing, shared_at=now, lineage_cut=cut)
             else:
-                record = replace(existing, offered=True, shared_at=now, lineage_cut=cut)
+                record = replace(existing, offered=True, shared_at=now, lineage_cut=cut, withdrawn=None)
                 self._state.generation += 1
         else:
             version = self.version(src)
@@ -563,9 +573,52 @@ class SessionStore:
     def set_offered(self, branch: str, offered: bool) -> BranchRecord:
         record = self.branch(branch)
         if record.offered != offered:
-            record = replace(record, offered=offered)
+            record = replace(record, offered=offered, withdrawn=None if offered else record.withdrawn)
             self._state.branches[branch] = record
             self._state.generation += 1
             self._save()
         return record
 
+
+    def withdraw(self, branch: str, why: str) -> BranchRecord:
+        """Stop offering a branch and remember why ("unshared" or "expired"); a branch that is
+        not offered (fetched and never shared here, or withdrawn already) stays as it is."""
+        record = self.branch(branch)
+        if record.offered:
+            record = replace(record, offered=False, withdrawn=why)
+            self._state.branches[branch] = record
+            self._state.generation += 1
+            self._save()
+        return record
+
+    def set_access(self, branch: str, expires_at: int | None, to: list[str] | None) -> BranchRecord:
+        """Who may fetch an offered branch and until when (`share --expires/--to`)."""
+        record = self.branch(branch)
+        if (record.expires_at, record.to) != (expires_at, to):
+            record = replace(record, expires_at=expires_at, to=to)
+            self._state.branches[branch] = record
+            self._state.generation += 1
+            self._save()
+        return record
+
+    def forget(self, branches: Sequence[str], versions: Sequence[str],
+               on_saved: Callable[[], None] | None = None) -> list[int]:
+        """Drop branch and version records (`p2pnode rm`, `gc`) and delete the store contexts
+        no remaining record uses; the state file is saved before the contexts go, so a crash in
+        between leaves unreferenced contexts (dropped as leftovers at the next open), never a
+        record naming a deleted context.  Returns the contexts deleted."""
+        state = self._state
+        for branch in branches:
+            state.branches.pop(branch, None)
+        for src in versions:
+            state.sessions.pop(src, None)
+        used = {v.context for v in state.sessions.values()} | {b.context for b in state.branches.values()}
+        state.generation += 1
+        self._save()
+        if on_saved is not None:
+            on_saved()
+        gone = [h.context_id for h in self.store.list_contexts() if h.context_id not in used
+                and h.head_turn_id and self.store.get_turn(h.head_turn_id).type_tag in OUR_TAGS]
+        for ctx in gone:
+            self.store.delete_context(ctx)
+        return gone

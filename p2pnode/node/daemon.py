@@ -13,7 +13,7 @@ the running node when there is one (node/control_client.py: JSON over HTTP on
 browses mDNS itself with `discovery.lan_peers`).  Control endpoints (all POST, JSON in and
 out; errors carry the CLI exit code):
     /v1/status {}                                     -> await Node.status()
-    /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact"}
+    /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact", "expires", "to"}
                                                       -> ShareResult.as_dict()
     /v1/unshare {"branch"}                            -> {"branch"}
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
@@ -23,6 +23,7 @@ out; errors carry the CLI exit code):
 environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
                                                      (control.NodeLibrary: `ls`, `show`, `cat`)
+    /v1/gc, /v1/rm                                    node/upkeep.py (with background GC)
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from aiohttp import web
 from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
+from p2pnode.node import upkeep
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.node.transfers import Transfers
@@ -121,6 +123,8 @@ class Node:
             self._stack.push_async_callback(self.discovery.close)  # closes first: the goodbye
             await self.announce()
             self._tasks.append(asyncio.ensure_future(self._liveness()))
+            upkeep.announce_on_change(self)
+        self._tasks.append(asyncio.ensure_future(upkeep.background_gc(self.lib)))
         log.info("node %s serving on port %d (store %s)", self.identity.node_id, self.port,
                  self.paths.store_socket)
 
@@ -155,7 +159,7 @@ class Node:
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
-            "read": self._c_read, **self.transfers.routes()}
+            "read": self._c_read, **self.transfers.routes(), **upkeep.routes(self)}
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
@@ -176,9 +180,9 @@ class Node:
         if self.discovery is None:
             return
         async with self._announce_lock:
-            catalog = await asyncio.to_thread(self.lib.catalog)
-            offered = await asyncio.to_thread(self.lib.branches)
-            recent = [b.branch for b in sorted(offered, key=lambda b: b.shared_at or 0, reverse=True)]
+            catalog = await asyncio.to_thread(self.lib.catalog)  # what every trusted peer may see
+            newest = sorted(catalog.branches, key=lambda b: b.shared_at or 0, reverse=True)
+            recent = [b.branch for b in newest]
             await self.discovery.announce(self.port, catalog.generation, recent)
 
     def is_trusted(self, node_id: str) -> bool:
@@ -241,7 +245,8 @@ class Node:
     # -- what the CLI asks for --------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
-        catalog, branches = await asyncio.to_thread(lambda: (self.lib.catalog(), self.lib.branches()))
+        catalog, branches, space = await asyncio.to_thread(
+            lambda: (self.lib.catalog(), self.lib.branches(), self.lib.space()))
         peers = list(self.discovery.peers.values()) if self.discovery else []
         seen = {p.node_id for p in peers}
         listed = [dict(p.as_dict(), trusted=True) if self.is_trusted(p.node_id)
@@ -254,7 +259,7 @@ class Node:
                             catalog=catalog, branches=branches,
                             peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
                             addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
-                            transfers=self.transfers.listed())
+                            transfers=self.transfers.listed(), space=space)
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []
@@ -280,7 +285,9 @@ class Node:
                                          no_lineage=bool(_field(body, "no_lineage", bool)), cwd=cwd,
                                          pi=_pi_dirs(body),
                                          allow_secrets=bool(_field(body, "allow_secrets", bool)),
-                                         redact=bool(_field(body, "redact", bool)))
+                                         redact=bool(_field(body, "redact", bool)),
+                                         expires=_field(body, "expires", str),
+                                         to=_field(body, "to", list, str))
         log.info("shared %s (%s)", result.branch, result.path)
         await self.announce()
         return result.as_dict()
@@ -307,6 +314,8 @@ class Node:
         if progress is not None:
             progress(0, 0, ProgressInfo(peers=tuple(str(p) for p in peers)))
         pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
+        while not self.lib.leases.try_acquire():  # no GC while this fetch stores lines
+            await asyncio.sleep(0.05)
         try:
             async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
                 result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
@@ -318,6 +327,8 @@ class Node:
         except P2PNodeError as exc:
             log.info("fetch %s refused or failed: %s", branch, exc)
             raise
+        finally:
+            self.lib.leases.release()
         log.info("fetched %s", branch)
         await self.announce()
         return result.as_dict()

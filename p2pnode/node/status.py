@@ -22,7 +22,8 @@ def trusted_peer(peer: TrustedPeer, online: bool | None) -> dict[str, Any]:
 def build_status(*, node_id: str | None, running: bool, home: str, catalog: Catalog,
                  branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
-                 transfers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 transfers: list[dict[str, Any]] | None = None,
+                 space: dict[str, int] | None = None) -> dict[str, Any]:
     return {
         "node_id": node_id,
         "running": running,
@@ -34,6 +35,8 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
         "shared": [{"branch": b.branch, "title": b.title, "size": b.size} for b in branches],
         "peers": peers,
         "transfers": transfers or [],
+        "store_bytes": (space or {}).get("store_bytes"),
+        "reclaimable_bytes": (space or {}).get("reclaimable_bytes"),
     }
 
 
@@ -45,10 +48,10 @@ def offline_status(paths: NodePaths) -> dict[str, Any]:
 
     node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
     with Library.open(paths) as lib:
-        catalog, branches = lib.catalog(), lib.branches()
+        catalog, branches, space = lib.catalog(), lib.branches(), lib.space()
     peers = [trusted_peer(t, None) for t in TrustStore(paths.trust).peers()]
     return build_status(node_id=node_id, running=False, home=str(paths.home), catalog=catalog,
-                        branches=branches, peers=peers)
+                        branches=branches, peers=peers, space=space)
 
 
 def peers_view(trusted: Iterable[TrustedPeer], status: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ provider depend on these, not on `Library` itself, so that the peer code says wh
 it makes and a test may hand it anything that answers them."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -38,9 +38,18 @@ class FetchTarget(Protocol):
 class ServedLibrary(Protocol):
     """The library the provider serves from: only what `offered_object` allows is asked for."""
 
-    def offered_object(self, hash_hex: str) -> str | None: ...
+    def offered_object(self, hash_hex: str, peer: str | None = None) -> str | None: ...
 
-    def catalog(self) -> Catalog: ...
+    def catalog(self, peer: str | None = None) -> Catalog: ...
+
+    def expire_due(self) -> list[str]: ...
+
+    def add_listener(self, listener: Callable[[], None]) -> None: ...
+
+    def remove_listener(self, listener: Callable[[], None]) -> None: ...
+
+    def record_served(self, peer: str, name: str | None, kind: str, hashes: Sequence[str],
+                      nbytes: int, complete: bool = True) -> None: ...
 
     def sidecar_bytes(self, branch_hex: str) -> bytes: ...
 

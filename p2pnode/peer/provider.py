@@ -10,11 +10,17 @@ Entry point for the LAN node and the tests:
     ...
     await server.close()
 
-What is served is decided by `lib.offered_object(hash)`: only sidecars, sessions and line
-blobs reachable from offered (shared, not unshared) branches.  Anything else, even a hash
-the store holds, and any malformed hash, gets exactly the answer a hash that does not exist
-gets (404, same body).  Per peer: at most `limits.max_concurrent_requests` requests at once
-(more get 429), `limits.max_connections_per_peer` connections, request bodies up to
+What is served is decided by `lib.offered_object(hash, peer)`, asked per request: only
+sidecars, sessions and line blobs reachable from branches offered to that peer (shared, not
+unshared, not expired, `--to` naming it or no one, secret scan clean or allowed).  Anything
+else, even a hash the store holds, and any malformed hash, gets exactly the answer a hash
+that does not exist gets (404, same body).  When that changes (unshare, expiry, a narrower
+`--to`), responses in flight that carry what the peer may no longer have are aborted
+(`lib.add_listener`; expiry is also checked every TRUST_POLL_SECONDS), and every answer
+served is logged (`lib.record_served`: peer, branches, bytes).
+
+Per peer: at most `limits.max_concurrent_requests` requests at once (more get 429),
+`limits.max_connections_per_peer` connections, request bodies up to
 `limits.max_batch_request` bytes, and a peer that stops reading for
 `limits.slow_reader_timeout` seconds is disconnected.  Before trust is known: pending TLS
 handshakes are bounded per source and in all, each with a deadline (_HandshakeGate); after
@@ -35,7 +41,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -43,7 +49,7 @@ from aiohttp import web, web_protocol
 
 from p2pnode.library.api import BranchInfo
 from p2pnode.peer import wire
-from p2pnode.peer.identity import Identity, format_node_id
+from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.interfaces import ServedLibrary
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
@@ -89,6 +95,9 @@ class PeerServer:
         self._connections: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
         """Authenticated connections per peer fingerprint (max_connections_per_peer)."""
         self.tls = server_context(identity, trust)
+        self._serving: dict[asyncio.BaseTransport, tuple[str, list[str]]] = {}
+        """Responses being written: the peer and the hashes each one carries."""
+        self._rechecks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -106,11 +115,15 @@ class PeerServer:
         await site.start()
         self.port = self._runner.addresses[0][1]
         self.trust.add_listener(self._on_untrusted)
+        self.lib.add_listener(self._on_access_changed)
         self._poller = asyncio.create_task(self._poll_trust())
         log.info("peer server for %s listening on %s:%d", self.identity.node_id, host, self.port)
 
     async def close(self) -> None:
         self.trust.remove_listener(self._on_untrusted)
+        self.lib.remove_listener(self._on_access_changed)
+        for recheck in list(self._rechecks):
+            recheck.cancel()
         self._closing = True  # handshakes that finish from now on find no HTTP server to join
         for task in list(self._upgrades):
             task.cancel()
@@ -129,6 +142,7 @@ class PeerServer:
                 self.trust.reload_if_changed()
             except Exception as exc:  # a corrupt trust file must not kill the server
                 log.warning("cannot re-read the trust file: %s", exc)
+            await self._call(self.lib.expire_due)  # calls _on_access_changed if one expired
 
     def _on_untrusted(self, removed: set[bytes]) -> None:
         """Trust-store listener; may run on any thread, so the aborts go to the event loop."""
@@ -139,6 +153,42 @@ class PeerServer:
             for transport in self._transports.pop(fp, set()):
                 log.info("closing a connection of untrusted peer %s", format_node_id(fp))
                 transport.abort()  # type: ignore[attr-defined]
+
+    def _on_access_changed(self) -> None:
+        """Library listener (any thread): re-check the responses in flight on the event loop."""
+        self._loop.call_soon_threadsafe(self._start_recheck)
+
+    def _start_recheck(self) -> None:
+        task = asyncio.ensure_future(self._recheck())
+        self._rechecks.add(task)
+        task.add_done_callback(self._rechecks.discard)
+
+    async def _recheck(self) -> None:
+        serving = list(self._serving.items())
+        stale = await self._call(lambda: [t for t, (peer, hashes) in serving
+                                          if any(self.lib.offered_object(h, peer) is None for h in hashes)])
+        for transport in stale:
+            log.info("stopping a transfer: what it carries is no longer offered to the peer")
+            transport.abort()  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def _carrying(self, request: web.Request, peer: str, hashes: list[str]) -> Iterator[None]:
+        """Mark the response as carrying `hashes` to `peer` while it is written (for _recheck)."""
+        transport = request.transport
+        assert transport is not None
+        self._serving[transport] = (peer, hashes)
+        try:
+            yield
+        finally:
+            self._serving.pop(transport, None)
+
+    async def _served(self, peer: str, kind: str, hashes: list[str], nbytes: int,
+                      complete: bool = True) -> None:
+        """The audit log's entry for an answer sent, or cut off after `nbytes` (the peer's name
+        as this node trusts it)."""
+        trusted = self.trust.get(parse_node_id(peer))
+        name = trusted.name if trusted else None
+        await self._call(self.lib.record_served, peer, name, kind, hashes, nbytes, complete)
 
     # -- per-peer guard -----------------------------------------------------------------
 
@@ -204,10 +254,10 @@ class PeerServer:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _offered(self, hash_hex: str) -> str | None:
+    async def _offered(self, hash_hex: str, peer: str) -> str | None:
         if not is_hash_hex(hash_hex):
             return None
-        return await self._call(self.lib.offered_object, hash_hex)
+        return await self._call(self.lib.offered_object, hash_hex, peer)
 
     async def _send(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
         """Write with the slow-reader timeout: a peer that stops reading is cut off."""
@@ -222,7 +272,7 @@ class PeerServer:
     # -- handlers -----------------------------------------------------------------------
 
     async def _catalog(self, request: web.Request) -> web.Response:
-        catalog = await self._call(self.lib.catalog)
+        catalog = await self._call(self.lib.catalog, _peer(request))
         msg = wire.CatalogMessage(
             generation=catalog.generation,
             node_id=self.identity.node_id,
@@ -233,7 +283,8 @@ class PeerServer:
 
     async def _object(self, request: web.Request) -> web.StreamResponse:
         h = request.match_info["hash"]
-        kind = await self._offered(h)
+        peer = _peer(request)
+        kind = await self._offered(h, peer)
         if kind == "sidecar":
             data = await self._call(self.lib.sidecar_bytes, h)
         elif kind == "session":
@@ -257,9 +308,16 @@ class PeerServer:
         await response.prepare(request)
         view = memoryview(data)
         last = max(start, end - CHUNK)
-        for pos in range(start, last, CHUNK):
-            await self._send(response, view[pos : min(last, pos + CHUNK)])
-        await self._finish(response, view[last:end])
+        sent = start
+        try:
+            with self._carrying(request, peer, [h]):
+                for pos in range(start, last, CHUNK):
+                    await self._send(response, view[pos : min(last, pos + CHUNK)])
+                    sent = min(last, pos + CHUNK)
+                await self._finish(response, view[last:end])
+                sent = end
+        finally:
+            await self._served(peer, kind, [h], sent - start, complete=sent == end)
         return response
 
     def _session_bytes(self, src: str) -> bytes:
@@ -272,10 +330,12 @@ class PeerServer:
 
     async def _lines(self, request: web.Request) -> web.Response:
         src = request.match_info["src"]
-        if await self._offered(src) != "session":
+        peer = _peer(request)
+        if await self._offered(src, peer) != "session":
             return _not_found()
         refs = await self._call(self.lib.line_manifest, src)
         body = wire.encode_line_manifest(bytes.fromhex(src), refs)
+        await self._served(peer, "lines", [src], len(body))
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:
@@ -286,39 +346,52 @@ class PeerServer:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         await response.prepare(request)
-        sent = 0
-        reading: asyncio.Future[tuple[bytes, int, int]] | None = self._read_group(hashes, 0)
+        peer = _peer(request)
+        sent = nbytes = 0
+        served: list[str] = []
+        reading: asyncio.Future[tuple[bytes, list[str], int]] | None = self._read_group(hashes, 0, peer)
+        complete = False
         try:
-            while reading is not None:
-                frames, count, pos = await reading
-                reading = self._read_group(hashes, pos) if pos < len(hashes) else None  # while we send
-                sent += count
-                await self._send(response, frames)
+            with self._carrying(request, peer, served):
+                while reading is not None:
+                    frames, group, pos = await reading
+                    # the next group is read while this one is sent
+                    reading = self._read_group(hashes, pos, peer) if pos < len(hashes) else None
+                    sent += len(group)
+                    nbytes += len(frames)
+                    served += group
+                    await self._send(response, frames)
+                await self._finish(response, wire.encode_batch_end(sent))
+                complete = True
         finally:
             if reading is not None:
                 reading.cancel()
-        await self._finish(response, wire.encode_batch_end(sent))
+            if served:  # a batch of nothing this peer may have served nothing
+                await self._served(peer, "batch", served, nbytes, complete)
         return response
 
-    def _read_group(self, hashes: list[bytes], pos: int) -> asyncio.Future[tuple[bytes, int, int]]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos)
+    def _read_group(self, hashes: list[bytes], pos: int,
+                    peer: str) -> asyncio.Future[tuple[bytes, list[str], int]]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos, peer)
 
-    def _frames(self, hashes: list[bytes], pos: int) -> tuple[bytes, int, int]:
-        """(frames, how many, where the next group starts): the offered line blobs among
-        `hashes[pos:]`, about GROUP_BYTES of them.  The others are left out, exactly as if
-        they did not exist.  Stored bytes are sent as they are: the store's codec numbers
-        (store/records.py) are the wire's (0 raw, 1 zstd)."""
+    def _frames(self, hashes: list[bytes], pos: int, peer: str) -> tuple[bytes, list[str], int]:
+        """(frames, the hashes they carry, where the next group starts): the line blobs
+        offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are
+        left out, exactly as if they did not exist.  Stored bytes are sent as they are: the
+        store's codec numbers (store/records.py) are the wire's (0 raw, 1 zstd)."""
         parts: list[bytes] = []
+        carried: list[str] = []
         size = 0
         while pos < len(hashes) and size < GROUP_BYTES:
             h = hashes[pos]
             pos += 1
-            if self.lib.offered_object(h.hex()) != "line":
+            if self.lib.offered_object(h.hex(), peer) != "line":
                 continue
             blob = self.lib.stored_line(h)
             parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
+            carried.append(h.hex())
             size += len(blob.stored)
-        return b"".join(parts), len(parts) // 2, pos
+        return b"".join(parts), carried, pos
 
 
 OPEN_FILES_WANTED = 65536
@@ -492,6 +565,14 @@ class _DeadlineSite(web.TCPSite):
         ps = self.peer_server
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _HandshakeGate(ps, handlers), self._host, self._port, backlog=self._backlog)
+
+
+def _peer(request: web.Request) -> str:
+    """The node id of the peer that sent the request (the guard let only trusted ones in)."""
+    transport = request.transport
+    fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+    assert fp is not None
+    return format_node_id(fp)
 
 
 def _catalog_entry(b: BranchInfo) -> wire.CatalogEntry:

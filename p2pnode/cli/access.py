@@ -1,0 +1,29 @@
+"""`share --to`: the trusted peers named on the command line, as node ids."""
+from __future__ import annotations
+
+from p2pnode.errors import InvalidInput
+from p2pnode.paths import NodePaths
+
+
+def share_to(paths: NodePaths, names: list[str] | None) -> list[str] | None:
+    """Each name or node id of a trusted peer as its node id (None: every trusted peer)."""
+    if not names:
+        return None
+    from p2pnode.peer.identity import parse_node_id
+    from p2pnode.peer.trust import TrustStore
+
+    trusted = TrustStore(paths.trust).peers()
+    ids = []
+    for name in names:
+        found = [p.node_id for p in trusted if p.name == name]
+        if not found:
+            try:
+                fp = parse_node_id(name)
+            except InvalidInput:
+                fp = None
+            found = [p.node_id for p in trusted if p.fingerprint == fp]
+        if len(found) != 1:
+            what = "several trusted peers" if found else "no trusted peer"
+            raise InvalidInput(f"share --to {name}: {what} by that name or id (`p2pnode peers` lists them)")
+        ids.append(found[0])
+    return sorted(set(ids))

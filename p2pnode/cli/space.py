@@ -1,0 +1,61 @@
+"""`p2pnode gc` and `p2pnode rm <branch|session>` (library/space.py): through the running
+node when there is one (it holds the store), else on the store directly."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from p2pnode.cli.render import one_line, print_json, short
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from p2pnode.cli.main import node_paths
+    from p2pnode.node.routing import open_library, via_node
+
+    report = via_node(node_paths(args), "gc", {})
+    if report is None:
+        with open_library(node_paths(args)) as lib:
+            report = lib.gc().as_dict()
+    if args.json:
+        print_json(report)
+    else:
+        print_gc(report)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from p2pnode.cli.main import node_paths
+    from p2pnode.node.routing import open_library, via_node
+    from p2pnode.node.upkeep import remove_and_collect
+
+    result = via_node(node_paths(args), "rm", {"target": args.target})
+    if result is None:
+        with open_library(node_paths(args)) as lib:
+            result = remove_and_collect(lib, args.target)
+    if args.json:
+        print_json(result)
+        return 0
+    for info in result["removed"]:
+        print(f"removed {info['branch']}  {one_line(info['title'], 60)}")
+    print_gc(result["gc"])
+    return 0
+
+
+def print_gc(report: dict[str, Any]) -> None:
+    if report["skipped"]:
+        print(f"gc skipped: {report['skipped']} (the node collects later)")
+        return
+    for branch in report["branches"]:
+        print(f"forgot  {short(branch)}")
+    print(f"gc freed {report['bytes_freed']} bytes: store {report['store_bytes_before']} -> "
+          f"{report['store_bytes_after']} bytes ({len(report['versions'])} version(s) dropped)")
+
+
+def add_space_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gc", help="reclaim store space held only by unshared, expired or removed sessions")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("rm", help="forget a branch (or every branch of a Pi session id), then gc")
+    p.add_argument("target", help="branch hash or unique prefix, or a Pi session id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_rm)

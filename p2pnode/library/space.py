@@ -1,0 +1,95 @@
+"""What `p2pnode gc` and `rm` reclaim, and what `status` says about space (README, "Space").
+
+Garbage is what the node's user no longer offers and nothing kept needs:
+- branches withdrawn (unshared or expired) that are not the ancestor of a kept branch;
+- versions no remaining branch names (superseded: a share the secret scan refused, or the
+  version of a branch removed).
+Kept: offered branches, fetched ones (never shared here: they are Pi's files' copies and the
+base the next fetch of that session builds on; `rm` forgets one), and their ancestors.
+
+Forgetting records deletes the store contexts only they used; the store's GC
+(store/gc.py: mark from live heads, compact the pack crash-safely) then drops their blobs,
+except blobs a kept chain still reaches: lines shared with other versions stay.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from p2pnode.library.sessions import SessionStore
+from store.api import Store
+
+GC_THRESHOLD_BYTES = 64 << 20
+"""The running node collects in the background when at least this much is reclaimable, or
+GC_THRESHOLD_SHARE of the store (and at least GC_MIN_BYTES)."""
+GC_THRESHOLD_SHARE = 0.5
+GC_MIN_BYTES = 1 << 20
+GC_CHECK_SECONDS = 300.0
+"""How often the running node estimates the garbage (the estimate walks every kept turn)."""
+
+
+@dataclass(frozen=True)
+class Garbage:
+    branches: list[str]
+    versions: list[str]
+
+
+@dataclass(frozen=True)
+class GCReport:
+    branches: list[str]
+    versions: list[str]
+    bytes_freed: int
+    store_bytes_before: int
+    store_bytes_after: int
+    skipped: str | None = None
+    """Why GC did not run (a fetch held a transfer lease); nothing was changed then."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def garbage(sessions: SessionStore) -> Garbage:
+    """The branch and version records `gc` forgets (module docstring)."""
+    records = {r.branch: r for r in sessions.branches()}
+    kept = {b for b, r in records.items() if r.withdrawn is None}
+    stack = list(kept)
+    while stack:
+        parent = records[stack.pop()].parent
+        if parent is not None and parent in records and parent not in kept:
+            kept.add(parent)
+            stack.append(parent)
+    srcs = {records[b].src for b in kept}
+    versions = sorted(v.src for v in sessions.versions() if v.src not in srcs)
+    return Garbage(sorted(set(records) - kept), versions)
+
+
+def reclaimable_bytes(sessions: SessionStore, store: Store) -> int:
+    """Stored bytes of blobs no kept record reaches: what `gc` would free now, an estimate
+    (blobs put in the last hour that no turn uses yet count, though GC keeps them, and the
+    pack's record headers do not).  Walks every kept turn once, reads each dead blob once."""
+    drop = garbage(sessions)
+    gone = set(drop.branches) | set(drop.versions)
+    heads = [r.head for r in sessions.branches() if r.branch not in gone]
+    heads += [v.head for v in sessions.versions() if v.src not in gone]
+    seen: set[int] = set()
+    live: set[bytes] = set()
+    for tid in heads:
+        while tid and tid not in seen:
+            seen.add(tid)
+            turn = store.get_turn(tid)
+            live.add(turn.payload_hash)
+            tid = turn.parent_turn_id
+    return sum(len(store.get_stored_blob(h).stored) for h in store.blob_hashes() if h not in live)
+
+
+def store_bytes(root: Path) -> int:
+    """Bytes of the store's files (the head WAL's zero-filled reserve included)."""
+    return sum(e.stat().st_size for e in os.scandir(root) if e.is_file(follow_symlinks=False))
+
+
+def worth_collecting(reclaimable: int, total: int) -> bool:
+    """The background GC's threshold (GC_THRESHOLD_BYTES, GC_THRESHOLD_SHARE, GC_MIN_BYTES)."""
+    return reclaimable >= GC_THRESHOLD_BYTES or (reclaimable >= GC_MIN_BYTES
+                                                 and reclaimable >= GC_THRESHOLD_SHARE * total)

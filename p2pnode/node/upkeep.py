@@ -1,0 +1,80 @@
+"""The running node's upkeep of what it shares: the `gc` and `rm` control endpoints, GC in the
+background when garbage passes library/space.py's threshold, and the mDNS re-announce when
+what is offered shrinks (unshare, expiry, rm: peers following the catalog see its generation
+move).
+
+Control endpoints (POST, JSON; see daemon.py):
+    /v1/gc {}                  -> GCReport.as_dict()   (skipped while a fetch holds a lease)
+    /v1/rm {"target"}          -> {"removed": [BranchInfo.as_dict()...], "gc": GCReport.as_dict()}
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.errors import InvalidInput
+from p2pnode.library import space
+from p2pnode.library.api import Library
+
+if TYPE_CHECKING:
+    from p2pnode.node.daemon import Node
+
+log = logging.getLogger("p2pnode.node")
+
+Route = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def routes(node: Node) -> dict[str, Route]:
+    async def gc(body: dict[str, Any]) -> dict[str, Any]:
+        return (await asyncio.to_thread(node.lib.gc)).as_dict()
+
+    async def rm(body: dict[str, Any]) -> dict[str, Any]:
+        target = body.get("target")
+        if not isinstance(target, str) or not target:
+            raise InvalidInput("control: 'target' must be a branch hash, prefix or session id")
+        return await asyncio.to_thread(remove_and_collect, node.lib, target)
+
+    return {"gc": gc, "rm": rm}
+
+
+def remove_and_collect(lib: Library, target: str) -> dict[str, Any]:
+    """`p2pnode rm`: forget the target, then run GC for its bytes (skipped during a fetch:
+    the background GC gets them later)."""
+    removed = lib.remove(target)
+    return {"removed": [i.as_dict() for i in removed], "gc": lib.gc().as_dict()}
+
+
+def announce_on_change(node: Node) -> None:
+    """Re-announce the catalog (its new generation) whenever what is offered may have shrunk."""
+    loop = asyncio.get_running_loop()
+
+    def changed() -> None:
+        if not loop.is_closed():  # a GC thread may finish after the node stopped
+            loop.call_soon_threadsafe(_spawn, node)
+
+    node.lib.add_listener(changed)
+
+
+_pending: set[asyncio.Task[None]] = set()
+
+
+def _spawn(node: Node) -> None:
+    task = asyncio.ensure_future(node.announce())
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+async def background_gc(lib: Library, every: float = space.GC_CHECK_SECONDS) -> None:
+    """Estimate the garbage every `every` seconds and collect it past the threshold; never
+    while a fetch holds a transfer lease (Library.gc skips then)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            sizes = await asyncio.to_thread(lib.space)
+            if space.worth_collecting(sizes["reclaimable_bytes"], sizes["store_bytes"]):
+                report = await asyncio.to_thread(lib.gc)
+                log.info("background gc: %s", report.skipped or f"freed {report.bytes_freed} bytes")
+        except Exception:  # the node keeps serving; the next round tries again
+            log.exception("background gc failed")

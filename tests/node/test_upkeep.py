@@ -1,0 +1,48 @@
+"""The node's background GC (node/upkeep.py) on a real library: it collects past the
+threshold, and never while a fetch holds a transfer lease."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from pifork import find
+
+from p2pnode.library import space
+from p2pnode.library.api import Library
+from p2pnode.node import upkeep
+from p2pnode.paths import NodePaths
+
+A3 = "*173a-7744-89ad-bbc16c12cc22.jsonl"  # 1.4 MB, images
+A6 = "*2810-72f3-bf21-ab15b19d413f.jsonl"
+
+
+async def test_background_gc_waits_for_fetches_then_collects(corpus_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = tmp_path / "agent"
+    shutil.copytree(corpus_dir / "sessions", agent / "sessions")
+    monkeypatch.setattr(space, "GC_THRESHOLD_BYTES", 500_000)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
+        keep = lib.share(str(find(agent, A6)))
+        big = lib.share(str(find(agent, A3)))
+        assert not space.worth_collecting(lib.space()["reclaimable_bytes"], lib.space()["store_bytes"])
+        lib.unshare(big.branch)
+        assert space.worth_collecting(lib.space()["reclaimable_bytes"], lib.space()["store_bytes"])
+        assert lib.leases.try_acquire()  # a fetch in progress
+        task = asyncio.ensure_future(upkeep.background_gc(lib, every=0.05))
+        try:
+            await asyncio.sleep(0.5)  # several rounds, each one skipped
+            assert lib.has_branch(big.branch) and not [e for e in lib.audit.read() if e["event"] == "gc"]
+            lib.leases.release()
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if not lib.has_branch(big.branch):
+                    break
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert not lib.has_branch(big.branch) and lib.space()["reclaimable_bytes"] == 0
+        assert lib.session_bytes(keep.src) == find(agent, A6).read_bytes()
+        assert [e["branches"] for e in lib.audit.read() if e["event"] == "gc"] == [[big.branch]]

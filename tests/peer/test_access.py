@@ -1,0 +1,183 @@
+"""The peer server under the sharer's control, over real mutual TLS on loopback: `share --to`
+(a peer not named gets exactly the not-found of a hash that does not exist), unshare and
+expiry stopping a transfer in flight, and every answer in the audit log."""
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from p2pnode.library import access
+from p2pnode.library.api import Library, ShareResult
+from p2pnode.paths import NodePaths
+from p2pnode.peer import wire
+from p2pnode.peer.identity import Identity, load_or_create_identity
+from p2pnode.peer.provider import PeerServer
+from p2pnode.peer.tls import client_context
+from p2pnode.peer.trust import TrustStore
+
+ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
+A6 = f"{ALPHA}/2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl"
+NOWHERE = "e" * 64
+
+
+class World:
+    def __init__(self, tmp: Path, corpus: Path) -> None:
+        self.tmp = tmp
+        self.me = load_or_create_identity(tmp / "me-id")
+        self.trust = TrustStore(tmp / "me-trust.json")
+        self.agent = tmp / "agent"
+        (self.agent / A6).parent.mkdir(parents=True)
+        shutil.copy(corpus / A6, self.agent / A6)
+        self.lib = Library.open(NodePaths(tmp / "home"), self.agent)
+        self.peers = {name: self.client(name) for name in ("alice", "bob")}
+
+    def client(self, name: str) -> tuple[Identity, ssl.SSLContext]:
+        ident = load_or_create_identity(self.tmp / f"{name}-id")
+        self.trust.trust(ident.node_id, name=name)
+        theirs = TrustStore(self.tmp / f"{name}-trust.json")
+        theirs.trust(self.me.node_id)
+        return ident, client_context(ident, theirs, self.me.fingerprint)
+
+    def big(self) -> ShareResult:
+        """A session of 24 MB that does not compress: more than socket buffers hold."""
+        path = self.agent / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_big.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = (b'{"type":"session","version":3,"id":"big","timestamp":"2026-11-21T20:00:00.000Z",'
+                  b'"cwd":"/w"}\n')
+        rnd = random.Random(5)
+        body = b"".join(b'{"type":"custom","data":"' + rnd.randbytes(300_000).hex().encode() + b'"}\n'
+                        for _ in range(40))
+        path.write_bytes(header + body)
+        return path  # type: ignore[return-value]
+
+
+@pytest.fixture
+def world(tmp_path: Path, corpus_dir: Path) -> Iterator[World]:
+    w = World(tmp_path, corpus_dir)
+    yield w
+    w.lib.close()
+
+
+@pytest.fixture
+async def server(world: World) -> AsyncIterator[PeerServer]:
+    server = PeerServer(world.lib, world.me, world.trust, wire.Limits(slow_reader_timeout=120.0))
+    await server.start("127.0.0.1", 0)
+    yield server
+    await server.close()
+
+
+def session(world: World, name: str) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=world.peers[name][1]))
+
+
+async def answer(s: aiohttp.ClientSession, method: str, url: str, body: bytes | None = None) -> tuple:
+    async with s.request(method, url, data=body) as r:
+        return r.status, r.headers.get("Content-Type"), await r.read()
+
+
+async def test_a_peer_not_named_gets_exactly_the_answer_of_a_hash_that_does_not_exist(
+        world: World, server: PeerServer) -> None:
+    shared = world.lib.share(str(world.agent / A6), to=[world.peers["alice"][0].node_id])
+    refs = world.lib.line_manifest(shared.src)
+    base = f"https://127.0.0.1:{server.port}"
+    obj, lines = base + wire.PATH_OBJECT, base + wire.PATH_LINES
+    async with session(world, "alice") as alice, session(world, "bob") as bob:
+        missing = await answer(bob, "GET", obj.format(hash=NOWHERE))
+        assert missing[0] == 404
+        assert await answer(bob, "GET", lines.format(src=NOWHERE)) == missing
+        for h in (shared.branch, shared.src, refs[2].hash.hex()):
+            assert await answer(bob, "GET", obj.format(hash=h)) == missing
+            assert (await answer(alice, "GET", obj.format(hash=h)))[0] == 200
+        assert await answer(bob, "GET", lines.format(src=shared.src)) == missing
+        assert (await answer(alice, "GET", lines.format(src=shared.src)))[0] == 200
+        asked = b"".join(r.hash for r in refs)
+        nothing = await answer(bob, "POST", base + wire.PATH_BATCH, b"\xee" * 32 * len(refs))
+        assert await answer(bob, "POST", base + wire.PATH_BATCH, asked) == nothing
+        assert len((await answer(alice, "POST", base + wire.PATH_BATCH, asked))[2]) > len(nothing[2])
+        bob_catalog = wire.decode_catalog((await answer(bob, "GET", base + wire.PATH_CATALOG))[2])
+        alice_catalog = wire.decode_catalog((await answer(alice, "GET", base + wire.PATH_CATALOG))[2])
+    assert bob_catalog.branches == [] and [b.branch for b in alice_catalog.branches] == [shared.branch]
+    served = [e for e in world.lib.audit.read() if e["event"] == "served"]
+    assert served and all(e["peer"] == world.peers["alice"][0].node_id and e["peer_name"] == "alice"
+                          and e["branches"] == [shared.branch] for e in served)
+    assert {e["kind"] for e in served} == {"sidecar", "session", "line", "lines", "batch"}
+    assert sum(e["bytes"] for e in served if e["kind"] == "session") == shared.size
+
+
+async def stalled_download(world: World, server: PeerServer, name: str, url: str,
+                           body: bytes | None = None) -> tuple[aiohttp.ClientSession, aiohttp.ClientResponse]:
+    """A peer that starts a transfer and stops reading: the server is left blocked writing."""
+    s = session(world, name)
+    r = await s.request("POST" if body else "GET", url, data=body)
+    assert r.status == 200
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        if server._serving:
+            break
+    await asyncio.sleep(0.3)
+    assert server._serving  # the answer is still being written
+    return s, r
+
+
+async def test_unshare_stops_a_transfer_in_flight(world: World, server: PeerServer) -> None:
+    big = world.lib.share(str(world.big()))
+    url = f"https://127.0.0.1:{server.port}" + wire.PATH_OBJECT.format(hash=big.src)
+    s, stalled = await stalled_download(world, server, "alice", url)
+    try:
+        world.lib.unshare(big.branch)
+        with pytest.raises(aiohttp.ClientPayloadError):  # cut off, long before the 120 s slow-reader timeout
+            await asyncio.wait_for(stalled.read(), 30)
+    finally:
+        stalled.release()
+        await s.close()
+    assert not server._serving
+    for _ in range(100):  # logged when the handler has seen the abort
+        cut = [e for e in world.lib.audit.read() if e["event"] == "served" and not e["complete"]]
+        if cut:
+            break
+        await asyncio.sleep(0.05)
+    assert cut[0]["branches"] == [big.branch] and cut[0]["kind"] == "session"
+    assert 0 <= cut[0]["bytes"] < big.size and cut[0]["peer_name"] == "alice"
+
+
+async def test_expiry_stops_a_batch_in_flight(world: World, server: PeerServer,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    big = world.lib.share(str(world.big()), expires="1h")
+    hashes = b"".join(r.hash for r in world.lib.line_manifest(big.src))
+    url = f"https://127.0.0.1:{server.port}" + wire.PATH_BATCH
+    s, stalled = await stalled_download(world, server, "bob", url, hashes)
+    try:
+        assert big.expires_at is not None
+        monkeypatch.setattr(access, "now_ms", lambda: big.expires_at + 1)  # the server's timer notices
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await asyncio.wait_for(stalled.read(), 30)
+    finally:
+        stalled.release()
+        await s.close()
+    assert world.lib.branch(big.branch).withdrawn == "expired"
+    assert [e["branch"] for e in world.lib.audit.read() if e["event"] == "expired"] == [big.branch]
+
+
+async def test_a_transfer_to_a_peer_still_allowed_goes_on(world: World, server: PeerServer) -> None:
+    """Narrowing `--to` stops only the peers taken off it."""
+    big = world.lib.share(str(world.big()))
+    url = f"https://127.0.0.1:{server.port}" + wire.PATH_OBJECT.format(hash=big.src)
+    s_a, alice = await stalled_download(world, server, "alice", url)
+    s_b, bob = await stalled_download(world, server, "bob", url)
+    try:
+        world.lib.share(str(world.big()), to=[world.peers["alice"][0].node_id])
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await asyncio.wait_for(bob.read(), 30)
+        assert len(await asyncio.wait_for(alice.read(), 60)) == big.size
+    finally:
+        alice.release()
+        bob.release()
+        await s_a.close()
+        await s_b.close()
