@@ -29,6 +29,7 @@ from p2pnode.cli.render import (
     print_share_notes,
     print_show,
     print_status,
+    print_versions,
     shown,
 )
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
@@ -149,7 +150,7 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     with open_library(node_paths(args)) as lib:
-        infos = lib.branches(include_unshared=args.all)
+        infos = lib.sessions_latest(include_unshared=args.all)  # one row per session: its latest version
     if args.json:
         print_json([i.as_dict() for i in infos])
         return 0
@@ -163,11 +164,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
         lineage = lib.lineage(info.branch)
         children = lib.children(info.branch)
+        versions = lib.versions(info.branch) if args.versions else None
     if args.json:
+        extra = {"versions": [v.as_dict() for v in versions]} if versions is not None else {}
         print_json({"branch": info.as_dict(), "sidecar": sidecar,
-                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children]})
+                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children],
+                    **extra})
         return 0
     print_show(info, sidecar, lineage, children)
+    if versions is not None:
+        print_versions(info, versions)
     return 0
 
 
@@ -211,7 +217,7 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
                    help="share a redacted copy (a new Pi session beside the original)")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
     p.set_defaults(func=cmd_share)
-    p = sub.add_parser("ls", help="list shared branches")
+    p = sub.add_parser("ls", help="list shared sessions, one row each: its latest version")
     p.add_argument("--all", action="store_true", help="also branches that were unshared")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ls)
@@ -224,6 +230,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("branch", help="branch hash, or a unique prefix of one (at least 4 hex digits)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)
+    sub.choices["show"].add_argument("--versions", action="store_true",
+                                     help="also list the versions of its Pi session held here")
 
 
 # --- peers (identity, trust, fetch, standalone peer server) ---------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -80,12 +81,23 @@ def print_status(status: dict[str, Any]) -> None:
 
 
 def print_branches(infos: list[BranchInfo]) -> None:
-    print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
+    print(f"{'BRANCH':16}  {'TIME':16}  {'VERS':>4}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  "
+          f"{'CWD':24}  TITLE")
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
         mark = ("" if i.offered else " (unshared)") + (" (secrets allowed)" if i.secrets_allowed else "")
-        print(f"{short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {short(i.parent):16}  "
-              f"{one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+        print(f"{short(i.branch):16}  {when:16}  {i.versions:>4}  {i.lines:>5}  {i.size:>9}  "
+              f"{short(i.parent):16}  {one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+
+
+def print_versions(info: BranchInfo, versions: list[BranchInfo]) -> None:
+    """`show --versions`: the versions of the branch's Pi session, oldest first."""
+    print(f"versions    {len(versions)} of session {shown(info.header.get('id'))}, oldest first")
+    for v in versions:
+        here = "   <- this branch" if v.branch == info.branch else ""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.shared_at / 1000))
+        print(f"  v{v.version:<4} {short(v.branch)}  {v.lines:>6} lines  {v.size:>10} bytes  {when}"
+              f"{'' if v.offered else ' (unshared)'}{here}")
 
 
 def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], children: list[BranchInfo]) -> None:

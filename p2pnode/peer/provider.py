@@ -497,4 +497,4 @@ class _DeadlineSite(web.TCPSite):
 def _catalog_entry(b: BranchInfo) -> wire.CatalogEntry:
     header = b.header.as_dict() if hasattr(b.header, "as_dict") else dict(b.header)
     return wire.CatalogEntry(branch=b.branch, src=b.src, parent=b.parent, size=b.size, lines=b.lines,
-                             header=header, title=b.title)
+                             header=header, title=b.title, previous=b.previous, version=b.version)

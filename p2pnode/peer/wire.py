@@ -140,6 +140,11 @@ class CatalogEntry:
     header: dict
     """Summary of the session header: id, timestamp, cwd, parent_session (strings or None)."""
     title: str | None = None
+    previous: str | None = None
+    """The branch of the older version of the same Pi session this one grew from (None: a first
+    version, or a peer that does not say)."""
+    version: int | None = None
+    """Its place among the sharer's versions of that session (1 = first); None from older peers."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,8 @@ def encode_catalog(catalog: CatalogMessage) -> bytes:
         "node": catalog.node_id,
         "branches": [
             {"branch": e.branch, "src": e.src, "parent": e.parent, "size": e.size, "lines": e.lines,
-             "header": {k: e.header.get(k) for k in _HEADER_KEYS}, "title": e.title}
+             "header": {k: e.header.get(k) for k in _HEADER_KEYS}, "title": e.title,
+             "previous": e.previous, "version": e.version}
             for e in catalog.branches
         ],
     }
@@ -188,6 +194,8 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
                 size=_nonneg_int(b["size"]), lines=_nonneg_int(b["lines"]),
                 header={k: header.get(k) for k in _HEADER_KEYS},
                 title=b.get("title") if isinstance(b.get("title"), str) else None,
+                previous=_optional_hash(b.get("previous"), "catalog previous"),
+                version=_optional_version(b.get("version")),
             ))
         generation = _nonneg_int(doc["generation"])
         node = doc["node"]
@@ -200,6 +208,24 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
     except RecursionError:
         raise WireError("malformed catalog: JSON nested too deeply") from None
     return CatalogMessage(generation, node, entries)
+
+
+def _optional_hash(v: object, what: str) -> str | None:
+    """A catalog entry's optional hash field: absent or null (an older peer) is None."""
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ValueError(f"{what} is not a string")
+    return check_hex_hash(v, what)
+
+
+def _optional_version(v: object) -> int | None:
+    """A catalog entry's `version`: absent or null (an older peer) is None, else 1 or more."""
+    if v is None:
+        return None
+    if (n := _nonneg_int(v)) == 0:
+        raise ValueError("version 0 (versions count from 1)")
+    return n
 
 
 def _nonneg_int(v: object) -> int:
