@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
+from p2pnode.cli.follow import add_follow_commands
 from p2pnode.cli.render import (
     ProgressBar,
     print_branches,
@@ -124,6 +125,10 @@ def pi_dirs(args: argparse.Namespace) -> Any:
 def cmd_share(args: argparse.Namespace) -> int:
     import os
 
+    from p2pnode.cli.follow import check_live, start_live
+
+    if args.live:
+        check_live(args, node_paths(args))
     pi = pi_dirs(args)
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
@@ -138,6 +143,8 @@ def cmd_share(args: argparse.Namespace) -> int:
         print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
     for notice in result.get("notices", []):
         print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
+    if args.live:
+        start_live(node_paths(args), result, pi, os.getcwd(), args.allow_secrets)
     ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
     if args.json:
         print_json(dict(result, ticket=ticket) if ticket else result)
@@ -216,6 +223,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redact", action="store_true",
                    help="share a redacted copy (a new Pi session beside the original)")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
+    p.add_argument("--live", action="store_true",
+                   help="the running node shares it again whenever it grows (`p2pnode live` lists them)")
     p.set_defaults(func=cmd_share)
     p = sub.add_parser("ls", help="list shared sessions, one row each: its latest version")
     p.add_argument("--all", action="store_true", help="also branches that were unshared")
@@ -284,6 +293,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
     """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
+    from p2pnode.node.follow import is_session_id
     from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import format_node_id
@@ -294,6 +304,8 @@ def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
         node_id = format_node_id(ticket.node)
         peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
         return ticket.branch.hex(), peers
+    if is_session_id(args.target):  # its latest version (node/follow.py)
+        return args.target, peers
     return wire.check_hex_hash(args.target.strip().lower(), "branch hash"), peers
 
 
@@ -302,7 +314,8 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
 
     bar = ProgressBar()
     try:
-        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), bar)
+        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), bar,
+                          exact=args.exact)
     finally:
         bar.finish()
 
@@ -310,9 +323,11 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
 def cmd_fetch(args: argparse.Namespace) -> int:
     branch, peers = _fetch_target(args)
     result = via_node(node_paths(args), "fetch", {"branch": branch, "peers": [str(p) for p in peers],
-                                      "pi": pi_dirs(args).as_dict()})
+                                      "pi": pi_dirs(args).as_dict(), "exact": args.exact})
     if result is None:
         result = _fetch_here(args, branch, peers)
+    if result.get("note"):
+        print(f"p2pnode: note: {shown(result['note'])}", file=sys.stderr)
     if args.json:
         print_json(result)
     else:
@@ -368,7 +383,10 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_peers)
     p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
-    p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
+    p.add_argument("target", metavar="BRANCH|TICKET|SESSION",
+                   help="a branch hash, a p2p1: ticket, or a Pi session id (its latest version)")
+    p.add_argument("--exact", action="store_true",
+                   help="fetch this very version, not the latest version of its session that peers offer")
     p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
                    help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
@@ -393,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(sub)
     add_session_commands(sub)
     add_peer_commands(sub)
+    add_follow_commands(sub)
     return parser
 
 

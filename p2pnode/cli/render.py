@@ -74,6 +74,12 @@ def print_status(status: dict[str, Any]) -> None:
         where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
         print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
               f"  {p['name'] or ''}")
+    for f in status.get("following", []):
+        print(f"following  {shown(f['key'])}  {short(f['branch'])}  {shown(f['state'])}  "
+              f"{shown(f['path'] or '-')}")
+    for live in status.get("live", []):
+        error = f"  ERROR {one_line(live['error'], 80)}" if live["error"] else ""
+        print(f"live       {shown(live['path'])}  {short(live['branch'])}{error}")
     print(f"transfers  {len(status['transfers']) or 'none'}")
     for t in status["transfers"]:
         print(f"  {t['branch'][:16]}  {t['bytes_done']}/{t['bytes_total'] or '?'} bytes"

@@ -45,6 +45,8 @@ from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
+from p2pnode.node.follow import Follows, is_session_id, lan_peers, newest_to_fetch
+from p2pnode.node.live import LiveShares
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
@@ -104,12 +106,14 @@ class Node:
         self.trust = TrustStore(self.paths.trust)
         self.lib = await asyncio.to_thread(Library.open, self.paths, self.config.agent_dir)
         self._stack.callback(self.lib.close)
+        self.follows, self.live = Follows(self), LiveShares(self)
         store_server = StoreServer(self.lib.store, str(self.paths.store_socket))
         await store_server.start()
         self._stack.push_async_callback(store_server.close)
         peers = await self._listen()
         self._stack.push_async_callback(peers.close)
         self.port = peers.port
+        self.peer_server = peers
         await self._start_control()
         if self.config.mdns:
             self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event)
@@ -117,6 +121,9 @@ class Node:
             self._stack.push_async_callback(self.discovery.close)  # closes first: the goodbye
             await self.announce()
             self._tasks.append(asyncio.ensure_future(self._liveness()))
+        for part in (self.follows, self.live):  # node/follow.py, node/live.py: resumed after a restart
+            await part.start()
+            self._stack.push_async_callback(part.close)
         log.info("node %s serving on port %d (store %s)", self.identity.node_id, self.port,
                  self.paths.store_socket)
 
@@ -151,7 +158,7 @@ class Node:
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
-            "fetch": self._c_fetch, "read": self._c_read}
+            "fetch": self._c_fetch, "read": self._c_read, **self.follows.routes(), **self.live.routes()}
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
@@ -169,6 +176,7 @@ class Node:
 
     async def announce(self) -> None:
         """(Re-)announce the catalog: generation and the most recently shared branches first."""
+        self.peer_server.notify_changed()  # peers waiting for a change ask again (node/follow.py)
         if self.discovery is None:
             return
         async with self._announce_lock:
@@ -250,7 +258,8 @@ class Node:
                             catalog=catalog, branches=branches,
                             peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
                             addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
-                            transfers=list(self.transfers.values()))
+                            transfers=list(self.transfers.values()),
+                            following=self.follows.status(), live=self.live.status())
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []
@@ -291,9 +300,6 @@ class Node:
     async def _c_fetch(self, body: dict[str, Any]) -> dict[str, Any]:
         branch = _field(body, "branch", str) or ""
         peers = [PeerAddress.parse(text) for text in _field(body, "peers", list, str) or []]
-        peers = peers or await self.holders(branch)
-        if not peers:
-            raise PeerUnavailable(f"branch {branch}: no trusted peer on the LAN offers it")
         progress = {"branch": branch, "peers": [str(p) for p in peers], "started": time.time(),
                     "bytes_done": 0, "bytes_total": None}
         self.transfers[branch] = progress
@@ -304,7 +310,13 @@ class Node:
         pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
         try:
             async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
-                result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
+                newest = await newest_to_fetch(branch, peers, self.identity, self.trust, self._candidates,
+                                               exact=bool(_field(body, "exact", bool)))  # the latest version
+                peers = newest.peers or await self.holders(newest.branch)
+                if not peers:
+                    raise PeerUnavailable(f"branch {newest.branch}: no trusted peer on the LAN offers it")
+                progress.update(branch=newest.branch, peers=[str(p) for p in peers])
+                result = await fetch_branch(self.lib, newest.branch, peers, self.identity, self.trust,
                                             agent_dir=pi.agent, progress=on_progress,
                                             limits=FETCH_LIMITS, session_dir=pi.sessions)
         except TimeoutError:
@@ -315,9 +327,14 @@ class Node:
             raise
         finally:
             self.transfers.pop(branch, None)
-        log.info("fetched %s", branch)
+        log.info("fetched %s", newest.branch)
         await self.announce()
-        return result.as_dict()
+        return dict(result.as_dict(), note=newest.note)
+
+    async def _candidates(self, target: str) -> list[PeerAddress]:
+        """Peers that may offer `target`: a branch's holders, or for a session id every
+        trusted peer on the LAN (node/follow.py)."""
+        return lan_peers(self) if is_session_id(target) else await self.holders(target)
 
 
 # --- the control channel (JSON over HTTP on a Unix socket) ------------------------------------

@@ -48,18 +48,28 @@ def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
 
 
 def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDirs, identity: Identity,
-               trust: TrustStore, progress: Progress) -> dict[str, Any]:
+               trust: TrustStore, progress: Progress, *, exact: bool = False) -> dict[str, Any]:
     """A one-shot fetch with no node running: the peers given, else the trusted holders found
-    on the LAN; the store is opened only for each local step (OpenPerUse), never while a peer
+    on the LAN; the latest version of the session unless `exact` (node/follow.py); the
+    store is opened only for each local step (OpenPerUse), never while a peer
     is awaited."""
     import asyncio
 
     from p2pnode.discovery.mdns import lan_peers
+    from p2pnode.node.follow import is_session_id, newest_to_fetch
     from p2pnode.peer.get import OpenPerUse, fetch_branch
     from p2pnode.peer.identity import parse_node_id
 
-    if not peers:
-        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
-    result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, identity, trust,
-                                      agent_dir=pi.agent, progress=progress, session_dir=pi.sessions))
-    return result.as_dict()
+    async def on_lan(target: str) -> list[PeerAddress]:
+        if is_session_id(target):  # mDNS is asked for branches: only a node knows who is around
+            return []
+        return await lan_peers(target, lambda n: trust.is_trusted(parse_node_id(n)))
+
+    async def fetch() -> dict[str, Any]:
+        newest = await newest_to_fetch(branch, peers, identity, trust, on_lan, exact=exact)
+        holders = newest.peers or await on_lan(newest.branch)
+        result = await fetch_branch(OpenPerUse(paths), newest.branch, holders, identity, trust,
+                                    agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)
+        return dict(result.as_dict(), note=newest.note)
+
+    return asyncio.run(fetch())

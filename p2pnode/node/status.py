@@ -22,7 +22,8 @@ def trusted_peer(peer: TrustedPeer, online: bool | None) -> dict[str, Any]:
 def build_status(*, node_id: str | None, running: bool, home: str, catalog: Catalog,
                  branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
-                 transfers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 transfers: list[dict[str, Any]] | None = None, following: list[dict[str, Any]] | None = None,
+                 live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "node_id": node_id,
         "running": running,
@@ -34,6 +35,8 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
         "shared": [{"branch": b.branch, "title": b.title, "size": b.size} for b in branches],
         "peers": peers,
         "transfers": transfers or [],
+        "following": following or [],
+        "live": live or [],
     }
 
 

@@ -9,6 +9,8 @@ peer is checked against `Limits` and raises a `WireError` naming what was wrong.
 
 Endpoints (all under the version prefix, see docs/PROTOCOL.md):
   GET  /v1/catalog          JSON catalog of offered branches, with a generation number
+                            (?wait=<generation>: answered when the generation differs, or after
+                            Limits.catalog_wait seconds)
   GET  /v1/object/<hash>    a sidecar, session or line blob by BLAKE3 hash; honours Range
   GET  /v1/lines/<src>      the line manifest of a session version (binary, below)
   POST /v1/batch            body: N × 32-byte hashes; response: framed blobs (below)
@@ -93,6 +95,11 @@ class Limits:
     max_handshakes: int = 128
     """Server: connections not yet past the TLS handshake (not yet known to be trusted), per
     source address and in all; more are closed at once.  Each costs a 256 KiB TLS buffer."""
+    catalog_wait: float = 20.0
+    """Server: the longest a `GET /v1/catalog?wait=<generation>` is held open before it is
+    answered with the unchanged catalog (change notification, docs/PROTOCOL.md)."""
+    max_waiting_per_peer: int = 2
+    """Server: catalog requests of one peer waiting for a change at once; more get 429."""
 
     @property
     def max_batch_request(self) -> int:
@@ -226,6 +233,13 @@ def _optional_version(v: object) -> int | None:
     if (n := _nonneg_int(v)) == 0:
         raise ValueError("version 0 (versions count from 1)")
     return n
+
+
+def parse_wait(text: str) -> int:
+    """The generation in `GET /v1/catalog?wait=<generation>`: a decimal integer, 0 to 2**63-1."""
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) >= 1 << 63:
+        raise WireError(f"catalog wait={text[:24]!r} is not a generation number")
+    return int(text)
 
 
 def _nonneg_int(v: object) -> int:
