@@ -16,11 +16,13 @@ out; errors carry the CLI exit code):
     /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact"}
                                                       -> ShareResult.as_dict()
     /v1/unshare {"branch"}                            -> {"branch"}
-    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
+    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi", "exact"} -> FetchResult.as_dict() + "note"
 `pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
 environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
                                                      (control.NodeLibrary: `ls`, `show`, `cat`)
+    /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
+    /v1/live, /v1/unlive                              -> node/live.py (`share --live`, `live --stop`)
 """
 from __future__ import annotations
 
