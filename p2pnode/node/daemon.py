@@ -47,12 +47,12 @@ from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
-from p2pnode.node.follow import Follows, is_session_id, lan_peers, newest_to_fetch
+from p2pnode.node.follow import Follows, fetch_newest, is_session_id, lan_peers, newest_to_fetch
 from p2pnode.node.live import LiveShares
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.get import fetch_branch, get_catalog
+from p2pnode.peer.get import get_catalog
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
@@ -318,8 +318,8 @@ class Node:
                 if not peers:
                     raise PeerUnavailable(f"branch {newest.branch}: no trusted peer on the LAN offers it")
                 progress.update(branch=newest.branch, peers=[str(p) for p in peers])
-                result = await fetch_branch(self.lib, newest.branch, peers, self.identity, self.trust,
-                                            agent_dir=pi.agent, progress=on_progress,
+                result = await fetch_newest(self.lib, dataclasses.replace(newest, peers=peers), self.identity,
+                                            self.trust, agent_dir=pi.agent, progress=on_progress,
                                             limits=FETCH_LIMITS, session_dir=pi.sessions)
         except TimeoutError:
             raise PeerUnavailable(f"fetch {branch}: not done after {FETCH_LIMITS.fetch_timeout:g} s; "

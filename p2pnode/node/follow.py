@@ -26,17 +26,21 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable
+from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, VerificationFailed
 from p2pnode.paths import PiDirs
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.get import fetch_branch, get_catalog
+from p2pnode.peer.get import FetchResult, OpenPerUse, fetch_branch, get_catalog
 from p2pnode.peer.identity import Identity
+from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import PeerLink
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.hashing import new_hasher
 from p2pnode.pi.session import SESSION_ID
+from p2pnode.pi.sidecar import Sidecar
 from sysio.files import atomic_write
 
 if TYPE_CHECKING:
@@ -101,6 +105,10 @@ class Newest:
     """Peers that offer it (empty: the caller looks for holders itself)."""
     note: str | None
     """What the user is told when this is not what was asked for."""
+    session: str | None = None
+    """The Pi session id the fetched version must have (it was asked for by that id)."""
+    extends: tuple[str, int] | None = None
+    """(src, size) of the version asked for, whose bytes the fetched one must start with."""
 
 
 FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
@@ -128,13 +136,51 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
         return Newest(target, candidates, None)
     best = max((e for _, e in found), key=lambda e: (e.version or 0, e.size, e.lines))
     offering = [p for p, c in answered if any(e.branch == best.branch for e in c.branches)]
-    note = None
-    if best.branch != target:
-        asked = f"session {target}" if session else f"{target[:16]} is an older version of session " \
-                                                    f"{best.header.get('id')}; its"
-        note = (f"{asked} latest version{f' (v{best.version})' if best.version else ''} is {best.branch}: "
-                f"fetching that{'' if session else ' (--exact fetches the one asked for)'}")
-    return Newest(best.branch, offering, note)
+    if best.branch == target:
+        return Newest(target, offering, None)
+    extends = None
+    if not session:  # the catalog's src of the version named, checked against its branch hash
+        asked = next(e for _, c in answered for e in c.branches if e.branch == target)
+        if Sidecar(asked.src, asked.parent).branch != target:
+            return Newest(target, candidates, None)  # a sidecar not in canonical form: fetch it as named
+        extends = (asked.src, asked.size)
+    what = f"session {target}" if session else f"{target[:16]} is an older version of session " \
+                                               f"{best.header.get('id')}; its"
+    note = (f"{what} latest version{f' (v{best.version})' if best.version else ''} is {best.branch}: "
+            f"fetching that{'' if session else ' (--exact fetches the one asked for)'}")
+    return Newest(best.branch, offering, note, target if session else None, extends)
+
+
+async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: Identity, trust: TrustStore,
+                       *, agent_dir: Path | None, **options: Any) -> FetchResult:
+    """Fetch `newest.branch` (peer/get.py) and, when it is not what was named, check that it is
+    what it claims before it is placed: a version of the session id asked for, or a version
+    whose bytes start with those of the version asked for (a peer's catalog is not trusted
+    for that; VerificationFailed, nothing placed).  Then place it (a second, local step)."""
+    if newest.session is None and newest.extends is None:
+        return await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
+                                  **options)
+    result = await fetch_branch(lib, newest.branch, newest.peers, identity, trust, **options)
+    await asyncio.to_thread(_check_newest, lib, newest)
+    if agent_dir is not None:  # held now: this only places it
+        placed = await fetch_branch(lib, newest.branch, [], identity, trust, agent_dir=agent_dir, **options)
+        result.path, result.written, result.conflict = placed.path, placed.written, placed.conflict
+    return result
+
+
+def _check_newest(lib: FetchTarget | OpenPerUse, newest: Newest) -> None:
+    with lib() if isinstance(lib, OpenPerUse) else contextlib.nullcontext(lib) as held:
+        info = held.branch(newest.branch)
+        if newest.session is not None and info.header.get("id") != newest.session:
+            raise VerificationFailed(f"branch {newest.branch}, offered as a version of session "
+                                     f"{newest.session}, is a version of session {info.header.get('id')}; "
+                                     "not placed")
+        if newest.extends is not None:
+            src, size = newest.extends
+            data = held.session_bytes(info.src)
+            if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
+                raise VerificationFailed(f"branch {newest.branch}, offered as a newer version of {src}, "
+                                         "does not start with its bytes; not placed (fetch with --exact)")
 
 
 def summary(lines: Sequence[bytes]) -> tuple[int, str | None]:
@@ -172,6 +218,8 @@ class Follow:
     """The follower's Pi dirs (PiDirs.as_dict) at the time of `follow`: where to place."""
     branch: str | None = None
     """The newest version fetched here so far."""
+    size: int = 0
+    """Its size: only a larger version is fetched next."""
     session: str | None = None
     path: str | None = None
     state: str = "starting"
@@ -179,7 +227,7 @@ class Follow:
     task: asyncio.Task[None] | None = None
 
     def saved(self) -> dict[str, Any]:
-        return {"key": self.key, "peers": self.peers, "pi": self.pi, "branch": self.branch,
+        return {"key": self.key, "peers": self.peers, "pi": self.pi, "branch": self.branch, "size": self.size,
                 "session": self.session, "path": self.path}
 
     def status(self) -> dict[str, Any]:
@@ -349,13 +397,14 @@ class Follows:
             path = wire.PATH_CATALOG + ("" if generation is None else f"?wait={generation}")
             body = await link.get_small(path, link.limits.max_catalog_bytes, "catalog")
             catalog = wire.decode_catalog(body, link.limits)
-            newest = newest_entry(catalog.branches, f.branch or f.key)
+            offered = {e.branch for e in catalog.branches}
+            newest = newest_entry(catalog.branches, f.branch if f.branch in offered else f.session or f.key)
             if newest is None:
                 raise NotFound(f"peer {link.addr} does not offer {f.key}")
             if f.state != "following":
                 f.state = "following"
                 self._event(f, "following", peer=str(link.addr), branch=newest.branch)
-            if newest.branch != f.branch:
+            if newest.branch != f.branch and (f.branch is None or newest.size > f.size):
                 await self._fetch(f, newest, link.addr)
             generation = catalog.generation
 
@@ -364,15 +413,18 @@ class Follows:
 
         lib = self.node.lib
         pi = PiDirs.from_dict(f.pi) if f.pi else lib.pi_dirs(os.getcwd())
-        before = await asyncio.to_thread(lambda: lib.branch(f.branch).lines
-                                         if f.branch and lib.has_branch(f.branch) else 0)
-        result = await fetch_branch(lib, entry.branch, [address], self.node.identity, self.node.trust,
-                                    agent_dir=pi.agent, limits=FETCH_LIMITS, session_dir=pi.sessions)
+        held = await asyncio.to_thread(lambda: lib.branch(f.branch) if f.branch and lib.has_branch(f.branch)
+                                       else None)
+        before = held.lines if held else 0
+        newest = Newest(entry.branch, [address], None, f.session if f.session and held is None else None,
+                        (held.src, held.size) if held else None)  # checked before it is placed
+        result = await fetch_newest(lib, newest, self.node.identity, self.node.trust, agent_dir=pi.agent,
+                                    limits=FETCH_LIMITS, session_dir=pi.sessions)
         info = await asyncio.to_thread(lib.branch, entry.branch)
         new = await asyncio.to_thread(lambda: [lib.line(r.hash)
                                                for r in lib.line_manifest(info.src)[before:]])
         turns, words = summary(new)
-        f.branch, f.session, f.path = entry.branch, info.header.get("id"), result.path
+        f.branch, f.size, f.session, f.path = entry.branch, info.size, info.header.get("id"), result.path
         self._save()
         self._event(f, "version", branch=entry.branch, version=entry.version, lines=info.lines,
                     new_lines=info.lines - before, turns=turns, words=words, path=result.path,

@@ -54,10 +54,11 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     store is opened only for each local step (OpenPerUse), never while a peer
     is awaited."""
     import asyncio
+    from dataclasses import replace
 
     from p2pnode.discovery.mdns import lan_peers
-    from p2pnode.node.follow import is_session_id, newest_to_fetch
-    from p2pnode.peer.get import OpenPerUse, fetch_branch
+    from p2pnode.node.follow import fetch_newest, is_session_id, newest_to_fetch
+    from p2pnode.peer.get import OpenPerUse
     from p2pnode.peer.identity import parse_node_id
 
     async def on_lan(target: str) -> list[PeerAddress]:
@@ -68,7 +69,7 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     async def fetch() -> dict[str, Any]:
         newest = await newest_to_fetch(branch, peers, identity, trust, on_lan, exact=exact)
         holders = newest.peers or await on_lan(newest.branch)
-        result = await fetch_branch(OpenPerUse(paths), newest.branch, holders, identity, trust,
+        result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
                                     agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)
         return dict(result.as_dict(), note=newest.note)
 

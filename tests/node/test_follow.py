@@ -19,12 +19,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from pifork import ROOT_FORK
 from procnode import PY, Node
 
+from p2pnode.errors import VerificationFailed
+from p2pnode.library.api import Library
 from p2pnode.node.daemon import Node as InProcessNode
 from p2pnode.node.daemon import NodeConfig
-from p2pnode.node.follow import newest_entry
+from p2pnode.node.follow import Newest, _check_newest, newest_entry
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
@@ -154,6 +157,28 @@ def test_fetch_an_older_version_or_a_session_id_gets_the_latest(tmp_path: Path, 
             assert missing.returncode == 3 and "no trusted peer offers a session with id" in missing.stderr
         rows = json.loads(b.run("ls", "--all", "--json").stdout)
         assert [(r["branch"], r["versions"]) for r in rows] == [(v2["branch"], 2)]
+
+
+def test_a_newer_version_is_checked_before_it_is_placed(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """A peer's catalog is not trusted to say what is a newer version of what: the fetched
+    branch must be a version of the session id asked for, or start with the bytes of the
+    version asked for (else VerificationFailed, nothing placed)."""
+    session = tmp_path / "s.jsonl"
+    shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][0], session)
+    other = tmp_path / "o.jsonl"
+    shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][1], other)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=tmp_path / "agent") as lib:
+        v1 = lib.share(str(session))
+        grow(session, "g")
+        v2 = lib.share(str(session))
+        unrelated = lib.share(str(other), no_lineage=True)
+        _check_newest(lib, Newest(v2.branch, [], None, None, (v1.src, v1.size)))
+        _check_newest(lib, Newest(v2.branch, [], None, v1.header["id"]))
+        for lie in (Newest(unrelated.branch, [], None, None, (v1.src, v1.size)),
+                    Newest(unrelated.branch, [], None, v1.header["id"]),
+                    Newest(v1.branch, [], None, None, (v2.src, v2.size))):
+            with pytest.raises(VerificationFailed):
+                _check_newest(lib, lie)
 
 
 def test_newest_entry_follows_previous_links_and_old_peers() -> None:
