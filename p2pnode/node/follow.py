@@ -318,6 +318,8 @@ class Follows:
 
     async def _c_unfollow(self, body: dict[str, Any]) -> dict[str, Any]:
         key = body.get("key")
+        if isinstance(key, str) and wire.is_ticket(key):
+            key = wire.decode_ticket(key).branch.hex()
         f = self.follows.pop(key, None) if isinstance(key, str) else None
         if f is None:
             raise NotFound(f"not following {str(key)[:80]!r}")

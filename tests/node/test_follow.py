@@ -31,6 +31,7 @@ from p2pnode.node.follow import Newest, _check_newest, newest_entry
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.identity import parse_node_id
 from p2pnode.peer.link import PeerLink
 from p2pnode.peer.trust import TrustStore
 
@@ -86,7 +87,9 @@ def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Pat
             a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
             assert [x["path"] for x in status(a)["live"]] == [str(session)]
             with b.node_running():
-                follow = [PY, "-m", "p2pnode", "follow", shared["branch"], "--from", a_addr, "--json"]
+                ticket = wire.encode_ticket(wire.Ticket(bytes.fromhex(shared["branch"]), parse_node_id(a.id),
+                                                        (("127.0.0.1", status(a)["port"]),)))
+                follow = [PY, "-m", "p2pnode", "follow", ticket, "--json"]
                 follower = subprocess.Popen(follow, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             text=True)
                 try:
