@@ -134,6 +134,8 @@ def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Pat
             wait_for("the version grown while both were down", placed(b, session.read_bytes()))
             grow(session, "four")
             wait_for("a version after both restarted", placed(b, session.read_bytes()))
+            assert f"following  {shared['branch']}" in b.run("status").stdout
+            assert f"live       {session}" in a.run("status").stdout
             assert [x["path"] for x in status(a)["live"]] == [str(session)]
             a.run("live", "--stop", str(session))
             assert status(a)["live"] == []
