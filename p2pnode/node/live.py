@@ -4,8 +4,9 @@ Each live file is watched by stat polling every POLL_SECONDS (no inotify: the sa
 on macOS); when its (inode, size, mtime) change, the node shares it again.  The incremental
 hasher (pi/hashing.py) reads only the bytes added since the last share and the store appends
 only the new lines, so an update costs O(new bytes).  A line Pi is still writing is left for
-the next share, as always.  A new version changes the catalog: the node re-announces it,
-which answers the peers waiting for a change (node/follow.py, docs/PROTOCOL.md).  Live files
+the next share, as always.  A new version changes the catalog: the peers waiting for a
+change are answered at once (node/follow.py, docs/PROTOCOL.md), and the mDNS records are
+announced again at most every ANNOUNCE_EVERY seconds (each is three multicasts).  Live files
 are kept in `<home>/live.json` and watched again when the node restarts.
 """
 from __future__ import annotations
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 LIVE_FILE = "live.json"
 POLL_SECONDS = 0.5
 """How often a live file is stat'ed: a new line is shared within this long of being written."""
+ANNOUNCE_EVERY = 5.0
+"""Live versions come fast while Pi writes; peers waiting for a change hear of each at once,
+mDNS (three multicasts per record) of the latest at most this often."""
 
 
 @dataclass
@@ -61,6 +65,8 @@ class LiveShares:
         self.node = node
         self.file = node.paths.home / LIVE_FILE
         self.live: dict[str, Live] = {}
+        self._dirty = False
+        self._announcer: asyncio.Task[None] | None = None
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         return {"live": self._c_live, "unlive": self._c_unlive}
@@ -79,6 +85,10 @@ class LiveShares:
                                  bool(entry.get("allow_secrets")), entry.get("branch")))
 
     async def close(self) -> None:
+        if self._announcer is not None:
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcer
         for live in self.live.values():
             if live.task is not None:
                 live.task.cancel()
@@ -89,6 +99,23 @@ class LiveShares:
 
     def status(self) -> list[dict[str, Any]]:
         return [live.status() for live in self.live.values()]
+
+    def changed(self) -> None:
+        """The catalog changed: peers waiting for a change are answered now, the mDNS records
+        are announced again soon (at most every ANNOUNCE_EVERY s)."""
+        self.node.peer_server.notify_changed()
+        self._dirty = True
+        if self._announcer is None or self._announcer.done():
+            self._announcer = asyncio.ensure_future(self._announce())
+
+    async def _announce(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            try:
+                await self.node.announce()
+            except Exception as exc:  # mDNS trouble must not end live sharing
+                log.warning("announcing the catalog failed: %s", exc)
+            await asyncio.sleep(ANNOUNCE_EVERY)
 
     def _save(self) -> None:
         atomic_write(self.file, json.dumps([live.saved() for live in self.live.values()]).encode())
@@ -156,4 +183,4 @@ class LiveShares:
             live.branch = result.branch
             self._save()
             log.info("live: shared %s again (%s, %d lines)", live.path, result.branch[:16], result.lines)
-            await self.node.announce()
+            self.changed()
