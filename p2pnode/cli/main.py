@@ -22,6 +22,7 @@ from typing import Any
 from p2pnode import __version__
 from p2pnode.cli import browse
 from p2pnode.cli.access import share_to
+from p2pnode.cli.follow import add_follow_commands
 from p2pnode.cli.log import add_log_commands
 from p2pnode.cli.render import (
     print_branches,
@@ -31,6 +32,7 @@ from p2pnode.cli.render import (
     print_share_notes,
     print_show,
     print_status,
+    print_versions,
     shown,
 )
 from p2pnode.cli.space import add_space_commands
@@ -126,6 +128,10 @@ def pi_dirs(args: argparse.Namespace) -> Any:
 def cmd_share(args: argparse.Namespace) -> int:
     import os
 
+    from p2pnode.cli.follow import check_live, start_live
+
+    if args.live:
+        check_live(args, node_paths(args))
     pi = pi_dirs(args)
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
@@ -141,6 +147,8 @@ def cmd_share(args: argparse.Namespace) -> int:
         print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
     for notice in result.get("notices", []):
         print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
+    if args.live:
+        start_live(node_paths(args), result, pi, os.getcwd(), args.allow_secrets)
     ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
     command = browse.fetch_line(node_paths(args), result["branch"])
     if args.json:
@@ -157,7 +165,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.peers:
         return browse.cmd_browse(args)
     with open_library(node_paths(args)) as lib:
-        infos = lib.branches(include_unshared=args.all)
+        infos = lib.sessions_latest(include_unshared=args.all)  # one row per session: its latest version
     if args.json:
         print_json([i.as_dict() for i in infos])
         return 0
@@ -171,11 +179,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
         lineage = lib.lineage(info.branch)
         children = lib.children(info.branch)
+        versions = lib.versions(info.branch) if args.versions else None
     if args.json:
+        extra = {"versions": [v.as_dict() for v in versions]} if versions is not None else {}
         print_json({"branch": info.as_dict(), "sidecar": sidecar,
-                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children]})
+                    "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children],
+                    **extra})
         return 0
     print_show(info, sidecar, lineage, children)
+    if versions is not None:
+        print_versions(info, versions)
     return 0
 
 
@@ -223,8 +236,10 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", nargs="+", metavar="PEER",
                    help="offer it only to these trusted peers (names or ids; default: all trusted peers)")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
+    p.add_argument("--live", action="store_true",
+                   help="the running node shares it again whenever it grows (`p2pnode live` lists them)")
     p.set_defaults(func=cmd_share)
-    p = sub.add_parser("ls", help="list shared branches")
+    p = sub.add_parser("ls", help="list shared sessions, one row each: its latest version")
     p.add_argument("--all", action="store_true", help="also branches that were unshared")
     p.add_argument("--peers", action="store_true", help="what trusted peers offer instead (= browse)")
     browse.add_browse_arguments(p)
@@ -239,6 +254,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("branch", help="branch hash, or a unique prefix of one (at least 4 hex digits)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)
+    sub.choices["show"].add_argument("--versions", action="store_true",
+                                     help="also list the versions of its Pi session held here")
 
 
 # --- peers (identity, trust, fetch, standalone peer server) ---------------------------------
@@ -310,14 +327,16 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
     from p2pnode.node.routing import fetch_here
 
     with FetchProgress([str(p) for p in peers]) as view:
-        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), view)
+        return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), view,
+                          exact=args.exact)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from p2pnode.cli.fetching import fetch_in_background, fetch_via_node
 
     branch, peers = _fetch_target(args)
-    payload = {"branch": branch, "peers": [str(p) for p in peers], "pi": pi_dirs(args).as_dict()}
+    payload = {"branch": branch, "peers": [str(p) for p in peers], "pi": pi_dirs(args).as_dict(),
+               "exact": args.exact}
     if args.background:
         started = fetch_in_background(node_paths(args), payload)
         if args.json:
@@ -330,6 +349,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     result = fetch_via_node(node_paths(args), payload)
     if result is None:
         result = _fetch_here(args, branch, peers)
+    if result.get("note"):
+        print(f"p2pnode: note: {shown(result['note'])}", file=sys.stderr)
     if args.json:
         print_json(result)
     else:
@@ -385,9 +406,11 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_peers)
     p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
-    p.add_argument("target", metavar="BRANCH|TICKET",
-                   help="a branch hash, a unique prefix of one (as `browse` lists), a Pi session id, "
-                        "or a p2p1: ticket")
+    p.add_argument("target", metavar="BRANCH|TICKET|SESSION",
+                   help="a branch hash, a unique prefix of one (as `browse` lists), a Pi session id "
+                        "(its latest version), or a p2p1: ticket")
+    p.add_argument("--exact", action="store_true",
+                   help="fetch this very version, not the latest version of its session that peers offer")
     p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
                    help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
@@ -417,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     browse.add_browse_commands(sub)
     add_log_commands(sub)
     add_space_commands(sub)
+    add_follow_commands(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -75,6 +76,12 @@ def print_status(status: dict[str, Any]) -> None:
     if status.get("store_bytes") is not None:
         print(f"store      {status['store_bytes']} bytes, about {status['reclaimable_bytes']} reclaimable "
               "(`p2pnode gc`)")
+    for f in status.get("following", []):
+        print(f"following  {shown(f['key'])}  {short(f['branch'])}  {shown(f['state'])}  "
+              f"{shown(f['path'] or '-')}")
+    for live in status.get("live", []):
+        error = f"  ERROR {one_line(live['error'], 80)}" if live["error"] else ""
+        print(f"live       {shown(live['path'])}  {short(live['branch'])}{error}")
     print(f"transfers  {len(status['transfers']) or 'none'}")
     for t in status["transfers"]:
         total = t["bytes_total"]
@@ -86,18 +93,27 @@ def print_status(status: dict[str, Any]) -> None:
 
 
 def print_branches(infos: list[BranchInfo]) -> None:
-    print(f"{'BRANCH':16}  {'TIME':16}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  {'CWD':24}  TITLE")
+    print(f"{'BRANCH':16}  {'TIME':16}  {'VERS':>4}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  "
+          f"{'CWD':24}  TITLE")
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
         mark = access_note(i) + (" (secrets allowed)" if i.secrets_allowed else "")
-        print(f"{short(i.branch):16}  {when:16}  {i.lines:>5}  {i.size:>9}  {short(i.parent):16}  "
-              f"{one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+        print(f"{short(i.branch):16}  {when:16}  {i.versions:>4}  {i.lines:>5}  {i.size:>9}  "
+              f"{short(i.parent):16}  {one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+
+
+def print_versions(info: BranchInfo, versions: list[BranchInfo]) -> None:
+    """`show --versions`: the versions of the branch's Pi session, oldest first."""
+    print(f"versions    {len(versions)} of session {shown(info.header.get('id'))}, oldest first")
+    for v in versions:
+        here = "   <- this branch" if v.branch == info.branch else ""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.shared_at / 1000))
+        print(f"  v{v.version:<4} {short(v.branch)}  {v.lines:>6} lines  {v.size:>10} bytes  {when}"
+              f"{'' if v.offered else ' (unshared)'}{here}")
 
 
 def access_note(info: BranchInfo, now: float | None = None) -> str:
     """ " (unshared)", " (expired)", " (expires in 6d)", " (to 2 peers)": who may fetch it, until when."""
-    import time
-
     if not info.offered:
         return f" ({info.withdrawn})" if info.withdrawn else " (fetched, not offered)"
     note = ""

@@ -27,6 +27,7 @@ from p2pnode.library import access, space
 from p2pnode.library.audit import AuditLog
 from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
+from p2pnode.library.versions import VersionIndex, build_index, previous_branch
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.pi import secrets
@@ -73,6 +74,13 @@ class BranchInfo:
     """The node ids it is offered to (`share --to`; None: every trusted peer)."""
     withdrawn: str | None = None
     """"unshared" or "expired" once no longer offered for that reason."""
+    previous: str | None = None
+    """The branch of the older version of the same Pi session this version grew from
+    (library/versions.py), if this node holds it."""
+    version: int = 1
+    """This version's place among the versions of its session held here (1 = the first)."""
+    versions: int = 1
+    """How many versions of this session this node holds."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +212,7 @@ class Library:
         self.leases = TransferLeases()
         self._reclaimable: tuple[tuple[int, int, int], int] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
+        self._versions: tuple[tuple[int, int], VersionIndex, dict[str, int]] | None = None
         self._fed: dict[str, tuple[_ScanningSink, Version | None]] = {}
         """What the secret scan saw of each version the import just read (and the version it
         grew from), until `_findings` records it."""
@@ -528,13 +537,66 @@ class Library:
 
     def _info(self, record: BranchRecord, path: str | None = None) -> BranchInfo:
         version = self.sessions.version(record.src)
+        index, counts = self._version_index()
+        older = index.previous.get(record.src)
+        previous = previous_branch(record, index, self.sessions.branches_of(older)) if older else None
         return BranchInfo(
             branch=record.branch, src=record.src, parent=record.parent, size=version.size,
             lines=version.lines, header=dict(version.header), title=version.title, offered=record.offered,
             shared_at=record.shared_at, path=path if path is not None else self.manifest.get(record.branch),
             lineage_cut=record.lineage_cut, secrets_allowed=record.secrets_allowed,
             expires_at=record.expires_at, to=record.to, withdrawn=record.withdrawn,
+            previous=previous,
+            version=index.number.get(record.src, 1),
+            versions=counts.get(index.root.get(record.src, record.src), 1),
         )
+
+    def _version_index(self) -> tuple[VersionIndex, dict[str, int]]:
+        """The chains of versions (library/versions.py) and, per chain, how many of its versions
+        have a branch; rebuilt when a version or branch is added."""
+        key = (self.sessions.generation, len(self.sessions.all_versions()))
+        if self._versions is None or self._versions[0] != key:
+            index = build_index(self.sessions.all_versions())
+            counts: dict[str, int] = {}
+            for src in {r.src for r in self.sessions.branches()}:
+                root = index.root.get(src, src)
+                counts[root] = counts.get(root, 0) + 1
+            self._versions = (key, index, counts)
+        return self._versions[1], self._versions[2]
+
+    def versions(self, branch_hex: str) -> list[BranchInfo]:
+        """The versions of this branch's Pi session held here, oldest first: per version its
+        branch with the same lineage parent as this one if there is one, else its newest."""
+        with self._lock:
+            mine = self.sessions.branch(self.resolve_branch(branch_hex))
+            index, _ = self._version_index()
+            paths = self.manifest.load()
+            chosen: list[BranchRecord] = []
+            for src in sorted((s for s in index.root if index.same_session(s, mine.src)),
+                              key=lambda s: (index.number[s], self.sessions.version(s).size)):
+                records = self.sessions.branches_of(src)
+                if records:
+                    chosen.append(max(records, key=lambda r: (
+                        r.branch == mine.branch, r.parent == mine.parent, r.shared_at)))
+            return [self._info(r, paths.get(r.branch)) for r in chosen]
+
+    def sessions_latest(self, include_unshared: bool = False) -> list[BranchInfo]:
+        """One row per Pi session (a chain of versions): its latest version's branch, with
+        `versions` = how many of its versions are listed (offered ones unless include_unshared);
+        newest share first."""
+        with self._lock:
+            index, _ = self._version_index()
+            groups: dict[str, list[BranchRecord]] = {}
+            for r in self.sessions.branches():
+                if r.offered or include_unshared:
+                    groups.setdefault(index.root.get(r.src, r.src), []).append(r)
+            paths = self.manifest.load()
+            rows = []
+            for records in groups.values():
+                latest = max(records, key=lambda r: (index.number.get(r.src, 1), r.shared_at))
+                info = self._info(latest, paths.get(latest.branch))
+                rows.append(replace(info, versions=len({r.src for r in records})))
+        return sorted(rows, key=lambda i: i.shared_at, reverse=True)
 
     def branches(self, include_unshared: bool = False) -> list[BranchInfo]:
         """Known branches, newest share first."""
@@ -814,7 +876,7 @@ class Library:
         """`status`: the store's bytes and what `gc` would reclaim now (an estimate, computed
         again only when the records or the turns changed: it walks every kept turn)."""
         with self._lock:
-            key = (self.sessions.generation, self.store.turn_count, len(self.sessions.versions()))
+            key = (self.sessions.generation, self.store.turn_count, len(self.sessions.all_versions()))
             if self._reclaimable is None or self._reclaimable[0] != key:
                 self._reclaimable = (key, space.reclaimable_bytes(self.sessions, self.store))
             return {"store_bytes": space.store_bytes(self.paths.store),

@@ -83,6 +83,10 @@ class Version:
     """The header turn; store.chain(head) is the body lines in order, then the header."""
     name: str | None
     first_user: str | None
+    previous: str | None = None
+    """The older version of the same session (same header id) whose bytes this one extends,
+    when it was stored as its growth; None for a first version (or one stored before this
+    field existed)."""
 
     @property
     def prefix(self) -> Prefix:
@@ -416,7 +420,7 @@ class SessionStore:
     def branches(self) -> list[BranchRecord]:
         return list(self._state.branches.values())
 
-    def versions(self) -> list[Version]:
+    def all_versions(self) -> list[Version]:
         return list(self._state.sessions.values())
 
     def versions_of(self, session_id: str) -> list[Version]:
@@ -533,6 +537,7 @@ class SessionStore:
             src=prefix.blake3, session_id=header.id, header=header.as_dict(), size=prefix.size,
             lines=prefix.lines, last_line_start=prefix.last_line_start, context=importer.context,
             head=importer.head, name=importer.name, first_user=importer.first_user,
+            previous=importer.grown.src if importer.grown is not None else None,
         )
         self._state.sessions[version.src] = version
         self._save()

@@ -61,7 +61,7 @@ def garbage(sessions: SessionStore) -> Garbage:
             kept.add(parent)
             stack.append(parent)
     srcs = {records[b].src for b in kept}
-    versions = sorted(v.src for v in sessions.versions() if v.src not in srcs)
+    versions = sorted(v.src for v in sessions.all_versions() if v.src not in srcs)
     return Garbage(sorted(set(records) - kept), versions)
 
 
@@ -72,7 +72,7 @@ def reclaimable_bytes(sessions: SessionStore, store: Store) -> int:
     drop = garbage(sessions)
     gone = set(drop.branches) | set(drop.versions)
     heads = [r.head for r in sessions.branches() if r.branch not in gone]
-    heads += [v.head for v in sessions.versions() if v.src not in gone]
+    heads += [v.head for v in sessions.all_versions() if v.src not in gone]
     seen: set[int] = set()
     live: set[bytes] = set()
     for tid in heads:

@@ -28,7 +28,8 @@ CONTROL_TIMEOUT = 30.0
 FETCH_TIMEOUT = 3600.0
 CONTROL_MAX_EVENT = 1 << 20
 """Longest event line a streamed answer may send (a result is a few KiB)."""
-READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes", "session_bytes"})
+READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes", "session_bytes",
+                        "sessions_latest", "versions"})
 """Library methods `/v1/read` may call: read-only ones, for `ls`, `show` and `cat`."""
 
 
@@ -174,6 +175,12 @@ class NodeLibrary:
         from p2pnode.library.api import BranchInfo
 
         return BranchInfo(**self._call("branch", branch_hex))
+
+    def sessions_latest(self, include_unshared: bool = False) -> list[BranchInfo]:
+        return self._infos("sessions_latest", include_unshared)
+
+    def versions(self, branch_hex: str) -> list[BranchInfo]:
+        return self._infos("versions", branch_hex)
 
     def lineage(self, branch_hex: str) -> list[BranchInfo]:
         return self._infos("lineage", branch_hex)

@@ -16,7 +16,7 @@ out; errors carry the CLI exit code):
     /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact", "expires", "to"}
                                                       -> ShareResult.as_dict()
     /v1/unshare {"branch"}                            -> {"branch"}
-    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi"} -> FetchResult.as_dict()
+    /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi", "exact"} -> FetchResult.as_dict() + "note"
                                 (streamed, in the background, cancelled: node/transfers.py)
     /v1/cancel, /v1/browse                            -> node/transfers.py
 `pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
@@ -24,6 +24,8 @@ environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
                                                      (control.NodeLibrary: `ls`, `show`, `cat`)
     /v1/gc, /v1/rm                                    node/upkeep.py (with background GC)
+    /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
+    /v1/live, /v1/unlive                              -> node/live.py (`share --live`, `live --stop`)
 """
 from __future__ import annotations
 
@@ -48,16 +50,19 @@ from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node import upkeep
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
+from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
+from p2pnode.node.live import LiveShares
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.node.transfers import Transfers
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.get import fetch_branch, get_catalog
+from p2pnode.peer.get import get_catalog
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
 from p2pnode.peer.progress import ProgressInfo, ProgressMeter
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
 from p2pnode.peer.wire import DEFAULT_LIMITS
+from p2pnode.pi.session import is_session_id
 from store.service.server import StoreServer
 
 log = logging.getLogger("p2pnode.node")
@@ -109,12 +114,14 @@ class Node:
         self.trust = TrustStore(self.paths.trust)
         self.lib = await asyncio.to_thread(Library.open, self.paths, self.config.agent_dir)
         self._stack.callback(self.lib.close)
+        self.follows, self.live = Follows(self), LiveShares(self)
         store_server = StoreServer(self.lib.store, str(self.paths.store_socket))
         await store_server.start()
         self._stack.push_async_callback(store_server.close)
         peers = await self._listen()
         self._stack.push_async_callback(peers.close)
         self.port = peers.port
+        self.peer_server = peers
         await self._start_control()
         self._stack.push_async_callback(self.transfers.close)
         if self.config.mdns:
@@ -125,6 +132,9 @@ class Node:
             self._tasks.append(asyncio.ensure_future(self._liveness()))
             upkeep.announce_on_change(self)
         self._tasks.append(asyncio.ensure_future(upkeep.background_gc(self.lib)))
+        for part in (self.follows, self.live):  # node/follow.py, node/live.py: resumed after a restart
+            await part.start()
+            self._stack.push_async_callback(part.close)
         log.info("node %s serving on port %d (store %s)", self.identity.node_id, self.port,
                  self.paths.store_socket)
 
@@ -159,7 +169,8 @@ class Node:
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
-            "read": self._c_read, **self.transfers.routes(), **upkeep.routes(self)}
+            "read": self._c_read, **self.transfers.routes(), **upkeep.routes(self), **self.follows.routes(),
+            **self.live.routes()}
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
@@ -177,6 +188,7 @@ class Node:
 
     async def announce(self) -> None:
         """(Re-)announce the catalog: generation and the most recently shared branches first."""
+        self.peer_server.notify_changed()  # peers waiting for a change ask again (node/follow.py)
         if self.discovery is None:
             return
         async with self._announce_lock:
@@ -259,7 +271,8 @@ class Node:
                             catalog=catalog, branches=branches,
                             peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
                             addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
-                            transfers=self.transfers.listed(), space=space)
+                            transfers=self.transfers.listed(), space=space,
+                            following=self.follows.status(), live=self.live.status())
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []
@@ -308,18 +321,20 @@ class Node:
         """The fetch itself (run as a transfer by node/transfers.py, which reports `progress`)."""
         branch = _field(body, "branch", str) or ""
         peers = [PeerAddress.parse(text) for text in _field(body, "peers", list, str) or []]
-        peers = peers or await self.holders(branch)
-        if not peers:
-            raise PeerUnavailable(f"branch {branch}: no trusted peer on the LAN offers it")
-        if progress is not None:
-            progress(0, 0, ProgressInfo(peers=tuple(str(p) for p in peers)))
         pi = _pi_dirs(body) or self.lib.pi_dirs(os.getcwd())
         while not self.lib.leases.try_acquire():  # no GC while this fetch stores lines
             await asyncio.sleep(0.05)
         try:
             async with asyncio.timeout(FETCH_LIMITS.fetch_timeout):
-                result = await fetch_branch(self.lib, branch, peers, self.identity, self.trust,
-                                            agent_dir=pi.agent, progress=progress,
+                newest = await newest_to_fetch(branch, peers, self.identity, self.trust, self._candidates,
+                                               exact=bool(_field(body, "exact", bool)))  # the latest version
+                peers = newest.peers or await self.holders(newest.branch)
+                if not peers:
+                    raise PeerUnavailable(f"branch {newest.branch}: no trusted peer on the LAN offers it")
+                if progress is not None:
+                    progress(0, 0, ProgressInfo(peers=tuple(str(p) for p in peers)))
+                result = await fetch_newest(self.lib, dataclasses.replace(newest, peers=peers), self.identity,
+                                            self.trust, agent_dir=pi.agent, progress=progress,
                                             limits=FETCH_LIMITS, session_dir=pi.sessions)
         except TimeoutError:
             raise PeerUnavailable(f"fetch {branch}: not done after {FETCH_LIMITS.fetch_timeout:g} s; "
@@ -329,9 +344,14 @@ class Node:
             raise
         finally:
             self.lib.leases.release()
-        log.info("fetched %s", branch)
+        log.info("fetched %s", newest.branch)
         await self.announce()
-        return result.as_dict()
+        return dict(result.as_dict(), note=newest.note)
+
+    async def _candidates(self, target: str) -> list[PeerAddress]:
+        """Peers that may offer `target`: a branch's holders, or for a session id every
+        trusted peer on the LAN (node/follow.py)."""
+        return lan_peers(self) if is_session_id(target) else await self.holders(target)
 
 
 # --- the control channel (JSON over HTTP on a Unix socket) ------------------------------------

@@ -48,25 +48,34 @@ def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
 
 
 def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDirs, identity: Identity,
-               trust: TrustStore, progress: Progress) -> dict[str, Any]:
+               trust: TrustStore, progress: Progress, *, exact: bool = False) -> dict[str, Any]:
     """A one-shot fetch with no node running: the peers given, else the trusted holders found
-    on the LAN; the store is opened only for each local step (OpenPerUse), never while a peer
-    is awaited.  A hash prefix or session id is resolved against the given peers' catalogs."""
+    on the LAN; a hash prefix resolved against the given peers' catalogs; the latest version of
+    the session unless `exact` (node/follow.py); the store is opened only for each local step
+    (OpenPerUse), never while a peer is awaited."""
     import asyncio
+    from dataclasses import replace
 
     from p2pnode.discovery.mdns import lan_peers
+    from p2pnode.node.follow import fetch_newest, newest_to_fetch
     from p2pnode.peer import offers
-    from p2pnode.peer.get import OpenPerUse, fetch_branch
+    from p2pnode.peer.get import OpenPerUse
     from p2pnode.peer.identity import parse_node_id
-    from p2pnode.pi.sidecar import is_hash_hex
+    from p2pnode.pi.session import is_session_id
 
-    if not is_hash_hex(branch):
-        if not peers:
-            raise offers.no_peers(branch)
-        answers = asyncio.run(offers.ask_catalogs(offers.by_node(peers), identity, trust))
-        branch, peers = offers.resolve(branch, answers)
-    if not peers:
-        peers = asyncio.run(lan_peers(branch, lambda n: trust.is_trusted(parse_node_id(n))))
-    result = asyncio.run(fetch_branch(OpenPerUse(paths), branch, peers, identity, trust,
-                                      agent_dir=pi.agent, progress=progress, session_dir=pi.sessions))
-    return result.as_dict()
+    async def on_lan(target: str) -> list[PeerAddress]:
+        if is_session_id(target):  # mDNS is asked for branches: only a node knows who is around
+            return []
+        return await lan_peers(target, lambda n: trust.is_trusted(parse_node_id(n)))
+
+    async def fetch() -> dict[str, Any]:
+        target, given = branch, peers
+        if offers.is_prefix(target):  # which branch, from whom
+            target, given = await offers.resolve_prefix(target, given, identity, trust)
+        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact)
+        holders = newest.peers or await on_lan(newest.branch)
+        result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
+                                    agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)
+        return dict(result.as_dict(), note=newest.note)
+
+    return asyncio.run(fetch())

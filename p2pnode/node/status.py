@@ -22,8 +22,9 @@ def trusted_peer(peer: TrustedPeer, online: bool | None) -> dict[str, Any]:
 def build_status(*, node_id: str | None, running: bool, home: str, catalog: Catalog,
                  branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
-                 transfers: list[dict[str, Any]] | None = None,
-                 space: dict[str, int] | None = None) -> dict[str, Any]:
+                 transfers: list[dict[str, Any]] | None = None, space: dict[str, int] | None = None,
+                 following: list[dict[str, Any]] | None = None,
+                 live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "node_id": node_id,
         "running": running,
@@ -37,6 +38,8 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
         "transfers": transfers or [],
         "store_bytes": (space or {}).get("store_bytes"),
         "reclaimable_bytes": (space or {}).get("reclaimable_bytes"),
+        "following": following or [],
+        "live": live or [],
     }
 
 

@@ -9,9 +9,10 @@ the control endpoints behind `p2pnode fetch` and `p2pnode browse` when a node ru
     /v1/cancel {"id"}                                   -> {"id", "state"}
     /v1/browse {"peers": ["[ID@]HOST:PORT"]}            -> {"branches": [...], "peers": [...]}
 
-`branch` may be a unique hash prefix or a Pi session id: it is resolved (peer/offers.py) against
-the catalogs of the peers given, else of every trusted peer online, before the transfer starts,
-so that an unknown or ambiguous one is an error at once, also with --background.
+`branch` may be a unique hash prefix: it is resolved (peer/offers.py) against the catalogs of
+the peers given, else of every trusted peer online, before the transfer starts, so that an
+unknown or ambiguous one is an error at once, also with --background.  A Pi session id (or an
+older version's hash) becomes its newest version inside the transfer (node/follow.py).
 
 A transfer that a command waits for (stream or one reply) is cancelled when that command goes
 away (its control connection closes, as on Ctrl-C) or asks /v1/cancel; a background one runs
@@ -34,7 +35,6 @@ from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.progress import ProgressMeter
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.sidecar import is_hash_hex
 
 RECENT_SECONDS = 60.0
 MAX_RECENT = 8
@@ -133,13 +133,9 @@ class Transfers:
 
     async def _start(self, body: dict[str, Any]) -> Transfer:
         branch = str(body.get("branch") or "")
-        if not is_hash_hex(branch.strip().lower()):  # a prefix or a session id: which branch, from whom
-            given = _peers(body)
-            asked = given or self.node.trusted_online()
-            if not asked:
-                raise offers.no_peers(branch)
-            answers = await offers.ask_catalogs(offers.by_node(asked), self.node.identity, self.node.trust)
-            branch, holders = offers.resolve(branch, answers)
+        if offers.is_prefix(branch):  # which branch, from whom (a session id: node/follow.py)
+            asked = _peers(body) or self.node.trusted_online()
+            branch, holders = await offers.resolve_prefix(branch, asked, self.node.identity, self.node.trust)
             body = dict(body, branch=branch, peers=[str(p) for p in holders])
         changed = asyncio.Event()
         meter = ProgressMeter([str(p) for p in body.get("peers") or []], on_change=lambda _: changed.set())

@@ -1,5 +1,5 @@
-"""What trusted peers offer: their catalogs asked all at once (`browse`), a hash prefix or a Pi
-session id resolved against them (`fetch <prefix>`), and the shortest prefix that names a
+"""What trusted peers offer: their catalogs asked all at once (`browse`), a hash prefix
+resolved against them (`fetch <prefix>`), and the shortest prefix that names a
 branch among those this node holds (what `share` tells the teammate to type).
 
 A peer is asked once, at each of its addresses in turn (one PeerPool per node); a peer that
@@ -18,6 +18,7 @@ from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import is_hash_hex
 
 CATALOG_TIMEOUT = 5.0
@@ -68,37 +69,43 @@ async def ask_catalogs(nodes: list[list[PeerAddress]], identity: Identity, trust
 
 
 def check_target(text: str) -> str:
-    """A full hash, a hash prefix (at least MIN_PREFIX hex) or a Pi session id (prefix), lowercased;
-    InvalidInput for anything else."""
-    t = text.strip().lower()
-    if is_hash_hex(t) or (len(t) >= MIN_PREFIX and set(t) <= _HEX) or _is_session_id(t):
+    """A full hash or a hash prefix (at least MIN_PREFIX hex), lowercased, or a Pi session id
+    (as it is: ids are case-sensitive); InvalidInput for anything else."""
+    t = text.strip()
+    if is_session_id(t):
+        return t
+    t = t.lower()
+    if is_hash_hex(t) or is_prefix(t):
         return t
     raise InvalidInput(f"{text!r} is not a branch hash, a prefix of one (at least {MIN_PREFIX} hex digits), "
                        "a Pi session id or a p2p1: ticket")
 
 
-def _is_session_id(t: str) -> bool:
-    """A Pi session id or a prefix of one: hex with the dashes of a UUID (`01a1ff93-69ef`)."""
-    return "-" in t and len(t.replace("-", "")) >= MIN_PREFIX and set(t) <= _HEX | {"-"}
+def is_prefix(t: str) -> bool:
+    """A hash prefix to resolve against peers' catalogs (not a whole hash)."""
+    return MIN_PREFIX <= len(t) < 64 and set(t) <= _HEX
+
+
+async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity,
+                         trust: TrustStore) -> tuple[str, list[PeerAddress]]:
+    """The branch a hash prefix names among what `peers` offer, and the peers offering it."""
+    if not peers:
+        raise no_peers(text)
+    return resolve(text, await ask_catalogs(by_node(peers), identity, trust))
 
 
 def resolve(text: str, offers: list[PeerOffer]) -> tuple[str, list[PeerAddress]]:
-    """The one branch `text` names among what the peers offer, and the peers offering it.
-    A hash prefix must match one branch; a session id names the newest version of that session
-    (its longest offered branch) when it is the only session it matches.  NotFound (exit 3)
-    for no match or several, naming them."""
+    """The one branch the hash prefix `text` names among what the peers offer, and the peers
+    offering it.  NotFound (exit 3) for no match or several, naming them.  (A Pi session id
+    names the newest version of a session: node/follow.py's newest_to_fetch.)"""
     t = check_target(text)
     holders: dict[str, list[PeerAddress]] = {}
     entries: dict[str, wire.CatalogEntry] = {}
     for offer in offers:
         for e in offer.catalog.branches if offer.catalog else []:
-            if _names(t, e):
+            if e.branch.startswith(t):
                 holders.setdefault(e.branch, []).extend(offer.addresses)
                 entries[e.branch] = e
-    sessions = {str(e.header.get("id")) for e in entries.values()}
-    if len(entries) > 1 and _is_session_id(t) and len(sessions) == 1:
-        newest = max(entries.values(), key=lambda e: (e.lines, e.size))
-        entries = {newest.branch: newest}
     if len(entries) == 1:
         branch = next(iter(entries))
         return branch, holders[branch]
@@ -109,12 +116,6 @@ def resolve(text: str, offers: list[PeerOffer]) -> tuple[str, list[PeerAddress]]
         raise NotFound(f"no branch matching {text!r} is offered by the {len(asked)} peer(s) asked{why}")
     names = ", ".join(f"{b[:16]} ({_title(e)})" for b, e in sorted(entries.items()))
     raise NotFound(f"{text!r} matches {len(entries)} offered branches: {names}; give more of the hash")
-
-
-def _names(t: str, e: wire.CatalogEntry) -> bool:
-    if _is_session_id(t):
-        return str(e.header.get("id") or "").lower().startswith(t)
-    return e.branch.startswith(t)
 
 
 def _title(e: wire.CatalogEntry) -> str:
@@ -137,9 +138,10 @@ def _common(a: str, b: str) -> int:
 
 
 def offered_rows(answers: list[PeerOffer], names: dict[str, str | None]) -> dict[str, Any]:
-    """`browse --json`: one row per branch a peer offers (who, title, project, size, lines,
-    session time, versions) and one per peer asked (how many it offers, or why it did not answer).
-    Text in it comes from peers: whoever prints it escapes it (cli/render.shown)."""
+    """`browse --json`: one row per Pi session a peer offers, its newest version (who, title,
+    project, size, lines, session time, how many versions the peer offers), and one per peer
+    asked (how many branches it offers, or why it did not answer).  Text in it comes from
+    peers: whoever prints it escapes it (cli/render.shown)."""
     rows: list[dict[str, Any]] = []
     peers: list[dict[str, Any]] = []
     for a in answers:
@@ -148,13 +150,24 @@ def offered_rows(answers: list[PeerOffer], names: dict[str, str | None]) -> dict
                "short_id": node_id.split("-")[0] if node_id else None}  # its first group, as Syncthing
         peers.append(dict(who, addresses=[str(x) for x in a.addresses], error=a.error,
                           offers=len(a.catalog.branches) if a.catalog else None))
-        for e in a.catalog.branches if a.catalog else []:
+        for versions in _sessions(a.catalog.branches if a.catalog else []):
+            e = versions[-1]
             rows.append(dict(who, branch=e.branch, title=e.title, project=_project(e.header.get("cwd")),
                              cwd=e.header.get("cwd"), size=e.size, lines=e.lines,
                              timestamp=e.header.get("timestamp"), session_id=e.header.get("id"),
-                             parent=e.parent, versions=_versions(e)))
+                             parent=e.parent, versions=len(versions)))
     rows.sort(key=lambda r: str(r["timestamp"] or ""), reverse=True)
     return {"branches": rows, "peers": peers}
+
+
+def _sessions(entries: list[wire.CatalogEntry]) -> list[list[wire.CatalogEntry]]:
+    """A catalog's entries grouped into sessions (the same header id and parent branch: the
+    versions of one Pi session), each oldest first (by `version`, else size)."""
+    groups: dict[tuple[str, str | None], list[wire.CatalogEntry]] = {}
+    for e in entries:
+        key = (str(e.header.get("id")), e.parent) if e.header.get("id") else (e.branch, None)
+        groups.setdefault(key, []).append(e)
+    return [sorted(g, key=lambda e: (e.version or 0, e.size, e.lines)) for g in groups.values()]
 
 
 def _project(cwd: object) -> str | None:
@@ -163,17 +176,6 @@ def _project(cwd: object) -> str | None:
         return None
     parts = [p for p in cwd.replace("\\", "/").split("/") if p]
     return parts[-1] if parts else cwd
-
-
-def _versions(e: wire.CatalogEntry) -> int:
-    """How many versions of the session the entry says the peer holds (a count or a list); 1 if
-    it says nothing (catalogs before versions were listed)."""
-    v = getattr(e, "versions", None)
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-        return v
-    if isinstance(v, list | tuple) and v:
-        return len(v)
-    return 1
 
 
 def no_peers(text: str) -> PeerUnavailable:

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web, web_protocol
 
-from p2pnode.library.api import BranchInfo
+from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.peer import wire
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.interfaces import ServedLibrary
@@ -92,6 +92,10 @@ class PeerServer:
         """Connections per source address whose TLS handshake has not finished."""
         self._upgrades: set[asyncio.Future[None]] = set()
         self._closing = False
+        self._changed = asyncio.Event()
+        """Set (and replaced) by notify_changed: wakes the catalog requests waiting for a change."""
+        self._waiting: dict[bytes, int] = defaultdict(int)
+        """Catalog requests per peer fingerprint waiting for a change."""
         self._connections: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
         """Authenticated connections per peer fingerprint (max_connections_per_peer)."""
         self.tls = server_context(identity, trust)
@@ -125,6 +129,7 @@ class PeerServer:
         for recheck in list(self._rechecks):
             recheck.cancel()
         self._closing = True  # handshakes that finish from now on find no HTTP server to join
+        self.notify_changed()  # catalog requests waiting for a change are answered now
         for task in list(self._upgrades):
             task.cancel()
         if self._poller:
@@ -271,8 +276,16 @@ class PeerServer:
 
     # -- handlers -----------------------------------------------------------------------
 
+    def notify_changed(self) -> None:
+        """The catalog may have changed (a share, unshare or fetch): answer every waiting
+        `GET /v1/catalog?wait=` now.  Call on the event loop."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     async def _catalog(self, request: web.Request) -> web.Response:
         catalog = await self._call(self.lib.catalog, _peer(request))
+        if "wait" in request.query:
+            catalog = await self._wait_for_change(request, catalog)
         msg = wire.CatalogMessage(
             generation=catalog.generation,
             node_id=self.identity.node_id,
@@ -319,6 +332,32 @@ class PeerServer:
         finally:
             await self._served(peer, kind, [h], sent - start, complete=sent == end)
         return response
+
+    async def _wait_for_change(self, request: web.Request, catalog: Catalog) -> Catalog:
+        """Change notification (long poll): hold the request until the catalog's generation
+        is not the one the peer has, or `limits.catalog_wait` seconds passed; at most
+        `limits.max_waiting_per_peer` such requests of one peer wait at once (more: 429)."""
+        try:
+            seen = wire.parse_wait(request.query["wait"])
+        except wire.WireError as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        if catalog.generation != seen:
+            return catalog
+        fp = peer_fingerprint(request.transport.get_extra_info("ssl_object") if request.transport else None)
+        assert fp is not None  # _guard let only trusted peers in
+        if self._waiting[fp] >= self.limits.max_waiting_per_peer:
+            raise web.HTTPTooManyRequests(text="too many catalog requests waiting\n")
+        self._waiting[fp] += 1
+        try:
+            deadline = asyncio.get_running_loop().time() + self.limits.catalog_wait
+            while (catalog.generation == seen and not self._closing
+                   and (left := deadline - asyncio.get_running_loop().time()) > 0):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), left)
+                catalog = await self._call(self.lib.catalog, _peer(request))
+        finally:
+            self._waiting[fp] -= 1
+        return catalog
 
     def _session_bytes(self, src: str) -> bytes:
         """One session kept in memory, so that Range requests resuming a big transfer are cheap
@@ -578,4 +617,4 @@ def _peer(request: web.Request) -> str:
 def _catalog_entry(b: BranchInfo) -> wire.CatalogEntry:
     header = b.header.as_dict() if hasattr(b.header, "as_dict") else dict(b.header)
     return wire.CatalogEntry(branch=b.branch, src=b.src, parent=b.parent, size=b.size, lines=b.lines,
-                             header=header, title=b.title)
+                             header=header, title=b.title, previous=b.previous, version=b.version)

@@ -9,6 +9,8 @@ peer is checked against `Limits` and raises a `WireError` naming what was wrong.
 
 Endpoints (all under the version prefix, see docs/PROTOCOL.md):
   GET  /v1/catalog          JSON catalog of offered branches, with a generation number
+                            (?wait=<generation>: answered when the generation differs, or after
+                            Limits.catalog_wait seconds)
   GET  /v1/object/<hash>    a sidecar, session or line blob by BLAKE3 hash; honours Range
   GET  /v1/lines/<src>      the line manifest of a session version (binary, below)
   POST /v1/batch            body: N × 32-byte hashes; response: framed blobs (below)
@@ -93,6 +95,11 @@ class Limits:
     max_handshakes: int = 128
     """Server: connections not yet past the TLS handshake (not yet known to be trusted), per
     source address and in all; more are closed at once.  Each costs a 256 KiB TLS buffer."""
+    catalog_wait: float = 20.0
+    """Server: the longest a `GET /v1/catalog?wait=<generation>` is held open before it is
+    answered with the unchanged catalog (change notification, docs/PROTOCOL.md)."""
+    max_waiting_per_peer: int = 2
+    """Server: catalog requests of one peer waiting for a change at once; more get 429."""
 
     @property
     def max_batch_request(self) -> int:
@@ -140,6 +147,11 @@ class CatalogEntry:
     header: dict
     """Summary of the session header: id, timestamp, cwd, parent_session (strings or None)."""
     title: str | None = None
+    previous: str | None = None
+    """The branch of the older version of the same Pi session this one grew from (None: a first
+    version, or a peer that does not say)."""
+    version: int | None = None
+    """Its place among the sharer's versions of that session (1 = first); None from older peers."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +171,8 @@ def encode_catalog(catalog: CatalogMessage) -> bytes:
         "node": catalog.node_id,
         "branches": [
             {"branch": e.branch, "src": e.src, "parent": e.parent, "size": e.size, "lines": e.lines,
-             "header": {k: e.header.get(k) for k in _HEADER_KEYS}, "title": e.title}
+             "header": {k: e.header.get(k) for k in _HEADER_KEYS}, "title": e.title,
+             "previous": e.previous, "version": e.version}
             for e in catalog.branches
         ],
     }
@@ -188,6 +201,8 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
                 size=_nonneg_int(b["size"]), lines=_nonneg_int(b["lines"]),
                 header={k: header.get(k) for k in _HEADER_KEYS},
                 title=b.get("title") if isinstance(b.get("title"), str) else None,
+                previous=_optional_hash(b.get("previous"), "catalog previous"),
+                version=_optional_version(b.get("version")),
             ))
         generation = _nonneg_int(doc["generation"])
         node = doc["node"]
@@ -200,6 +215,31 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
     except RecursionError:
         raise WireError("malformed catalog: JSON nested too deeply") from None
     return CatalogMessage(generation, node, entries)
+
+
+def _optional_hash(v: object, what: str) -> str | None:
+    """A catalog entry's optional hash field: absent or null (an older peer) is None."""
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ValueError(f"{what} is not a string")
+    return check_hex_hash(v, what)
+
+
+def _optional_version(v: object) -> int | None:
+    """A catalog entry's `version`: absent or null (an older peer) is None, else 1 or more."""
+    if v is None:
+        return None
+    if (n := _nonneg_int(v)) == 0:
+        raise ValueError("version 0 (versions count from 1)")
+    return n
+
+
+def parse_wait(text: str) -> int:
+    """The generation in `GET /v1/catalog?wait=<generation>`: a decimal integer, 0 to 2**63-1."""
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) >= 1 << 63:
+        raise WireError(f"catalog wait={text[:24]!r} is not a generation number")
+    return int(text)
 
 
 def _nonneg_int(v: object) -> int:

@@ -30,6 +30,15 @@ SESSION_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 """pi 1.5.2's rule for a session id (`--session-id`); its only bound is the file name's
 255 bytes.  `share` and `fetch` apply the same rule, so no branch is offered that a peer
 could not place."""
+
+
+def is_session_id(text: str) -> bool:
+    """A Pi session id rather than a branch hash (or a prefix of one, or a typo of one): an id
+    by Pi's rule with a `-`, `.` or `_` in it (Pi makes UUIDs).  An id without any, such as
+    `xyz`, is taken for a mistyped hash and refused as one."""
+    return SESSION_ID.fullmatch(text) is not None and any(c in text for c in "-._")
+
+
 _SAFE_TIMESTAMP = re.compile(r"[0-9A-Za-z:.+-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """C0, DEL and C1 (U+0080-U+009F: U+009B is a terminal's CSI)."""

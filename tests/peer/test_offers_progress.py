@@ -1,10 +1,9 @@
-"""The sans-IO parts of what the user sees: resolving a prefix or a session id against peers'
+"""The sans-IO parts of what the user sees: resolving a hash prefix against peers'
 catalogs, the shortest unique prefix `share` prints, browse rows, and the progress meter and
 the live bar it feeds (rich, drawn on a forced terminal into a buffer)."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import pytest
 from rich.console import Console
@@ -42,16 +41,8 @@ def test_a_unique_prefix_resolves_to_the_branch_and_every_holder() -> None:
     with pytest.raises(InvalidInput, match="at least 4 hex"):
         check_target("abc")
     with pytest.raises(InvalidInput):
-        check_target("xyz-12")
-
-
-def test_a_session_id_names_its_newest_version_but_not_two_sessions() -> None:
-    v1, v2, other = "1" * 64, "2" * 64, "3" * 64
-    offers = [offer(P1, entry(v1, "01a1ff93-69ef", lines=3), entry(v2, "01a1ff93-69ef", lines=5)),
-              offer(P2, entry(other, "01a1ff93-aaaa"))]
-    assert resolve("01a1ff93-69ef", offers) == (v2, [P1])
-    with pytest.raises(NotFound, match="matches 3 offered branches"):
-        resolve("01a1ff93-", offers)
+        check_target("xyz")
+    assert check_target("01A1ff93-69EF") == "01A1ff93-69EF"  # a Pi session id, case kept
 
 
 def test_unique_prefix_is_at_least_twelve_and_long_enough() -> None:
@@ -62,17 +53,18 @@ def test_unique_prefix_is_at_least_twelve_and_long_enough() -> None:
     assert unique_prefix(mine, [near], minimum=4) == mine[:17]
 
 
-def test_browse_rows_say_who_what_and_how_many_versions() -> None:
-    @dataclass(frozen=True)
-    class Versioned(wire.CatalogEntry):  # an entry of a catalog that lists versions (issue 14)
-        versions: tuple[str, ...] = ()
+def test_browse_rows_one_per_session_with_its_versions() -> None:
+    from dataclasses import replace
 
-    e = entry("1" * 64)
-    versioned = Versioned(**{**e.__dict__, "branch": "2" * 64}, versions=("a", "b", "c"))
-    rows = offered_rows([offer(P1, e, versioned, node="NODE123-XYZ"), PeerOffer([P2], error="timed out")],
+    v1 = replace(entry("1" * 64, "sess-a", lines=3), version=1)
+    v2 = replace(entry("2" * 64, "sess-a", lines=5), version=2, previous="1" * 64)
+    other = entry("3" * 64, "sess-b")
+    rows = offered_rows([offer(P1, v1, other, v2, node="NODE123-XYZ"), PeerOffer([P2], error="timed out")],
                         {"NODE123-XYZ": "alice"})
-    got = [(r["branch"][0], r["versions"], r["name"], r["short_id"], r["project"]) for r in rows["branches"]]
-    assert got == [("1", 1, "alice", "NODE123", "proj"), ("2", 3, "alice", "NODE123", "proj")]
+    got = sorted((r["branch"][0], r["versions"], r["name"], r["short_id"], r["project"])
+                 for r in rows["branches"])
+    assert got == [("2", 2, "alice", "NODE123", "proj"), ("3", 1, "alice", "NODE123", "proj")]
+    assert rows["peers"][0]["offers"] == 3
     assert rows["peers"][1] == {"node_id": None, "name": None, "short_id": None, "addresses": ["10.0.0.2:2"],
                                 "error": "timed out", "offers": None}
 

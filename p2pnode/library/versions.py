@@ -1,0 +1,72 @@
+"""Versions of one Pi session: the successive stored versions of a growing file.
+
+Pi appends to a session file as the user works, and each `share` of the grown file is a new
+version and a new branch (the branch hash stays BLAKE3 of the seed's sidecar, which has no
+room for a link).  What makes them one session is recorded beside the sidecar: a version
+stored as the growth of an older one (the same header id, the older bytes a prefix of the
+newer) names it in `Version.previous` (sessions.json).  Following those links backwards from
+any version reaches the session's first version held here: that is the session's key, and a
+version's number is its place in that chain (1 = the first version this node holds).
+
+Pure bookkeeping over the records in sessions.json; no store reads (docs/FORMAT.md,
+"Versions of a session").
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from p2pnode.library.sessions import BranchRecord, Version
+
+
+@dataclass(frozen=True, slots=True)
+class VersionIndex:
+    """Where each stored version stands in its session's chain of versions."""
+
+    root: dict[str, str]
+    """src -> the src of the first version of its chain held here."""
+    number: dict[str, int]
+    """src -> its place in the chain (1 = the first version held here)."""
+    previous: dict[str, str]
+    """src -> the src of the version it grew from (only when that version is held)."""
+
+    def chain(self, src: str) -> list[str]:
+        """The versions `src` grew from, oldest first, ending with `src`."""
+        out = [src]
+        while (prev := self.previous.get(out[-1])) is not None and len(out) <= len(self.previous):
+            out.append(prev)
+        return out[::-1]
+
+    def same_session(self, a: str, b: str) -> bool:
+        return self.root.get(a, a) == self.root.get(b, b)
+
+
+def build_index(versions: Iterable[Version]) -> VersionIndex:
+    """The chains of versions among `versions` (O(n); a link to a version not held ends a chain)."""
+    by_src = {v.src: v for v in versions}
+    previous = {v.src: v.previous for v in by_src.values()
+                if v.previous is not None and v.previous in by_src}
+    root: dict[str, str] = {}
+    number: dict[str, int] = {}
+    for src in by_src:
+        path = [src]
+        # sizes strictly grow along a chain, so there is no cycle; bounded anyway
+        while (path[-1] not in root and (prev := previous.get(path[-1])) is not None
+               and len(path) <= len(by_src)):
+            path.append(prev)
+        base_root, base_number = (root[path[-1]], number[path[-1]]) if path[-1] in root else (path[-1], 1)
+        for depth, s in enumerate(reversed(path)):
+            root.setdefault(s, base_root)
+            number.setdefault(s, base_number + depth)
+    return VersionIndex(root, number, previous)
+
+
+def previous_branch(record: BranchRecord, index: VersionIndex,
+                    branches_of_src: list[BranchRecord]) -> str | None:
+    """The branch of the version `record`'s version grew from: the one with the same lineage
+    parent if there is one (a re-share keeps the parent), else an offered one, else the newest.
+    `branches_of_src`: the branches of that older version."""
+    if index.previous.get(record.src) is None or not branches_of_src:
+        return None
+    best = max(branches_of_src, key=lambda b: (b.parent == record.parent, b.offered, b.shared_at))
+    return best.branch

@@ -1,0 +1,437 @@
+"""Following a teammate's growing session live (`p2pnode follow`), and the newest version of a
+session for `fetch` (a session id, or an older version's hash, fetches the latest version).
+
+The versions of a session are told apart in a peer's catalog by their `previous` and
+`version` fields (library/versions.py on the peer; an older peer without them: the same
+header, at least as large).  A follow keeps one long-poll open to a peer that offers the
+session (`GET /v1/catalog?wait=<generation>`, answered when the catalog changes or after
+`Limits.catalog_wait` seconds: docs/PROTOCOL.md, "Change notification"); each newer version
+it announces is fetched through the ordinary verified fetch (peer/get.py: only the lines this
+node lacks), and the placed file is updated in place when it is still exactly what a fetch
+placed there (pi/placement.py).  A peer that goes away, or a node restart on either side, is
+retried with a growing pause (up to RETRY_MAX seconds); what is followed is kept in
+`<home>/follows.json`, so a restarted node follows on.  What arrives is kept per follow as
+events (the last EVENTS_KEPT) that `p2pnode follow` prints.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, VerificationFailed
+from p2pnode.paths import PiDirs
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import FetchResult, OpenPerUse, fetch_branch, get_catalog
+from p2pnode.peer.identity import Identity
+from p2pnode.peer.interfaces import FetchTarget
+from p2pnode.peer.link import PeerLink
+from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.hashing import new_hasher
+from p2pnode.pi.session import is_session_id
+from p2pnode.pi.sidecar import Sidecar
+from sysio.files import atomic_write
+
+if TYPE_CHECKING:
+    from p2pnode.node.daemon import Node
+
+log = logging.getLogger(__name__)
+
+FOLLOWS_FILE = "follows.json"
+RETRY_MAX = 10.0
+"""Longest pause between attempts to reach a session's peers again."""
+EVENTS_KEPT = 200
+EVENTS_WAIT = 20.0
+"""The longest `/v1/follow-events` holds a request open waiting for something to report."""
+CATALOG_TIMEOUT = 5.0
+"""How long `fetch` waits for one peer's catalog when it looks for the newest version."""
+WORDS = 12
+_HEX = re.compile(r"[0-9a-f]{4,64}")
+
+
+def _descends(entry: wire.CatalogEntry, start: wire.CatalogEntry,
+              by_branch: dict[str, wire.CatalogEntry]) -> bool:
+    """Whether `entry` is `start` or a later version of it, by the `previous` links; a peer that
+    does not send them: the same header and at least as many bytes."""
+    if entry.branch == start.branch:
+        return True
+    if entry.version is None or start.version is None:
+        return entry.header == start.header and entry.size >= start.size
+    current: wire.CatalogEntry | None = entry
+    for _ in range(len(by_branch)):
+        if current is None or current.previous is None:
+            return False
+        if current.previous == start.branch:
+            return True
+        current = by_branch.get(current.previous)
+    return False
+
+
+def newest_entry(entries: Sequence[wire.CatalogEntry], target: str) -> wire.CatalogEntry | None:
+    """The newest version in a catalog of the session `target` names: a branch hash (that
+    version or a later one of the same session) or a Pi session id (any of its versions)."""
+    by_branch = {e.branch: e for e in entries}
+    start = by_branch.get(target)
+    if start is not None:
+        same = [e for e in entries
+                if e.header.get("id") == start.header.get("id") and _descends(e, start, by_branch)]
+    else:
+        same = [e for e in entries if e.header.get("id") == target]
+    return max(same, key=lambda e: (e.version or 0, e.size, e.lines), default=None)
+
+
+@dataclass(frozen=True)
+class Newest:
+    branch: str
+    peers: list[PeerAddress]
+    """Peers that offer it (empty: the caller looks for holders itself)."""
+    note: str | None
+    """What the user is told when this is not what was asked for."""
+    session: str | None = None
+    """The Pi session id the fetched version must have (it was asked for by that id)."""
+    extends: tuple[str, int] | None = None
+    """(src, size) of the version asked for, whose bytes the fetched one must start with."""
+
+
+FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
+
+
+async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
+                          find_peers: FindPeers, *, exact: bool = False) -> Newest:
+    """What `fetch <target>` fetches: with `exact` and a branch hash, that branch; else the newest
+    version of its session among the catalogs of `peers` (or of `find_peers(target)`).  A hash
+    no catalog lists is fetched as it is (the fetch then says who has it); a session id nobody
+    offers is NotFound."""
+    session = is_session_id(target)
+    if exact and not session:
+        return Newest(target, peers, None)
+    candidates = peers or await find_peers(target)
+    catalogs = await asyncio.gather(*(asyncio.wait_for(get_catalog(p, identity, trust), CATALOG_TIMEOUT)
+                                      for p in candidates), return_exceptions=True)
+    answered = [(p, c) for p, c in zip(candidates, catalogs, strict=True)
+                if isinstance(c, wire.CatalogMessage)]
+    found = [(p, e) for p, c in answered if (e := newest_entry(c.branches, target)) is not None]
+    if not found:
+        if session:
+            raise NotFound(f"no trusted peer offers a session with id {target}"
+                           + ("" if candidates else " (none found on the LAN; give one with --from)"))
+        return Newest(target, candidates, None)
+    best = max((e for _, e in found), key=lambda e: (e.version or 0, e.size, e.lines))
+    offering = [p for p, c in answered if any(e.branch == best.branch for e in c.branches)]
+    if best.branch == target:
+        return Newest(target, offering, None)
+    extends = None
+    if not session:  # the catalog's src of the version named, checked against its branch hash
+        asked = next(e for _, c in answered for e in c.branches if e.branch == target)
+        if Sidecar(asked.src, asked.parent).branch != target:
+            return Newest(target, candidates, None)  # a sidecar not in canonical form: fetch it as named
+        extends = (asked.src, asked.size)
+    what = f"session {target}" if session else f"{target[:16]} is an older version of session " \
+                                               f"{best.header.get('id')}; its"
+    note = (f"{what} latest version{f' (v{best.version})' if best.version else ''} is {best.branch}: "
+            f"fetching that{'' if session else ' (--exact fetches the one asked for)'}")
+    return Newest(best.branch, offering, note, target if session else None, extends)
+
+
+async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: Identity, trust: TrustStore,
+                       *, agent_dir: Path | None, **options: Any) -> FetchResult:
+    """Fetch `newest.branch` (peer/get.py) and, when it is not what was named, check that it is
+    what it claims before it is placed: a version of the session id asked for, or a version
+    whose bytes start with those of the version asked for (a peer's catalog is not trusted
+    for that; VerificationFailed, nothing placed).  Then place it (a second, local step)."""
+    if newest.session is None and newest.extends is None:
+        return await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
+                                  **options)
+    result = await fetch_branch(lib, newest.branch, newest.peers, identity, trust, **options)
+    await asyncio.to_thread(_check_newest, lib, newest)
+    if agent_dir is not None:  # held now: this only places it
+        placed = await fetch_branch(lib, newest.branch, [], identity, trust, agent_dir=agent_dir, **options)
+        result.path, result.written, result.conflict = placed.path, placed.written, placed.conflict
+    return result
+
+
+def _check_newest(lib: FetchTarget | OpenPerUse, newest: Newest) -> None:
+    with lib() if isinstance(lib, OpenPerUse) else contextlib.nullcontext(lib) as held:
+        info = held.branch(newest.branch)
+        if newest.session is not None and info.header.get("id") != newest.session:
+            raise VerificationFailed(f"branch {newest.branch}, offered as a version of session "
+                                     f"{newest.session}, is a version of session {info.header.get('id')}; "
+                                     "not placed")
+        if newest.extends is not None:
+            src, size = newest.extends
+            data = held.session_bytes(info.src)
+            if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
+                raise VerificationFailed(f"branch {newest.branch}, offered as a newer version of {src}, "
+                                         "does not start with its bytes; not placed (fetch with --exact)")
+
+
+def summary(lines: Sequence[bytes]) -> tuple[int, str | None]:
+    """(message entries among `lines`, the first words of the last one that has text)."""
+    turns, words = 0, None
+    for line in lines:
+        if b'"type":"message"' not in line:
+            continue
+        turns += 1
+        try:
+            message = json.loads(line).get("message")
+        except (ValueError, RecursionError, AttributeError):
+            continue
+        content = message.get("content") if isinstance(message, dict) else None
+        texts = [content] if isinstance(content, str) else [
+            b.get("text") for b in content or [] if isinstance(b, dict) and isinstance(b.get("text"), str)
+        ] if isinstance(content, list) else []
+        text = " ".join(t for t in texts if t).split()
+        if text:
+            role = message.get("role") if isinstance(message.get("role"), str) else "?"
+            words = f"{role}: {' '.join(text[:WORDS])}{' …' if len(text) > WORDS else ''}"
+    return turns, words
+
+
+# --- the node's follows -----------------------------------------------------------------------
+
+
+@dataclass
+class Follow:
+    key: str
+    """What was asked for: a session id or a branch hash."""
+    peers: list[str] = field(default_factory=list)
+    """Peers given (a ticket's addresses, --from); empty: found on the LAN."""
+    pi: dict[str, Any] | None = None
+    """The follower's Pi dirs (PiDirs.as_dict) at the time of `follow`: where to place."""
+    branch: str | None = None
+    """The newest version fetched here so far."""
+    size: int = 0
+    """Its size: only a larger version is fetched next."""
+    session: str | None = None
+    path: str | None = None
+    state: str = "starting"
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    task: asyncio.Task[None] | None = None
+
+    def saved(self) -> dict[str, Any]:
+        return {"key": self.key, "peers": self.peers, "pi": self.pi, "branch": self.branch, "size": self.size,
+                "session": self.session, "path": self.path}
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.saved(), state=self.state)
+
+
+class Follows:
+    """The sessions this node follows, each in its own task; persisted in follows.json."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.file = node.paths.home / FOLLOWS_FILE
+        self.follows: dict[str, Follow] = {}
+        self.epoch = f"{os.getpid()}-{time.time_ns()}"
+        """Changes when the node restarts: a `follow` printing events starts over from 0."""
+        self._seq = 0
+        self._arrived = asyncio.Event()
+
+    def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
+        return {"follow": self._c_follow, "follow-events": self._c_events, "unfollow": self._c_unfollow}
+
+    async def start(self) -> None:
+        try:
+            saved = json.loads(self.file.read_bytes())
+        except FileNotFoundError:
+            return
+        except ValueError as exc:
+            log.warning("%s is not JSON (%s): following nothing until it is replaced", self.file, exc)
+            return
+        fields = {f.name for f in dataclasses.fields(Follow)} - {"events", "task", "state"}
+        for entry in saved if isinstance(saved, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+                self._begin(Follow(**{k: v for k, v in entry.items() if k in fields}))
+
+    async def close(self) -> None:
+        for f in self.follows.values():
+            if f.task is not None:
+                f.task.cancel()
+        for f in self.follows.values():
+            if f.task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await f.task
+
+    def status(self) -> list[dict[str, Any]]:
+        return [f.status() for f in self.follows.values()]
+
+    def _save(self) -> None:
+        atomic_write(self.file, json.dumps([f.saved() for f in self.follows.values()]).encode())
+
+    def _begin(self, f: Follow) -> None:
+        self.follows[f.key] = f
+        f.task = asyncio.ensure_future(self._run(f))
+
+    def _event(self, f: Follow, kind: str, **fields: Any) -> None:
+        self._seq += 1
+        f.events.append(dict(fields, seq=self._seq, kind=kind, time=time.time(), key=f.key))
+        self._arrived.set()
+        self._arrived = asyncio.Event()
+
+    # -- control endpoints ------------------------------------------------------------------
+
+    async def _c_follow(self, body: dict[str, Any]) -> dict[str, Any]:
+        key = body.get("target")
+        peers = body.get("peers") or []
+        if not isinstance(key, str) or not (is_session_id(key) or wire.is_ticket(key) or _HEX.fullmatch(key)):
+            raise InvalidInput(f"follow: {str(key)[:80]!r} is not a session id, branch hash or ticket")
+        if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
+            raise InvalidInput("follow: 'peers' must be a list of [NODEID@]HOST:PORT")
+        parsed = [PeerAddress.parse(p) for p in peers]
+        if wire.is_ticket(key):
+            ticket = wire.decode_ticket(key)
+            from p2pnode.peer.identity import format_node_id
+
+            parsed += [PeerAddress(format_node_id(ticket.node), h, port) for h, port in ticket.addresses]
+            key = ticket.branch.hex()
+        if not is_session_id(key):
+            key = wire.check_hex_hash(key, "branch hash")  # a prefix is not followed: give the whole hash
+        pi = body.get("pi")
+        if pi is not None:
+            try:
+                PiDirs.from_dict(pi if isinstance(pi, dict) else {})
+            except ValueError as exc:
+                raise InvalidInput(f"follow: pi: {exc}") from None
+        if key not in self.follows:
+            self._begin(Follow(key, [str(p) for p in parsed], pi))
+            self._save()
+        return {"key": key, "epoch": self.epoch, **self.follows[key].status()}
+
+    async def _c_unfollow(self, body: dict[str, Any]) -> dict[str, Any]:
+        key = body.get("key")
+        if isinstance(key, str) and wire.is_ticket(key):
+            key = wire.decode_ticket(key).branch.hex()
+        f = self.follows.pop(key, None) if isinstance(key, str) else None
+        if f is None:
+            raise NotFound(f"not following {str(key)[:80]!r}")
+        if f.task is not None:
+            f.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await f.task
+        self._save()
+        return f.status()
+
+    async def _c_events(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Events of one follow after `after` (its seq), waiting up to EVENTS_WAIT s for one."""
+        key, after = body.get("key"), body.get("after", 0)
+        if not isinstance(after, int) or isinstance(after, bool):
+            raise InvalidInput("follow-events: 'after' must be an integer")
+        wait = body.get("wait")
+        wait = min(float(wait), EVENTS_WAIT) if isinstance(wait, int | float) and wait >= 0 else EVENTS_WAIT
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            f = self.follows.get(key) if isinstance(key, str) else None
+            new = [e for e in f.events if e["seq"] > after] if f else []
+            left = deadline - asyncio.get_running_loop().time()
+            if new or f is None or left <= 0:
+                return {"events": new, "epoch": self.epoch, "following": f is not None,
+                        "state": f.state if f else None}
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
+
+    # -- one follow -------------------------------------------------------------------------
+
+    async def _run(self, f: Follow) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self._watch(f)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the peer went away, or a fetch failed: try again later
+                why = str(exc) or type(exc).__name__
+                f.state = f"waiting: {why}"
+                self._event(f, "waiting", message=f"{why}; trying again in {delay:g} s")
+                log.info("follow %s: %s; again in %g s", f.key[:16], why, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+            else:
+                delay = 1.0
+
+    async def _peers(self, f: Follow) -> list[PeerAddress]:
+        if f.peers:
+            return [PeerAddress.parse(p) for p in f.peers]
+        if f.branch is not None or not is_session_id(f.key):
+            found = await self.node.holders(f.branch or f.key)
+        else:
+            found = lan_peers(self.node)
+        if not found:
+            raise PeerUnavailable("no trusted peer on the LAN offers it now")
+        return found
+
+    async def _watch(self, f: Follow) -> None:
+        """Long-poll one peer's catalog after another until one answers; fetch what is new."""
+        failures = []
+        for address in await self._peers(f):
+            limits = dataclasses.replace(wire.DEFAULT_LIMITS,
+                                         slow_reader_timeout=wire.DEFAULT_LIMITS.catalog_wait + 10)
+            link = PeerLink(address, self.node.identity, self.node.trust, limits)
+            try:
+                await self._poll(f, link)
+            except Exception as exc:  # this peer is gone or refuses: the next one
+                failures.append(f"{address}: {exc or type(exc).__name__}")
+            finally:
+                await link.close()
+        raise PeerUnavailable("; ".join(failures) or "no peer answered")
+
+    async def _poll(self, f: Follow, link: PeerLink) -> None:
+        generation: int | None = None
+        while True:
+            path = wire.PATH_CATALOG + ("" if generation is None else f"?wait={generation}")
+            body = await link.get_small(path, link.limits.max_catalog_bytes, "catalog")
+            catalog = wire.decode_catalog(body, link.limits)
+            offered = {e.branch for e in catalog.branches}
+            newest = newest_entry(catalog.branches, f.branch if f.branch in offered else f.session or f.key)
+            if newest is None:
+                raise NotFound(f"peer {link.addr} does not offer {f.key}")
+            if f.state != "following":
+                f.state = "following"
+                self._event(f, "following", peer=str(link.addr), branch=newest.branch)
+            if newest.branch != f.branch and (f.branch is None or newest.size > f.size):
+                await self._fetch(f, newest, link.addr)
+            generation = catalog.generation
+
+    async def _fetch(self, f: Follow, entry: wire.CatalogEntry, address: PeerAddress) -> None:
+        from p2pnode.node.daemon import FETCH_LIMITS
+
+        lib = self.node.lib
+        pi = PiDirs.from_dict(f.pi) if f.pi else lib.pi_dirs(os.getcwd())
+        held = await asyncio.to_thread(lambda: lib.branch(f.branch) if f.branch and lib.has_branch(f.branch)
+                                       else None)
+        before = held.lines if held else 0
+        newest = Newest(entry.branch, [address], None, f.session if f.session and held is None else None,
+                        (held.src, held.size) if held else None)  # checked before it is placed
+        result = await fetch_newest(lib, newest, self.node.identity, self.node.trust, agent_dir=pi.agent,
+                                    limits=FETCH_LIMITS, session_dir=pi.sessions)
+        info = await asyncio.to_thread(lib.branch, entry.branch)
+        new = await asyncio.to_thread(lambda: [lib.line(r.hash)
+                                               for r in lib.line_manifest(info.src)[before:]])
+        turns, words = summary(new)
+        f.branch, f.size, f.session, f.path = entry.branch, info.size, info.header.get("id"), result.path
+        self._save()
+        self._event(f, "version", branch=entry.branch, version=entry.version, lines=info.lines,
+                    new_lines=info.lines - before, turns=turns, words=words, path=result.path,
+                    written=result.written, conflict=result.conflict, from_peer=str(address))
+        log.info("follow %s: version %s (%d lines, +%d) from %s", f.key[:16], entry.branch[:16], info.lines,
+                 info.lines - before, address)
+        self.node.live.changed()  # the catalog's generation moved (the fetched branch is not offered)
+
+
+def lan_peers(node: Node) -> list[PeerAddress]:
+    """Every trusted peer the node sees on the LAN that has not failed its last probe."""
+    if node.discovery is None:
+        return []
+    return [PeerAddress(p.node_id, host, p.port) for p in node.discovery.peers.values()
+            if p.online is not False and node.is_trusted(p.node_id) for host in p.addresses]

@@ -1,0 +1,186 @@
+"""Live shares (`p2pnode share --live`): the node shares a session file again whenever it grows.
+
+Each live file is watched by stat polling every POLL_SECONDS (no inotify: the same code runs
+on macOS); when its (inode, size, mtime) change, the node shares it again.  The incremental
+hasher (pi/hashing.py) reads only the bytes added since the last share and the store appends
+only the new lines, so an update costs O(new bytes).  A line Pi is still writing is left for
+the next share, as always.  A new version changes the catalog: the peers waiting for a
+change are answered at once (node/follow.py, docs/PROTOCOL.md), and the mDNS records are
+announced again at most every ANNOUNCE_EVERY seconds (each is three multicasts).  Live files
+are kept in `<home>/live.json` and watched again when the node restarts.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.errors import InvalidInput, NotFound
+from p2pnode.paths import PiDirs
+from sysio.files import atomic_write
+
+if TYPE_CHECKING:
+    from p2pnode.node.daemon import Node
+
+log = logging.getLogger(__name__)
+
+LIVE_FILE = "live.json"
+POLL_SECONDS = 0.5
+"""How often a live file is stat'ed: a new line is shared within this long of being written."""
+ANNOUNCE_EVERY = 5.0
+"""Live versions come fast while Pi writes; peers waiting for a change hear of each at once,
+mDNS (three multicasts per record) of the latest at most this often."""
+
+
+@dataclass
+class Live:
+    path: str
+    pi: dict[str, Any] | None
+    cwd: str | None
+    allow_secrets: bool = False
+    branch: str | None = None
+    """The branch of the last version shared."""
+    error: str | None = None
+    """Why the last share failed (shown by `status`; tried again when the file changes)."""
+    task: asyncio.Task[None] | None = None
+
+    def saved(self) -> dict[str, Any]:
+        return {"path": self.path, "pi": self.pi, "cwd": self.cwd, "allow_secrets": self.allow_secrets,
+                "branch": self.branch}
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.saved(), error=self.error)
+
+
+class LiveShares:
+    """The files this node shares live, each watched by its own task."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.file = node.paths.home / LIVE_FILE
+        self.live: dict[str, Live] = {}
+        self._dirty = False
+        self._announcer: asyncio.Task[None] | None = None
+
+    def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
+        return {"live": self._c_live, "unlive": self._c_unlive}
+
+    async def start(self) -> None:
+        try:
+            saved = json.loads(self.file.read_bytes())
+        except FileNotFoundError:
+            return
+        except ValueError as exc:
+            log.warning("%s is not JSON (%s): no live shares until it is replaced", self.file, exc)
+            return
+        for entry in saved if isinstance(saved, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+                self._begin(Live(entry["path"], entry.get("pi"), entry.get("cwd"),
+                                 bool(entry.get("allow_secrets")), entry.get("branch")))
+
+    async def close(self) -> None:
+        if self._announcer is not None:
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcer
+        for live in self.live.values():
+            if live.task is not None:
+                live.task.cancel()
+        for live in self.live.values():
+            if live.task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await live.task
+
+    def status(self) -> list[dict[str, Any]]:
+        return [live.status() for live in self.live.values()]
+
+    def changed(self) -> None:
+        """The catalog changed: peers waiting for a change are answered now, the mDNS records
+        are announced again soon (at most every ANNOUNCE_EVERY s)."""
+        self.node.peer_server.notify_changed()
+        self._dirty = True
+        if self._announcer is None or self._announcer.done():
+            self._announcer = asyncio.ensure_future(self._announce())
+
+    async def _announce(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            try:
+                await self.node.announce()
+            except Exception as exc:  # mDNS trouble must not end live sharing
+                log.warning("announcing the catalog failed: %s", exc)
+            await asyncio.sleep(ANNOUNCE_EVERY)
+
+    def _save(self) -> None:
+        atomic_write(self.file, json.dumps([live.saved() for live in self.live.values()]).encode())
+
+    def _begin(self, live: Live) -> None:
+        self.live[live.path] = live
+        live.task = asyncio.ensure_future(self._watch(live))
+
+    async def _c_live(self, body: dict[str, Any]) -> dict[str, Any]:
+        path, pi, cwd = body.get("path"), body.get("pi"), body.get("cwd")
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise InvalidInput("live: 'path' must be an absolute path")
+        if not Path(path).is_file():
+            raise NotFound(f"live: {path} is not a file")
+        if pi is not None:
+            try:
+                PiDirs.from_dict(pi if isinstance(pi, dict) else {})
+            except ValueError as exc:
+                raise InvalidInput(f"live: pi: {exc}") from None
+        if path not in self.live:
+            self._begin(Live(path, pi, cwd if isinstance(cwd, str) else None,
+                             body.get("allow_secrets") is True, body.get("branch") if isinstance(
+                                 body.get("branch"), str) else None))
+            self._save()
+        return self.live[path].status()
+
+    async def _c_unlive(self, body: dict[str, Any]) -> dict[str, Any]:
+        path = body.get("path")
+        live = self.live.pop(os.path.abspath(path), None) if isinstance(path, str) else None
+        if live is None:
+            raise NotFound(f"{str(path)[:200]} is not shared live")
+        if live.task is not None:
+            live.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live.task
+        self._save()
+        return live.status()
+
+    async def _watch(self, live: Live) -> None:
+        seen: tuple[int, int, int] | None = None
+        while True:
+            try:
+                st = os.stat(live.path)
+                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError as exc:
+                live.error = f"cannot read the file: {exc.strerror or exc}"
+                key = None
+            if key is not None and key != seen:
+                seen = key
+                await self._share(live)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _share(self, live: Live) -> None:
+        lib = self.node.lib
+        pi = PiDirs.from_dict(live.pi) if live.pi else None
+        try:
+            result = await asyncio.to_thread(lib.share, live.path, cwd=live.cwd, pi=pi,
+                                             allow_secrets=live.allow_secrets)
+        except Exception as exc:  # a secret found, Pi rewriting the file...: said in status, tried again
+            live.error = str(exc) or type(exc).__name__
+            log.info("live share of %s failed: %s", live.path, live.error)
+            return
+        live.error = None
+        if result.branch != live.branch:
+            live.branch = result.branch
+            self._save()
+            log.info("live: shared %s again (%s, %d lines)", live.path, result.branch[:16], result.lines)
+            self.changed()

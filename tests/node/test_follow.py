@@ -1,0 +1,266 @@
+"""Issue 14, following a teammate live, on loopback with two real `p2pnode serve` processes
+(no mDNS: the follower is given the sharer's address): `share --live` re-shares as the file
+grows, the serving node answers the follower's waiting catalog request (change notification),
+the follower fetches each new version and its placed file follows, byte-identical; both
+sides restart and it goes on.  Also: fetch of an older version or of a session id fetches
+the latest (`--exact` keeps the one asked for), and the provider's long poll and its bounds."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from pifork import ROOT_FORK
+from procnode import PY, Node
+
+from p2pnode.errors import VerificationFailed
+from p2pnode.library.api import Library
+from p2pnode.node.daemon import Node as InProcessNode
+from p2pnode.node.daemon import NodeConfig
+from p2pnode.node.follow import Newest, _check_newest, newest_entry
+from p2pnode.paths import NodePaths
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.identity import parse_node_id
+from p2pnode.peer.link import PeerLink
+from p2pnode.peer.trust import TrustStore
+
+T = TypeVar("T")
+WAIT = 60.0
+"""Bound on each wait for something to arrive (a correctness bound, not a speed assertion)."""
+
+
+def wait_for(what: str, probe: Callable[[], T | None], bound: float = WAIT) -> T:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what} after {bound:g} s")
+
+
+def grow(path: Path, tag: str, n: int = 2) -> None:
+    with open(path, "ab") as f:
+        for i in range(n):
+            f.write(b'{"type":"message","id":"%s%d","parentId":null,"message":{"role":"user","content":'
+                    b'"%s line %d of the growing session"}}\n' % (tag.encode(), i, tag.encode(), i))
+
+
+def status(node: Node) -> dict[str, Any]:
+    return json.loads(node.run("status", "--json").stdout)
+
+
+@contextlib.contextmanager
+def pair(tmp_path: Path, corpus: Path) -> Iterator[tuple[Node, Node, Path]]:
+    a, b = Node(tmp_path, "a"), Node(tmp_path, "b")
+    TrustStore(NodePaths(a.home).trust).trust(b.id)
+    TrustStore(NodePaths(b.home).trust).trust(a.id)
+    source = corpus / ROOT_FORK["1.5.2"][0]
+    session = a.agent / ROOT_FORK["1.5.2"][0]
+    session.parent.mkdir(parents=True)
+    shutil.copyfile(source, session)
+    yield a, b, session
+
+
+def placed(b: Node, data: bytes) -> Callable[[], bool]:
+    def probe() -> bool:
+        files = list(b.agent.rglob("*.jsonl"))
+        return len(files) == 1 and files[0].read_bytes() == data
+    return probe
+
+
+def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Path) -> None:
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        with a.node_running() as a_proc:
+            shared = json.loads(a.run("share", str(session), "--live", "--json").stdout)
+            a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
+            assert [x["path"] for x in status(a)["live"]] == [str(session)]
+            with b.node_running():
+                ticket = wire.encode_ticket(wire.Ticket(bytes.fromhex(shared["branch"]), parse_node_id(a.id),
+                                                        (("127.0.0.1", status(a)["port"]),)))
+                follow = [PY, "-m", "p2pnode", "follow", ticket, "--json"]
+                follower = subprocess.Popen(follow, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True)
+                try:
+                    wait_for("the first version on B", placed(b, session.read_bytes()))
+                    following = status(b)["following"]
+                    assert [(f["key"], f["state"]) for f in following] == [(shared["branch"], "following")]
+                    for tag in ("one", "two"):
+                        grow(session, tag)
+                        started = time.monotonic()
+                        wait_for(f"version {tag} on B", placed(b, session.read_bytes()))
+                        print(f"grown file on the follower after {time.monotonic() - started:.2f} s")
+                    rows = json.loads(b.run("ls", "--all", "--json").stdout)
+                    assert [(r["header"]["id"], r["versions"]) for r in rows] == [(shared["header"]["id"], 3)]
+                    rows = json.loads(a.run("ls", "--json").stdout)
+                    assert [(r["header"]["id"], r["versions"]) for r in rows] == [(shared["header"]["id"], 3)]
+                    follower.send_signal(signal.SIGINT)
+                    out, err = follower.communicate(timeout=30)
+                finally:
+                    if follower.poll() is None:
+                        follower.kill()
+                        follower.communicate()
+                assert follower.returncode == 0, err
+                assert "stopped following" in err and "Traceback" not in err
+                events = [json.loads(line) for line in out.splitlines()]
+                versions = [e for e in events if e["kind"] == "version"]
+                assert [e["version"] for e in versions] == [1, 2, 3]
+                assert [e["new_lines"] for e in versions[1:]] == [2, 2] and versions[-1]["turns"] == 2
+                assert "two line 1 of the growing session" in versions[-1]["words"]
+                assert status(b)["following"] == []
+
+                # --detach: the node follows on its own, also after either side restarts
+                b.run("follow", shared["branch"], "--from", a_addr, "--detach")
+                a_proc.send_signal(signal.SIGTERM)
+                a_proc.wait(timeout=30)
+        grow(session, "three")  # while both nodes are down
+        with a.node_running(), b.node_running():
+            b.run("status")  # B's follow resumes from follows.json; A's live share from live.json
+            a_port = status(a)["port"]
+            if f"127.0.0.1:{a_port}" not in a_addr:  # A came back on another port: tell B where
+                b.run("follow", "--stop", shared["branch"])
+                b.run("follow", shared["branch"], "--from", f"{a.id}@127.0.0.1:{a_port}", "--detach")
+            wait_for("the version grown while both were down", placed(b, session.read_bytes()))
+            grow(session, "four")
+            wait_for("a version after both restarted", placed(b, session.read_bytes()))
+            assert f"following  {shared['branch']}" in b.run("status").stdout
+            assert f"live       {session}" in a.run("status").stdout
+            assert [x["path"] for x in status(a)["live"]] == [str(session)]
+            a.run("live", "--stop", str(session))
+            assert status(a)["live"] == []
+
+
+def test_fetch_an_older_version_or_a_session_id_gets_the_latest(tmp_path: Path, corpus_new_dir: Path) -> None:
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        v1 = json.loads(a.run("share", str(session), "--json").stdout)
+        grow(session, "x")
+        v2 = json.loads(a.run("share", str(session), "--json").stdout)
+        assert v2["previous"] == v1["branch"] and v2["version"] == 2
+        with a.serving() as port:
+            peer = f"{a.id}@127.0.0.1:{port}"
+            exact = b.run("fetch", v1["branch"], "--from", peer, "--exact", "--json")
+            assert json.loads(exact.stdout)["branch"] == v1["branch"] and "note" not in exact.stderr
+            latest = b.run("fetch", v1["branch"], "--from", peer, "--json")
+            assert json.loads(latest.stdout)["branch"] == v2["branch"]
+            assert "older version" in latest.stderr and "--exact" in latest.stderr
+            files = list(b.agent.rglob("*.jsonl"))
+            assert len(files) == 1 and files[0].read_bytes() == session.read_bytes()  # updated in place
+            by_id = b.run("fetch", v1["header"]["id"], "--from", peer, "--json")
+            assert json.loads(by_id.stdout)["branch"] == v2["branch"]
+            missing = b.run("fetch", "0000-no-such-session", "--from", peer, check=False)
+            assert missing.returncode == 3 and "no trusted peer offers a session with id" in missing.stderr
+        rows = json.loads(b.run("ls", "--all", "--json").stdout)
+        assert [(r["branch"], r["versions"]) for r in rows] == [(v2["branch"], 2)]
+
+
+def test_a_newer_version_is_checked_before_it_is_placed(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """A peer's catalog is not trusted to say what is a newer version of what: the fetched
+    branch must be a version of the session id asked for, or start with the bytes of the
+    version asked for (else VerificationFailed, nothing placed)."""
+    session = tmp_path / "s.jsonl"
+    shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][0], session)
+    other = tmp_path / "o.jsonl"
+    shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][1], other)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=tmp_path / "agent") as lib:
+        v1 = lib.share(str(session))
+        grow(session, "g")
+        v2 = lib.share(str(session))
+        unrelated = lib.share(str(other), no_lineage=True)
+        _check_newest(lib, Newest(v2.branch, [], None, None, (v1.src, v1.size)))
+        _check_newest(lib, Newest(v2.branch, [], None, v1.header["id"]))
+        for lie in (Newest(unrelated.branch, [], None, None, (v1.src, v1.size)),
+                    Newest(unrelated.branch, [], None, v1.header["id"]),
+                    Newest(v1.branch, [], None, None, (v2.src, v2.size))):
+            with pytest.raises(VerificationFailed):
+                _check_newest(lib, lie)
+
+
+def test_newest_entry_follows_previous_links_and_old_peers() -> None:
+    header = {"id": "s-1", "timestamp": "t", "cwd": "/w", "parent_session": None}
+    other = dict(header, id="s-2")
+
+    def entry(n: int, previous: int | None, size: int, version: int | None = 1, head: dict = header
+              ) -> wire.CatalogEntry:
+        return wire.CatalogEntry(f"{n:064x}", f"{n:064x}", None, size, size, head, None,
+                                 None if previous is None else f"{previous:064x}", version)
+
+    chain = [entry(1, None, 10), entry(2, 1, 20, 2), entry(3, 2, 30, 3), entry(4, None, 99, 1, other)]
+    rewritten = entry(5, None, 50, 1)  # same id, not grown from the others
+    assert newest_entry(chain + [rewritten], f"{1:064x}") == chain[2]
+    assert newest_entry(chain + [rewritten], f"{5:064x}") == rewritten
+    assert newest_entry(chain, "s-1") == chain[2] and newest_entry(chain, "s-9") is None
+    old = [entry(1, None, 10, None), entry(2, None, 20, None)]  # a peer that sends no version fields
+    assert newest_entry(old, f"{1:064x}") == old[1]
+
+
+async def test_catalog_long_poll_answers_on_change_and_is_bounded(tmp_path: Path,
+                                                                  corpus_new_dir: Path) -> None:
+    """GET /v1/catalog?wait=<generation>: at once when the generation differs, on a change
+    otherwise, after catalog_wait at the latest; a third waiting request of one peer is 429;
+    a wait that is not a generation is 400."""
+    nodes = []
+    for name in ("a", "b"):
+        agent = tmp_path / name / "agent"
+        agent.mkdir(parents=True)
+        nodes.append(InProcessNode(NodePaths(tmp_path / name / "home"),
+                                   NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)))
+    a, b = nodes
+    for n in nodes:
+        await n.start()
+    try:
+        a.trust.trust(b.identity.node_id)
+        b.trust.trust(a.identity.node_id)
+        session = tmp_path / "a" / "agent" / ROOT_FORK["1.5.2"][0]
+        session.parent.mkdir(parents=True)
+        shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][0], session)
+        link = PeerLink(PeerAddress(a.identity.node_id, "127.0.0.1", a.port), b.identity, b.trust,
+                        wire.DEFAULT_LIMITS)
+        try:
+            first = await link.get_small(wire.PATH_CATALOG, 1 << 20, "catalog")
+            generation = wire.decode_catalog(first).generation
+            stale = await link.get_small(f"{wire.PATH_CATALOG}?wait={generation + 7}", 1 << 20, "catalog")
+            assert wire.decode_catalog(stale).generation == generation  # differs: answered at once
+            waiting = [asyncio.ensure_future(link.get_small(f"{wire.PATH_CATALOG}?wait={generation}", 1 << 20,
+                                                            "catalog")) for _ in range(2)]
+            await asyncio.sleep(0.3)
+            assert not any(w.done() for w in waiting)
+            async with link.request("GET", f"{wire.PATH_CATALOG}?wait={generation}") as resp:
+                assert resp.status == 429  # max_waiting_per_peer
+            for bad in ("x", "-1", "1" * 30):
+                async with link.request("GET", f"{wire.PATH_CATALOG}?wait={bad}") as resp:
+                    assert resp.status == 400
+            await asyncio.to_thread(a.lib.share, str(session))
+            await a.announce()
+            changed = [wire.decode_catalog(b) for b in await asyncio.wait_for(asyncio.gather(*waiting), 10)]
+            assert all(c.generation > generation and len(c.branches) == 1 for c in changed)
+            a.peer_server.limits = dataclasses.replace(a.peer_server.limits, catalog_wait=0.5)
+            now = changed[0].generation
+            unchanged = await link.get_small(f"{wire.PATH_CATALOG}?wait={now}", 1 << 20, "catalog")
+            assert wire.decode_catalog(unchanged).generation == now  # no change: answered at catalog_wait
+        finally:
+            await link.close()
+    finally:
+        for n in nodes:
+            await n.close()
+
+
+def test_share_live_needs_the_node(tmp_path: Path, corpus_new_dir: Path) -> None:
+    with pair(tmp_path, corpus_new_dir) as (a, _b, session):
+        r = a.run("share", str(session), "--live", check=False)
+        assert r.returncode == 6 and "needs the running node" in r.stderr
+        assert not (a.home / "sessions.json").exists() or json.loads(a.run("ls", "--json").stdout) == []
+        r = a.run("follow", "0a1b2c3d-0000-7000-8000-000000000001", check=False)
+        assert r.returncode == 6 and "needs the running node" in r.stderr
+        assert os.environ.get("P2PNODE_HOME") != str(a.home)
+
