@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
+from p2pnode.cli.pairing import add_pairing_commands, cmd_pending, cmd_trust, cmd_untrust
 from p2pnode.cli.render import (
     ProgressBar,
     print_branches,
@@ -250,20 +251,11 @@ def cmd_id(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_trust(args: argparse.Namespace) -> int:
-    peer = _trust(args).trust(args.node_id, name=args.name)
-    print(f"trusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
-    return 0
-
-
-def cmd_untrust(args: argparse.Namespace) -> int:
-    peer = _trust(args).untrust(args.node_id)
-    print(f"untrusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
-    return 0
-
-
 def cmd_peers(args: argparse.Namespace) -> int:
     from p2pnode.node.status import peers_view
+
+    if args.pending:
+        return cmd_pending(args)
 
     # node's addition: a running node adds whom it sees on the LAN
     peers = peers_view(_trust(args).peers(), via_node(node_paths(args), "status", {}))
@@ -276,11 +268,12 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
     """(branch hash, peers) from a branch hash or a ticket, plus every --from."""
+    from p2pnode.node.names import from_addresses
     from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import format_node_id
 
-    peers = [PeerAddress.parse(text) for text in args.peer or []]
+    peers = from_addresses(node_paths(args), args.peer or [])  # also NAME and NAME@HOST:PORT
     if wire.is_ticket(args.target):
         ticket = wire.decode_ticket(args.target)
         node_id = format_node_id(ticket.node)
@@ -349,19 +342,20 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("id", help="print this node's id (made on first use)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_id)
-    p = sub.add_parser("trust", help="allow a peer (by node id) to fetch from and serve this node")
-    p.add_argument("node_id")
+    p = sub.add_parser("trust", help="allow a peer (by node id or name) to fetch from and serve this node")
+    p.add_argument("node_id", metavar="NAME|NODEID")
     p.add_argument("--name", help="a name to show for the peer")
     p.set_defaults(func=cmd_trust)
     p = sub.add_parser("untrust", help="remove a peer from the allowlist; its connections are closed")
-    p.add_argument("node_id")
+    p.add_argument("node_id", metavar="NAME|NODEID")
     p.set_defaults(func=cmd_untrust)
     p = sub.add_parser("peers", help="list trusted peers, and untrusted ones a running node sees")
+    p.add_argument("--pending", action="store_true", help="untrusted nodes that tried to connect")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_peers)
     p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
     p.add_argument("target", metavar="BRANCH|TICKET", help="a branch hash or a p2p1: ticket")
-    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT|NAME",
                    help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
     p.add_argument("--json", action="store_true")
@@ -385,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(sub)
     add_session_commands(sub)
     add_peer_commands(sub)
+    add_pairing_commands(sub)
     return parser
 
 

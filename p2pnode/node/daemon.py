@@ -45,11 +45,12 @@ from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
+from p2pnode.node.pairing import NodePairing
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import fetch_branch, get_catalog
-from p2pnode.peer.identity import load_or_create_identity, parse_node_id
+from p2pnode.peer.identity import load_or_create_identity, own_name, parse_node_id
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
 from p2pnode.peer.wire import DEFAULT_LIMITS
@@ -112,7 +113,8 @@ class Node:
         self.port = peers.port
         await self._start_control()
         if self.config.mdns:
-            self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event)
+            self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event,
+                                       name=own_name(self.paths.identity))
             await self.discovery.start()
             self._stack.push_async_callback(self.discovery.close)  # closes first: the goodbye
             await self.announce()
@@ -152,6 +154,9 @@ class Node:
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
             "fetch": self._c_fetch, "read": self._c_read}
+        pairing = NodePairing(self)  # pair/start, pair/wait, pending (node/pairing.py)
+        self._stack.push_async_callback(pairing.close)
+        routes.update(pairing.routes())
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop

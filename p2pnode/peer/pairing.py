@@ -29,8 +29,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from spake2 import SPAKE2_A, SPAKE2_B  # type: ignore[import-untyped]
-from spake2.spake2 import SPAKEError  # type: ignore[import-untyped]
+from spake2 import SPAKE2_A, SPAKE2_B
+from spake2.spake2 import SPAKEError
 
 from p2pnode.errors import InvalidInput, PeerUnavailable, Refused, VerificationFailed
 from p2pnode.peer.identity import InvalidNodeId, normalise_node_id
@@ -114,7 +114,8 @@ class Code:
         sent, so it does not burn the code."""
         parts = [p for p in re.split(r"[\s-]+", text.strip().lower()) if p]
         if len(parts) != 3 or not parts[0].isdigit() or not 1 <= int(parts[0]) <= CHANNELS:
-            raise BadCode(f"pairing code {text[:60]!r}: expected <number>-<word>-<word>, e.g. 7-crossover-clockwork")
+            raise BadCode(f"pairing code {text[:60]!r}: expected <number>-<word>-<word>, "
+                          "e.g. 7-crossover-clockwork")
         for word, table in ((parts[1], _ODD_INDEX), (parts[2], _EVEN_INDEX)):
             if word not in table:
                 where = "first" if table is _ODD_INDEX else "second"
@@ -308,7 +309,8 @@ class Waiter:
         if self.state is State.WAITING:
             _expect(msg, "pake")
             if msg.get("version") != VERSION or msg.get("channel") != self.code.channel:
-                raise PairingProtocolError(f"pairing: expected version {VERSION} on channel {self.code.channel}")
+                raise PairingProtocolError(f"pairing: expected version {VERSION} "
+                                           f"on channel {self.code.channel}")
             theirs = _b64(msg, "msg", 33)
             self.attempted = True  # from here on the code is spent
             spake = SPAKE2_B(self.code.password, idA=ID_JOINER, idB=ID_WAITER, entropy_f=self._entropy)
