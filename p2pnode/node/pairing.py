@@ -107,6 +107,7 @@ class NodePairing:
         return (await self.host.wait(code)).as_dict()
 
     async def _pending(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.node.trust.reload_if_changed()  # a `trust` just now, from another process
         seen = self.node.discovery.peers if self.node.discovery else {}
         return {"pending": [dict(p.as_dict(), name=getattr(seen.get(p.node_id), "name", None))
                             for p in self.node.trust.pending.peers()
