@@ -18,6 +18,10 @@ from p2pnode.peer.trust import TrustStore
 TRUSTED, PENDING, LAN = "trusted", "tried to connect", "on the LAN"
 
 
+class UnknownPeer(InvalidInput):
+    """Neither a node id nor the name of a peer this node knows."""
+
+
 @dataclass(frozen=True)
 class KnownPeer:
     node_id: str
@@ -68,7 +72,7 @@ def resolve(text: str, known: Iterable[KnownPeer],
             listed = "; ".join(f"{k.node_id} ({k.how})" for k in matches.values())
             raise InvalidInput(f"the name {text!r} is ambiguous, it could be: {listed}; use the node id")
     where = " or ".join(kinds)
-    raise NotFound(f"no peer named {text!r} ({where}) and not a node id: use its node id")
+    raise UnknownPeer(f"no peer named {text!r} ({where}), and it is not a node id either: use its node id")
 
 
 def from_addresses(paths: NodePaths, texts: list[str]) -> list[PeerAddress]:
@@ -82,7 +86,11 @@ def from_addresses(paths: NodePaths, texts: list[str]) -> list[PeerAddress]:
             out.append(PeerAddress.parse(text))
             continue
         known = known if known is not None else known_peers(paths)
-        peer = resolve(who if at else text, known, (TRUSTED,))
+        try:
+            peer = resolve(who if at else text, known, (TRUSTED,))
+        except UnknownPeer:
+            raise InvalidInput(f"peer address {text!r} is not HOST:PORT, NODEID@HOST:PORT, NAME@HOST:PORT "
+                               "or the name of a trusted peer") from None
         if at:
             out.append(PeerAddress.parse(f"{peer.node_id}@{hostport}"))
         elif peer.addresses and peer.port:
