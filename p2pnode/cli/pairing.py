@@ -56,7 +56,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
         raise InvalidInput("--from is for the joining side: `p2pnode pair <code> --from HOST:PORT`")
     if args.name is not None:
         pairing.my_party(paths, args.name)  # checked and remembered (also announced by the node)
-    started = via_node(paths, "pair/start", {"name": args.name})
+    started = via_node(paths, "pair/start", {})
     if started is None:  # no node running: this process waits itself
         peer = asyncio.run(pairing.wait_here(paths, args.name, args.host, not args.no_mdns,
                                              lambda info: _show_code(args, info)))

@@ -4,7 +4,7 @@ endpoints, or by the `pair` process itself when no node runs), the joining side 
 that tried to connect (`peers --pending`).  Protocol: peer/pairing.py and peer/pairlink.py.
 
 Control endpoints of a running node (registered through `NodePairing.routes()`):
-    /v1/pair/start {"name"}  -> {"code", "channel", "port", "expires_in"}
+    /v1/pair/start {}        -> {"code", "channel", "port", "expires_in"} (the node's name: `pair --name`)
     /v1/pair/wait {"code"}   -> {"id", "name"}: a long poll until paired, burned or expired; a
                                 caller that goes away (Ctrl-C) cancels the code
     /v1/pending {}           -> {"pending": [{"id", "name", "first_seen", "last_seen", "attempts"}]}
@@ -91,10 +91,9 @@ class NodePairing:
         await self.host.close()
 
     async def _start(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = body.get("name")
-        if name is not None and not isinstance(name, str):
-            raise InvalidInput("control: 'name' must be a string")
-        if name is not None and self.node.discovery is not None and self.node.discovery.name != name:
+        """The node's own name is the one `pair --name` saved (the CLI saved it before asking)."""
+        name = own_name(self.node.paths.identity)
+        if self.node.discovery is not None and self.node.discovery.name != name:
             self.node.discovery.name = name  # announced from now on
             await self.node.announce()
         self.host.discovery = self.node.discovery  # started after the control endpoints

@@ -72,13 +72,18 @@ def test_pair_served_by_the_running_node(pair_of: tuple[Node, Node]):
     """With a node running, it serves the code (its pairing listener, not its peer server) and
     picks up the new trust at once: the joiner can fetch from it straight away."""
     alice, bob = pair_of
+    carol = Node(alice.home.parent.parent, "carol")
+    carol.run("trust", alice.id)
     with alice.node_running():
+        peer_port = json.loads(alice.run("status", "--json").stdout)["port"]
         with waiting(alice, "--name", "alice") as (proc, code, port):
+            # a code waiting does not open the peer server: an untrusted node still gets nothing
+            refused = carol.run("fetch", "0" * 64, "--from", f"127.0.0.1:{peer_port}", check=False)
+            assert refused.returncode == 8 and "does not trust this node" in refused.stderr, refused.stderr
             joined = bob.run("pair", code, "--name", "bob", "--from", f"127.0.0.1:{port}")
             out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and f"paired with bob ({bob.id})" in out, err
         assert f"paired with alice ({alice.id})" in joined.stdout
-        peer_port = json.loads(alice.run("status", "--json").stdout)["port"]
         assert peer_port != port
         fetch = bob.run("fetch", "0" * 64, "--from", f"alice@127.0.0.1:{peer_port}", check=False)
         assert fetch.returncode == 3, fetch.stderr  # trusted both ways: only the branch is missing
