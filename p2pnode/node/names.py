@@ -58,9 +58,9 @@ def resolve(text: str, known: Iterable[KnownPeer],
     """A node id, or a name among the `kinds` of known peers (exact, then ignoring case)."""
     known = list(known)
     try:
-        node_id = normalise_node_id(text)
-    except InvalidNodeId:
-        node_id = None
+        node_id, not_an_id = normalise_node_id(text), None
+    except InvalidNodeId as exc:
+        node_id, not_an_id = None, exc
     if node_id is not None:
         return next((k for k in known if k.node_id == node_id), KnownPeer(node_id, None, ""))
     candidates = [k for k in known if k.how in kinds and k.name is not None]
@@ -72,7 +72,7 @@ def resolve(text: str, known: Iterable[KnownPeer],
             listed = "; ".join(f"{k.node_id} ({k.how})" for k in matches.values())
             raise InvalidInput(f"the name {text!r} is ambiguous, it could be: {listed}; use the node id")
     where = " or ".join(kinds)
-    raise UnknownPeer(f"no peer named {text!r} ({where}), and it is not a node id either: use its node id")
+    raise UnknownPeer(f"no peer named {text!r} ({where}); and as a node id: {not_an_id}")
 
 
 def from_addresses(paths: NodePaths, texts: list[str]) -> list[PeerAddress]:
