@@ -34,12 +34,13 @@ def _paired(args: argparse.Namespace, peer: Party | dict[str, Any]) -> int:
 
 def _show_code(args: argparse.Namespace, info: dict[str, Any]) -> None:
     if args.json:
-        print_json({"code": info["code"], "port": info["port"], "expires_in": info["expires_in"]})
+        print_json({k: info[k] for k in ("code", "addresses", "port", "expires_in")})
     else:
-        print(f"pairing code: {info['code']}\n"
-              f"on the other machine run:  p2pnode pair {info['code']}\n"
-              f"(where mDNS cannot reach: p2pnode pair {info['code']} --from <this machine's address>:"
-              f"{info['port']})\n"
+        code, port = info["code"], info["port"]
+        where = " or ".join(f"--from {a}:{port}" for a in info["addresses"])
+        print(f"pairing code: {code}\n"
+              f"on the other machine run:  p2pnode pair {code}\n"
+              f"(where mDNS cannot reach, add {where})\n"
               f"waiting up to {info['expires_in'] / 60:g} minutes; the code works once")
     sys.stdout.flush()
 

@@ -4,7 +4,8 @@ endpoints, or by the `pair` process itself when no node runs), the joining side 
 that tried to connect (`peers --pending`).  Protocol: peer/pairing.py and peer/pairlink.py.
 
 Control endpoints of a running node (registered through `NodePairing.routes()`):
-    /v1/pair/start {}        -> {"code", "channel", "port", "expires_in"} (the node's name: `pair --name`)
+    /v1/pair/start {}        -> {"code", "channel", "port", "addresses", "expires_in"} (the node's
+                                name is the one `pair --name` saved)
     /v1/pair/wait {"code"}   -> {"id", "name"}: a long poll until paired, burned or expired; a
                                 caller that goes away (Ctrl-C) cancels the code
     /v1/pending {}           -> {"pending": [{"id", "name", "first_seen", "last_seen", "attempts"}]}
@@ -16,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.discovery.mdns import Discovery
+from p2pnode.discovery.mdns import Discovery, local_ipv4_addresses
 from p2pnode.errors import Conflict, InvalidInput, NotFound, PeerUnavailable
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import Identity, load_or_create_identity, own_name, set_own_name
@@ -54,7 +55,9 @@ class PairingHost:
         if self.discovery is not None:
             await self.discovery.announce_pairing(code.channel, listener.port)
         log.info("pairing: waiting on channel %d, port %d, for %g s", code.channel, listener.port, CODE_TTL)
-        return {"code": str(code), "channel": code.channel, "port": listener.port, "expires_in": CODE_TTL}
+        addresses = local_ipv4_addresses() if self.host in ("0.0.0.0", "") else [self.host]
+        return {"code": str(code), "channel": code.channel, "port": listener.port, "addresses": addresses,
+                "expires_in": CODE_TTL}
 
     def _paired(self, peer: Party) -> None:
         self.trust.trust(peer.node_id, name=peer.name)

@@ -33,7 +33,7 @@ def waiting(node: Node, *extra: str) -> Iterator[tuple[subprocess.Popen[str], st
     try:
         assert proc.stdout is not None
         shown = "".join(proc.stdout.readline() for _ in range(4))
-        m = re.search(r"pairing code: (\S+)\n.*--from <this machine's address>:(\d+)\)", shown, re.S)
+        m = re.search(r"pairing code: (\S+)\n.*add --from 127\.0\.0\.1:(\d+)\)", shown, re.S)
         assert m, shown + (proc.stderr.read() if proc.stderr else "")
         yield proc, m.group(1), int(m.group(2))
     finally:
