@@ -83,11 +83,14 @@ class Peer:
     online: bool | None = None
     name: str | None = None
     """The name it announces: a claim anyone on the LAN could make (trust.json's name wins)."""
+    trusts_us: bool | None = None
+    """False when it hung up on the node's last probe right after accepting its TLS handshake:
+    one-sided trust (set by the node, like `online`)."""
 
     def as_dict(self) -> dict[str, object]:
         return {"node_id": self.node_id, "instance": self.instance, "addresses": list(self.addresses),
                 "port": self.port, "generation": self.generation, "branches": list(self.branches),
-                "online": self.online, "announced_name": self.name}
+                "online": self.online, "announced_name": self.name, "trusts_us": self.trusts_us}
 
 
 def local_ipv4_addresses() -> list[str]:

@@ -42,7 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
-from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
+from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.pairing import NodePairing
@@ -213,6 +213,9 @@ class Node:
         why = "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in failures)
         was = peer.online
         peer.online = ok
+        # one-sided trust: every address hung up after the handshake (downloader._one_sided)
+        peer.trusts_us = True if ok else False if all(
+            isinstance(e, Refused) and "does not trust this node" in str(e) for e in failures) else None
         if ok and was is not True:
             log.info("peer online id=%s addr=%s port=%d", peer.node_id, ",".join(peer.addresses), peer.port)
         elif not ok and was is not False:

@@ -85,6 +85,12 @@ def test_pair_over_mdns_wrong_code_then_right_code_and_the_listener_trusts_nobod
         assert listed[0]["name"] == "eve"
         text = alice.cli("peers", "--pending").stdout
         assert f"eve ({eve.node_id})" in text and "run p2pnode trust eve" in text
+        # ... and eve's side says so too: alice does not trust eve
+        refusing = wait_for("eve's node noticing that alice refuses it", lambda: [
+            p for p in json.loads(eve.cli("peers", "--json").stdout) if p["id"] == alice.node_id
+            and p.get("trusts_us") is False], 30)
+        assert refusing[0]["name"] == "alice"
+        assert "does not trust this node" in eve.cli("peers").stdout
         assert eve.cli("untrust", "alice").returncode == 0
     finally:
         bob.stop()
