@@ -1,6 +1,6 @@
 """The DNS-SD scheme of p2pnode nodes (docs/PROTOCOL.md, "LAN discovery"): instance and
-subtype names, the TXT record a node announces and its validation.  No I/O: mdns.py sends and
-receives these over zeroconf."""
+subtype names, the TXT record a node announces and its validation, and the records of a waiting
+pairing code (docs/PROTOCOL.md, "Pairing").  No I/O: mdns.py sends and receives these over zeroconf."""
 from __future__ import annotations
 
 import re

@@ -21,6 +21,7 @@ out; errors carry the CLI exit code):
 environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
                                                      (control.NodeLibrary: `ls`, `show`, `cat`)
+    /v1/pair/start, /v1/pair/wait, /v1/pending         -> node/pairing.py (`pair`, `peers --pending`)
 """
 from __future__ import annotations
 
