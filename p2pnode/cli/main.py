@@ -24,6 +24,7 @@ from p2pnode.cli import browse
 from p2pnode.cli.access import share_to
 from p2pnode.cli.follow import add_follow_commands
 from p2pnode.cli.log import add_log_commands
+from p2pnode.cli.pairing import add_pairing_commands, cmd_pending, cmd_trust, cmd_untrust
 from p2pnode.cli.render import (
     print_branches,
     print_fetch,
@@ -282,20 +283,11 @@ def cmd_id(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_trust(args: argparse.Namespace) -> int:
-    peer = _trust(args).trust(args.node_id, name=args.name)
-    print(f"trusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
-    return 0
-
-
-def cmd_untrust(args: argparse.Namespace) -> int:
-    peer = _trust(args).untrust(args.node_id)
-    print(f"untrusted {peer.node_id}{f' ({peer.name})' if peer.name else ''}")
-    return 0
-
-
 def cmd_peers(args: argparse.Namespace) -> int:
     from p2pnode.node.status import peers_view
+
+    if args.pending:
+        return cmd_pending(args)
 
     # node's addition: a running node adds whom it sees on the LAN
     peers = peers_view(_trust(args).peers(), via_node(node_paths(args), "status", {}))
@@ -308,12 +300,13 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
     """(branch hash, prefix or session id; peers) from the target or a ticket, plus every --from."""
+    from p2pnode.node.names import from_addresses
     from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import format_node_id
     from p2pnode.peer.offers import check_target
 
-    peers = [PeerAddress.parse(text) for text in args.peer or []]
+    peers = from_addresses(node_paths(args), args.peer or [])  # also NAME and NAME@HOST:PORT
     if wire.is_ticket(args.target):
         ticket = wire.decode_ticket(args.target)
         node_id = format_node_id(ticket.node)
@@ -395,14 +388,15 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("id", help="print this node's id (made on first use)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_id)
-    p = sub.add_parser("trust", help="allow a peer (by node id) to fetch from and serve this node")
-    p.add_argument("node_id")
+    p = sub.add_parser("trust", help="allow a peer (by node id or name) to fetch from and serve this node")
+    p.add_argument("node_id", metavar="NAME|NODEID")
     p.add_argument("--name", help="a name to show for the peer")
     p.set_defaults(func=cmd_trust)
     p = sub.add_parser("untrust", help="remove a peer from the allowlist; its connections are closed")
-    p.add_argument("node_id")
+    p.add_argument("node_id", metavar="NAME|NODEID")
     p.set_defaults(func=cmd_untrust)
     p = sub.add_parser("peers", help="list trusted peers, and untrusted ones a running node sees")
+    p.add_argument("--pending", action="store_true", help="untrusted nodes that tried to connect")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_peers)
     p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
@@ -411,7 +405,7 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
                         "(its latest version), or a p2p1: ticket")
     p.add_argument("--exact", action="store_true",
                    help="fetch this very version, not the latest version of its session that peers offer")
-    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT|NAME",
                    help="a peer to fetch from (repeatable; without NODEID any trusted node is accepted)")
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
     p.add_argument("--background", action="store_true",
@@ -441,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_commands(sub)
     add_space_commands(sub)
     add_follow_commands(sub)
+    add_pairing_commands(sub)
     return parser
 
 

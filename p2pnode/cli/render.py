@@ -166,6 +166,8 @@ def print_peers(peers: list[dict[str, Any]]) -> None:
         where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
         state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
             {True: "online", False: "offline", None: ""}[p["online"]]
+        if p.get("trusts_us") is False:  # it refused this node's last probe
+            state = "does not trust this node: its owner must run `p2pnode trust <this node's id>`"
         print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
 
 

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import secrets
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from p2pnode.discovery.records import (
     MAIN_INSTANCE,
     MAX_SUBTYPES,
+    PAIR_SERVICE_TYPE,
     SERVICE_TYPE,
     SUBTYPE_HEX,
     Announcement,
@@ -48,6 +50,10 @@ from p2pnode.discovery.records import (
     branch_instance_name,
     instance_label,
     instance_name,
+    pair_instance_name,
+    pair_subtype,
+    pair_txt,
+    parse_pair_txt,
     parse_txt,
     subtype_name,
 )
@@ -75,11 +81,16 @@ class Peer:
     generation: int
     branches: tuple[str, ...]
     online: bool | None = None
+    name: str | None = None
+    """The name it announces: a claim anyone on the LAN could make (trust.json's name wins)."""
+    trusts_us: bool | None = None
+    """False when it hung up on the node's last probe right after accepting its TLS handshake:
+    one-sided trust (set by the node, like `online`)."""
 
     def as_dict(self) -> dict[str, object]:
         return {"node_id": self.node_id, "instance": self.instance, "addresses": list(self.addresses),
                 "port": self.port, "generation": self.generation, "branches": list(self.branches),
-                "online": self.online}
+                "online": self.online, "announced_name": self.name, "trusts_us": self.trusts_us}
 
 
 def local_ipv4_addresses() -> list[str]:
@@ -96,8 +107,11 @@ class Discovery:
     """Announces this node (when it has an id) and keeps a table of the peers it sees."""
 
     def __init__(self, node_id: str | None = None, *,
-                 on_change: Callable[[str, Peer], None] | None = None):
+                 on_change: Callable[[str, Peer], None] | None = None, name: str | None = None):
         self.node_id = node_id
+        self.name = name
+        """Announced in the TXT record (set it, then announce again, to rename)."""
+        self._pairing: AsyncServiceInfo | None = None
         self.peers: dict[str, Peer] = {}
         self._on_change = on_change
         self._azc: AsyncZeroconf | None = None
@@ -138,7 +152,7 @@ class Discovery:
         """
         azc = self._azc
         assert azc is not None and self.node_id is not None, "start() with a node id first"
-        ann = Announcement(self.node_id, port, generation, tuple(branches))
+        ann = Announcement(self.node_id, port, generation, tuple(branches), name=self.name)
         self._announced = ann
         sent = []
         info = self._info(SERVICE_TYPE, instance_name(self.node_id), ann.txt())
@@ -237,7 +251,7 @@ class Discovery:
         addresses = tuple(a for a in info.parsed_addresses(IPVersion.V4Only))
         if not addresses or info.port is None:
             return None
-        return Peer(ann.node_id, name, addresses, info.port, ann.generation, ann.branches)
+        return Peer(ann.node_id, name, addresses, info.port, ann.generation, ann.branches, name=ann.name)
 
     def _notify(self, what: str, peer: Peer) -> None:
         self._changed.set()
@@ -282,6 +296,62 @@ class Discovery:
                 peer = await self.resolve(name)
                 if peer is not None and peer.node_id != self.node_id:
                     found[peer.node_id] = peer
+                    deadline = min(deadline, loop.time() + grace)
+        finally:
+            await browser.async_cancel()
+        return list(found.values())
+
+
+    # -- pairing ---------------------------------------------------------------------------
+
+    async def announce_pairing(self, channel: int, port: int) -> None:
+        """Announce a waiting pairing code by its channel number (the words stay secret)."""
+        assert self._azc is not None
+        await self.withdraw_pairing()
+        token = secrets.token_hex(4)
+        info = AsyncServiceInfo(pair_subtype(channel), pair_instance_name(channel, token), port=port,
+                                properties=pair_txt(channel), server=f"pair{channel}-{token}.local.",
+                                parsed_addresses=self._addresses)
+        await (await self._azc.async_register_service(info, cooperating_responders=True))
+        self._pairing = info
+
+    async def withdraw_pairing(self) -> None:
+        if self._pairing is not None and self._azc is not None:
+            info, self._pairing = self._pairing, None
+            await (await self._azc.async_unregister_service(info))
+
+    async def find_pairing(self, channel: int, timeout: float, grace: float = 0.5) -> list[Peer]:
+        """Waiters announcing `channel`: all that answer within `grace` s of the first one."""
+        assert self._azc is not None
+        names: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_sub(zeroconf: Zeroconf, service_type: str, name: str,
+                   state_change: ServiceStateChange) -> None:
+            if state_change is not ServiceStateChange.Removed:
+                names.put_nowait(name)
+
+        browser = AsyncServiceBrowser(self._azc.zeroconf, [pair_subtype(channel)], handlers=[on_sub])
+        found: dict[str, Peer] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    name = await asyncio.wait_for(names.get(), left)
+                except TimeoutError:
+                    break
+                info = AsyncServiceInfo(PAIR_SERVICE_TYPE, name)
+                if name in found or not await info.async_request(self._azc.zeroconf, RESOLVE_TIMEOUT_MS):
+                    continue
+                try:
+                    parse_pair_txt({k: v for k, v in info.decoded_properties.items() if k is not None},
+                                   name, channel)
+                except BadAnnouncement as exc:
+                    log.warning("ignoring pairing announcement: %s", exc)
+                    continue
+                addresses = tuple(info.parsed_addresses(IPVersion.V4Only))
+                if addresses and info.port:
+                    found[name] = Peer("", name, addresses, info.port, 0, ())
                     deadline = min(deadline, loop.time() + grace)
         finally:
             await browser.async_cancel()

@@ -1,6 +1,6 @@
 """The DNS-SD scheme of p2pnode nodes (docs/PROTOCOL.md, "LAN discovery"): instance and
-subtype names, the TXT record a node announces and its validation.  No I/O: mdns.py sends and
-receives these over zeroconf."""
+subtype names, the TXT record a node announces and its validation, and the records of a waiting
+pairing code (docs/PROTOCOL.md, "Pairing").  No I/O: mdns.py sends and receives these over zeroconf."""
 from __future__ import annotations
 
 import re
@@ -18,6 +18,7 @@ TXT_LIMIT = 1300          # bytes on the wire: one unfragmented packet with the 
 LABEL_CHARS = 26          # node-id characters in an instance label (130 bits)
 SUBTYPE_HEX = 16          # branch-hash hex characters in a subtype label (64 bits, a hint)
 MAX_SUBTYPES = 16         # branch subtypes one node announces (most recent first)
+MAX_NAME_CHARS = 100     # a node's announced name (trust.MAX_NAME_LEN)
 MAIN_INSTANCE = re.compile(rf"^p2p-[0-9a-z]{{{LABEL_CHARS}}}\.", re.IGNORECASE)
 
 
@@ -59,11 +60,14 @@ class Announcement:
     generation: int
     branches: tuple[str, ...] = ()   # most recently shared first
     version: int = RECORD_VERSION
+    name: str | None = None          # the name its user gave it (`pair --name`): a claim, shown as such
 
     def txt(self) -> dict[str, str]:
         """TXT properties; branches are cut so the record stays within TXT_LIMIT bytes."""
         props = {"v": str(self.version), "id": self.node_id, "port": str(self.port),
                  "gen": str(self.generation)}
+        if self.name is not None:
+            props["name"] = self.name
         for i, branch in enumerate(self.branches):
             key = f"b{i}"
             if txt_size(props) + 1 + len(key) + 1 + len(branch) > TXT_LIMIT:
@@ -100,5 +104,37 @@ def parse_txt(props: Mapping[str, str | None], instance: str) -> Announcement:
         if not is_hash_hex(branch):
             raise BadAnnouncement(f"{instance}: TXT b{i}={branch!r} is not a 64-hex branch hash")
         branches.append(branch)
+    name = props.get("name")
+    if name is not None and not valid_name(name):
+        raise BadAnnouncement(f"{instance}: TXT name is not 1..{MAX_NAME_CHARS} printable characters")
     return Announcement(node_id, integer("port", 1, 65535), integer("gen", 0, 2**63),
-                        tuple(branches), version)
+                        tuple(branches), version, name)
+
+
+def valid_name(name: str) -> bool:
+    return 0 < len(name) <= MAX_NAME_CHARS and name.isprintable()
+
+
+# --- pairing (`p2pnode pair`): a waiting code announced by its channel number ------------------
+
+PAIR_SERVICE_TYPE = "_p2pnode-pair._tcp.local."
+
+
+def pair_subtype(channel: int) -> str:
+    """The subtype a waiter announces, so that `pair <code>` asks only for its channel."""
+    return f"_c{channel}._sub.{PAIR_SERVICE_TYPE}"
+
+
+def pair_instance_name(channel: int, token: str) -> str:
+    """`pair<channel>-<random token>`: unique without naming the node."""
+    return f"pair{channel}-{token}.{PAIR_SERVICE_TYPE}"
+
+
+def pair_txt(channel: int) -> dict[str, str]:
+    return {"v": str(RECORD_VERSION), "ch": str(channel)}
+
+
+def parse_pair_txt(props: Mapping[str, str | None], instance: str, channel: int) -> None:
+    """A waiter's TXT must name the channel that was asked for (and its instance must too)."""
+    if props.get("ch") != str(channel) or not instance.startswith(f"pair{channel}-"):
+        raise BadAnnouncement(f"{instance}: not a pairing announcement for channel {channel}")

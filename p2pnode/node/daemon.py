@@ -26,6 +26,7 @@ environment and --session-dir count, not the node's (without it: the node's).
     /v1/gc, /v1/rm                                    node/upkeep.py (with background GC)
     /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
     /v1/live, /v1/unlive                              -> node/live.py (`share --live`, `live --stop`)
+    /v1/pair/start, /v1/pair/wait, /v1/pending         -> node/pairing.py (`pair`, `peers --pending`)
 """
 from __future__ import annotations
 
@@ -46,18 +47,19 @@ from typing import Any
 from aiohttp import web
 
 from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
-from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
+from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.library.api import Library
 from p2pnode.node import upkeep
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
 from p2pnode.node.live import LiveShares
+from p2pnode.node.pairing import NodePairing
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.node.transfers import Transfers
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import get_catalog
-from p2pnode.peer.identity import load_or_create_identity, parse_node_id
+from p2pnode.peer.identity import load_or_create_identity, own_name, parse_node_id
 from p2pnode.peer.progress import ProgressInfo, ProgressMeter
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
@@ -125,7 +127,8 @@ class Node:
         await self._start_control()
         self._stack.push_async_callback(self.transfers.close)
         if self.config.mdns:
-            self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event)
+            self.discovery = Discovery(self.identity.node_id, on_change=self._peer_event,
+                                       name=own_name(self.paths.identity))
             await self.discovery.start()
             self._stack.push_async_callback(self.discovery.close)  # closes first: the goodbye
             await self.announce()
@@ -171,6 +174,9 @@ class Node:
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
             "read": self._c_read, **self.transfers.routes(), **upkeep.routes(self), **self.follows.routes(),
             **self.live.routes()}
+        pairing = NodePairing(self)  # pair/start, pair/wait, pending (node/pairing.py)
+        self._stack.push_async_callback(pairing.close)
+        routes.update(pairing.routes())
         for name, fn in routes.items():
             app.router.add_post(f"/v1/{name}", _json_handler(fn))
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # a caller gone: stop
@@ -228,6 +234,9 @@ class Node:
         why = "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in failures)
         was = peer.online
         peer.online = ok
+        # one-sided trust: every address hung up after the handshake (downloader._one_sided)
+        peer.trusts_us = True if ok else False if all(
+            isinstance(e, Refused) and "does not trust this node" in str(e) for e in failures) else None
         if ok and was is not True:
             log.info("peer online id=%s addr=%s port=%d", peer.node_id, ",".join(peer.addresses), peer.port)
         elif not ok and was is not False:

@@ -65,7 +65,8 @@ def peers_view(trusted: Iterable[TrustedPeer], status: dict[str, Any] | None) ->
         seen = {p["node_id"]: p for p in status["peers"]}
         for p in peers:
             if (s := seen.pop(p["id"], None)) is not None:
-                p.update(addresses=s["addresses"], port=s["port"], online=s["online"])
+                p.update(addresses=s["addresses"], port=s["port"], online=s["online"],
+                         trusts_us=s.get("trusts_us"))
         peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
                    "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
     return peers

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import functools
+import getpass
 import hashlib
 import os
 import re
@@ -36,6 +37,8 @@ from sysio.files import atomic_write
 KEY_FILE = "node.key"
 CERT_FILE = "node.crt"
 CA_FILE = "open-ca.crt"
+NAME_FILE = "name"
+"""The name this node gives itself (`pair --name`): sent when pairing, announced over mDNS."""
 CERT_DNS_NAME = "p2pnode"
 """The one DNS name in every node certificate (for curl's `--resolve p2pnode:PORT:IP`)."""
 
@@ -257,3 +260,31 @@ def reissue_certificate(directory: Path) -> Identity:
     key = _load_key(directory / KEY_FILE)
     atomic_write(directory / CERT_FILE, issue_certificate(key).public_bytes(serialization.Encoding.PEM))
     return load_identity(directory)
+
+
+# --- the node's own name ------------------------------------------------------------------------
+
+
+def own_name(directory: Path) -> str | None:
+    """The name set with `pair --name`, else the login name (what a teammate knows you by)."""
+    try:
+        name = (directory / NAME_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if not name:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):  # no user name in the environment or the passwd database
+            return None
+    return name if valid_own_name(name) else None
+
+
+def valid_own_name(name: str) -> bool:
+    return 0 < len(name) <= 100 and name.isprintable() and name == name.strip()
+
+
+def set_own_name(directory: Path, name: str) -> None:
+    if not valid_own_name(name):
+        raise InvalidInput(f"node name {name[:40]!r}: 1 to 100 printable characters, no outer spaces")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write(directory / NAME_FILE, name.encode() + b"\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -30,6 +31,9 @@ from sysio.files import atomic_write
 from sysio.locks import locked
 
 MAX_NAME_LEN = 100
+MAX_PENDING = 64
+"""Untrusted nodes remembered (the most recent), so that a flood of fresh keys costs nothing."""
+log = logging.getLogger(__name__)
 
 
 class TrustFileCorrupt(P2PNodeError):
@@ -54,6 +58,55 @@ class TrustedPeer:
 RemovedListener = Callable[[set[bytes]], None]
 
 
+@dataclass
+class PendingPeer:
+    """An untrusted node that tried to connect (its key from its certificate, not a claim)."""
+
+    fingerprint: bytes
+    first_seen: float
+    last_seen: float
+    attempts: int
+
+    @property
+    def node_id(self) -> str:
+        return format_node_id(self.fingerprint)
+
+    def as_dict(self) -> dict:
+        return {"id": self.node_id, "first_seen": self.first_seen, "last_seen": self.last_seen,
+                "attempts": self.attempts}
+
+
+class PendingPeers:
+    """The untrusted nodes whose TLS handshakes the peer server refused, in memory, bounded
+    (MAX_PENDING, the least recently seen dropped first): `p2pnode peers --pending`."""
+
+    def __init__(self, limit: int = MAX_PENDING) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._seen: dict[bytes, PendingPeer] = {}
+
+    def note(self, fingerprint: bytes) -> None:
+        now = round(time.time(), 3)
+        with self._lock:
+            peer = self._seen.pop(fingerprint, None)
+            if peer is None:
+                peer = PendingPeer(fingerprint, now, now, 0)
+                log.info("node %s tried to connect but is not trusted (it trusts this node; to accept it: "
+                         "p2pnode trust %s)", peer.node_id, peer.node_id)
+            peer.last_seen, peer.attempts = now, peer.attempts + 1
+            self._seen[fingerprint] = peer  # most recent last
+            while len(self._seen) > self.limit:
+                del self._seen[next(iter(self._seen))]
+
+    def discard(self, fingerprint: bytes) -> None:
+        with self._lock:
+            self._seen.pop(fingerprint, None)
+
+    def peers(self) -> list[PendingPeer]:
+        with self._lock:
+            return sorted(self._seen.values(), key=lambda p: p.last_seen, reverse=True)
+
+
 class TrustStore:
     """The allowlist file plus the live fingerprint set that TLS pins read."""
 
@@ -64,6 +117,8 @@ class TrustStore:
         self._fps: frozenset[bytes] = frozenset()
         self._stamp: tuple[int, int, int] | None = None
         self._listeners: list[RemovedListener] = []
+        self.pending = PendingPeers()
+        """Untrusted nodes that tried to connect (filled by tls.server_context's pin)."""
         self.reload_if_changed()
 
     # -- reading ---------------------------------------------------------------------------
@@ -126,6 +181,8 @@ class TrustStore:
     # -- internals --------------------------------------------------------------------------
 
     def _apply(self, peers: dict[bytes, TrustedPeer]) -> None:
+        for fp in peers:
+            self.pending.discard(fp)
         with self._lock:
             removed = set(self._peers) - set(peers)
             self._peers = dict(peers)
