@@ -285,13 +285,19 @@ class PeerServer:
         except wire.WireError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
+        stream = None
+        asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
+        if self.limits.stream_batches and asked == wire.BATCH_FORMAT_STREAM:
+            stream = wire.BatchStreamEncoder()
+            response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
         await response.prepare(request)
         sent = 0
-        reading: asyncio.Future[tuple[bytes, int, int]] | None = self._read_group(hashes, 0)
+        reading: asyncio.Future[tuple[bytes, int, int]] | None = self._read_group(hashes, 0, stream)
         try:
             while reading is not None:
                 frames, count, pos = await reading
-                reading = self._read_group(hashes, pos) if pos < len(hashes) else None  # while we send
+                more = pos < len(hashes)
+                reading = self._read_group(hashes, pos, stream) if more else None  # while we send
                 sent += count
                 await self._send(response, frames)
         finally:
@@ -300,14 +306,18 @@ class PeerServer:
         await self._finish(response, wire.encode_batch_end(sent))
         return response
 
-    def _read_group(self, hashes: list[bytes], pos: int) -> asyncio.Future[tuple[bytes, int, int]]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos)
+    def _read_group(self, hashes: list[bytes], pos: int,
+                    stream: wire.BatchStreamEncoder | None) -> asyncio.Future[tuple[bytes, int, int]]:
+        """The next group on a worker thread; one at a time per response (the stream is sequential)."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos, stream)
 
-    def _frames(self, hashes: list[bytes], pos: int) -> tuple[bytes, int, int]:
+    def _frames(self, hashes: list[bytes], pos: int,
+                stream: wire.BatchStreamEncoder | None = None) -> tuple[bytes, int, int]:
         """(frames, how many, where the next group starts): the offered line blobs among
         `hashes[pos:]`, about GROUP_BYTES of them.  The others are left out, exactly as if
-        they did not exist.  Stored bytes are sent as they are: the store's codec numbers
-        (store/records.py) are the wire's (0 raw, 1 zstd)."""
+        they did not exist.  Without a `stream`, stored bytes are sent as they are: the
+        store's codec numbers (store/records.py) are the wire's (0 raw, 1 zstd); with one,
+        each line is decoded and goes on through the response's zstd stream."""
         parts: list[bytes] = []
         size = 0
         while pos < len(hashes) and size < GROUP_BYTES:
@@ -316,7 +326,8 @@ class PeerServer:
             if self.lib.offered_object(h.hex()) != "line":
                 continue
             blob = self.lib.stored_line(h)
-            parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
+            parts += (stream.frame_parts(blob) if stream is not None
+                      else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))
             size += len(blob.stored)
         return b"".join(parts), len(parts) // 2, pos
 
