@@ -131,9 +131,10 @@ class PeerPool:
         raise self.failure(what, not_offered)
 
     def served(self) -> dict[str, dict[str, int]]:
-        """Per peer that delivered lines first: how many, and their raw bytes."""
+        """Per peer not dropped, and per dropped peer that delivered lines before: how many
+        lines it delivered first, and their raw bytes (with dropped(): every peer's fate)."""
         return {str(p.addr): {"lines": p.lines_served, "bytes": p.bytes_served}
-                for p in self.peers if p.lines_served}
+                for p in self.peers if p.lines_served or not p.dropped}
 
     async def _network_error(self, peer: PeerLink, exc: BaseException) -> None:
         """A broken link: retried, until MAX_NETWORK_ERRORS of them give the peer up."""
@@ -311,7 +312,11 @@ class Share:
     def _assign(self, op: Op, now: float) -> None:
         for holder in self._live():
             while holder.retry_at <= now and len(holder.tasks) < self.in_flight:
-                group = self._fresh(holder) or self._duplicate(holder, now)
+                group = self._fresh(holder)
+                if group is None and (group := self._duplicate(holder, now)) is not None:
+                    owner = next(iter(group.running))
+                    log.info("re-asking %s for %d lines that %s is serving", holder.peer.addr,
+                             len(group.left), owner.peer.addr)
                 if group is None:
                     break
                 if not holder.tasks:  # a new busy period: the stall clock starts now

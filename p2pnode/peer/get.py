@@ -89,7 +89,7 @@ class FetchResult:
     lines_fetched: int = 0
     dropped_peers: dict[str, str] = field(default_factory=dict)
     served: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Per peer that delivered lines first: {"lines": n, "bytes": raw bytes} (downloader.Share)."""
+    """Per peer not dropped or that delivered lines: {"lines": n, "bytes": raw bytes} first delivered."""
     path: str | None = None
     written: bool = False
     conflict: str | None = None

@@ -300,10 +300,12 @@ class PeerServer:
                 reading = self._read_group(hashes, pos, stream) if more else None  # while we send
                 sent += count
                 await self._send(response, frames)
+            await self._finish(response, wire.encode_batch_end(sent))
+        except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
+            log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
             if reading is not None:
                 reading.cancel()
-        await self._finish(response, wire.encode_batch_end(sent))
         return response
 
     def _read_group(self, hashes: list[bytes], pos: int,
