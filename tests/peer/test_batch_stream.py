@@ -50,7 +50,8 @@ def encode(lines: list[bytes], level: int = wire.STREAM_LEVEL) -> bytes:
     enc = wire.BatchStreamEncoder(level)
     out = b""
     for line in lines:
-        out += b"".join(enc.frame_parts(StoredBlob(h(line), CODEC_ZSTD, len(line), zstandard.compress(line, 1))))
+        stored = StoredBlob(h(line), CODEC_ZSTD, len(line), zstandard.compress(line, 1))
+        out += b"".join(enc.frame_parts(stored))
     return out + wire.encode_batch_end(len(lines))
 
 

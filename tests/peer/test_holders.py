@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import logging
 import json
+import logging
 import random
 import shutil
 from collections.abc import AsyncIterator
@@ -278,7 +278,8 @@ async def test_a_slow_holder_is_kept_and_its_last_groups_re_asked(world: World,
     assert placed(world, result) == world.data
     assert result.dropped_peers == {}
     re_asked = [r.getMessage() for r in caplog.records if "re-asking" in r.getMessage()]
-    assert any(m.startswith(f"re-asking {fast} for") and m.endswith(f"that {slow} is serving") for m in re_asked)
+    assert any(m.startswith(f"re-asking {fast} for") and m.endswith(f"that {slow} is serving")
+               for m in re_asked)
     assert result.served[str(fast)]["lines"] > len(set(world.lines())) // 2
 
 
