@@ -11,11 +11,13 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 
+from p2pnode.library.api import ZSTD_LEVEL
 from p2pnode.peer import wire
 from p2pnode.peer.downloader import PeerPool, Share
 from p2pnode.peer.link import PeerLink
 from p2pnode.pi.lines import LineRef
-from store.layout import CODEC_RAW
+from store.codec import compressor
+from store.layout import CODEC_RAW, CODEC_ZSTD
 
 BATCHES_IN_FLIGHT = 3
 """Batch requests per holder at once, so that it prepares one while we verify another."""
@@ -24,7 +26,9 @@ DECODE_RUN = 1 << 20
 
 Received = Callable[[list[wire.BatchBlob], list[bytes]], Awaitable[None]]
 """received(blobs, their verified raw bytes): called as runs of blobs are verified, each line
-once.  A blob that came as a zstd stream segment is handed on raw (codec 0, `stored` = raw)."""
+once.  A blob that came as a zstd stream segment (which cannot be stored as it came: it needs
+the stream) is handed on as the store would keep it: zstd at the library's level if that
+shrinks it, else raw."""
 Have = Callable[[bytes], bool]
 """have(line hash): True once a line was received (it is not asked for again)."""
 Verified = Callable[[list[wire.BatchBlob], list[bytes]], Awaitable[None]]
@@ -60,15 +64,19 @@ async def _hand_on(share: Share, peer: PeerLink, received: Received, blobs: list
                    raws: list[bytes]) -> None:
     """Verified blobs to `received`, but only those no other holder delivered first."""
     first = share.verified(peer, blobs)
-    kept = [(_as_stored(b, raw), raw) for b, raw, new in zip(blobs, raws, first, strict=True) if new]
+    kept = [(b, raw) for b, raw, new in zip(blobs, raws, first, strict=True) if new]
     if kept:
         await received([b for b, _ in kept], [raw for _, raw in kept])
 
 
 def _as_stored(blob: wire.BatchBlob, raw: bytes) -> wire.BatchBlob:
-    """A stream segment cannot be stored as it came (it needs the stream): the raw line."""
+    """A stream segment's line as the store keeps a line (zstd at its level, raw if that
+    does not shrink it); any other blob as it came."""
     if blob.codec != wire.CODEC_ZSTD_STREAM:
         return blob
+    packed = compressor(ZSTD_LEVEL).compress(raw)
+    if len(packed) < len(raw):
+        return wire.BatchBlob(blob.hash, CODEC_ZSTD, len(raw), packed)
     return wire.BatchBlob(blob.hash, CODEC_RAW, len(raw), raw)
 
 
@@ -118,9 +126,11 @@ async def _verify(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder |
     on; a stream's run waits for the run before it (`after`), whose blocks come first."""
     if after is not None:
         await after
-    raws = await asyncio.to_thread(_decode_all, blobs, stream)
-    await verified(blobs, raws)
+    stored, raws = await asyncio.to_thread(_decode_all, blobs, stream)
+    await verified(stored, raws)
 
 
-def _decode_all(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None) -> list[bytes]:
-    return [wire.decode_blob(b, stream) for b in blobs]
+def _decode_all(blobs: list[wire.BatchBlob],
+                stream: wire.BatchStreamDecoder | None) -> tuple[list[wire.BatchBlob], list[bytes]]:
+    raws = [wire.decode_blob(b, stream) for b in blobs]
+    return [_as_stored(b, raw) for b, raw in zip(blobs, raws, strict=True)], raws

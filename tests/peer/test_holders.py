@@ -27,7 +27,7 @@ from p2pnode.peer.get import FetchResult, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
-from store.layout import CODEC_RAW
+from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
 ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
@@ -294,3 +294,6 @@ async def test_old_and_new_batch_formats_interoperate(world: World, client_strea
     assert placed(world, result) == world.data
     assert result.lines_fetched == len(set(world.lines()))
     assert world.lib.session_bytes(result.src) == world.data
+    # kept compressed in the store, however the lines came (a stream segment is compressed again)
+    text = world.lines()[IMAGE_LINE + 1]
+    assert world.lib.stored_line(blake3.blake3(text).digest()).codec == CODEC_ZSTD
