@@ -408,6 +408,8 @@ def _describe_network_error(exc: BaseException, me: str) -> str:
         return f"connection closed by the peer (cut link, or it does not trust this node {me})"
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "connection cut in the middle of an answer"
     os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
     if isinstance(os_error, OSError) and os_error.errno:
         return f"cannot connect: {os.strerror(os_error.errno).lower()}"

@@ -232,7 +232,9 @@ async def test_cut_trickling_and_lying_holders_leave_the_rest_to_the_honest_one(
     dropped = result.dropped_peers
     assert f"line blob {victim.hex()}" in dropped[str(liar)] and "failed verification" in dropped[str(liar)]
     assert dropped[str(trickle)].startswith("no verified progress for 2 s")
-    assert str(cut) in dropped and world.holders[1].relay and world.holders[1].relay.cut
+    assert world.holders[1].relay and world.holders[1].relay.cut
+    assert dropped[str(cut)].startswith(("connection cut in the middle of an answer",
+                                         "connection closed by the peer", "cannot connect"))
     assert str(honest) not in dropped and result.served[str(honest)]["lines"] > 0
     assert str(trickle) not in result.served  # no line came through the trickle
     assert set(result.served) <= {str(liar), str(cut), str(honest)}
