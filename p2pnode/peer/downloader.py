@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -203,11 +204,6 @@ Op = Callable[[PeerLink, list[LineRef]], Awaitable[None]]
 """op(peer, lines): ask `peer` for these lines, reporting each verified run to Share.verified;
 lines it leaves out (not served there) are not asked of that peer again."""
 
-DUPLICATE_SPEEDUP = 1.5
-"""An idle holder re-asks a group that another holder is serving only if it has been this many
-times faster (verified bytes per second of requests outstanding), or the other has no rate yet."""
-
-
 @dataclass(eq=False)
 class Group:
     """Lines asked for in one request: those not verified yet, and who is asked for them."""
@@ -235,6 +231,7 @@ class Holder:
     retry_at: float = 0.0
 
     def rate(self, now: float) -> float:
+        """Verified raw bytes per second with requests outstanding (0: none verified yet)."""
         busy = self.busy + (now - self.since if self.tasks else 0.0)
         return self.served / busy if busy > 0 else 0.0
 
@@ -246,9 +243,10 @@ class Share:
     """The missing lines of one session shared out among the pool's live peers.
 
     Each holder keeps up to `in_flight` groups asked for.  An idle holder takes the next group
-    nobody is serving, else (the end of the fetch) re-asks one that a much slower holder is
-    serving; the first verified copy of a line wins and a group done cancels the other
-    requests for it.  A holder's failure is judged as in PeerPool.run: dropped (lying,
+    nobody is serving; once there is none (the end of the fetch), it re-asks the group whose
+    holder should take longest to finish it, from its last line backwards, so that the two
+    meet in the middle.  The first verified copy of a line wins and a group done cancels the
+    other request for it.  A holder's failure is judged as in PeerPool.run: dropped (lying,
     refusing, stalled), retried after a pause (a broken link), or not asked again for lines
     it does not serve; its unfinished groups go back to the queue either way.  A holder with
     requests outstanding that, for `stall_timeout` seconds, had no line verified and moved
@@ -313,7 +311,8 @@ class Share:
         for holder in self._live():
             while holder.retry_at <= now and len(holder.tasks) < self.in_flight:
                 group = self._fresh(holder)
-                if group is None and (group := self._duplicate(holder, now)) is not None:
+                again = group is None
+                if again and (group := self._duplicate(holder, now)) is not None:
                     owner = next(iter(group.running))
                     log.info("re-asking %s for %d lines that %s is serving", holder.peer.addr,
                              len(group.left), owner.peer.addr)
@@ -324,6 +323,8 @@ class Share:
                     holder.progress_mark = holder.peer.bytes_received
                     holder.peer.accepted = None
                 asked = [r for r in group.left.values() if r.hash not in holder.lacks]
+                if again:  # from the other end: the two requests meet in the middle
+                    asked.reverse()
                 task = asyncio.ensure_future(op(holder.peer, asked))
                 holder.tasks[task] = (group, asked)
                 group.running[holder] = task
@@ -333,14 +334,19 @@ class Share:
         return next((g for g in self.groups if g.left and not g.running and holder.can_serve(g)), None)
 
     def _duplicate(self, holder: Holder, now: float) -> Group | None:
-        """The end of the fetch: a group one much slower holder is serving, the slowest first."""
-        mine = holder.rate(now)
-        if not mine:
-            return None
-        slower = [(next(iter(g.running)).rate(now), i) for i, g in enumerate(self.groups)
-                  if g.left and len(g.running) == 1 and holder.can_serve(g)]
-        slower = [(rate, i) for rate, i in slower if mine > DUPLICATE_SPEEDUP * rate]
-        return self.groups[min(slower)[1]] if slower else None
+        """The end of the fetch: of the groups one other holder is serving, the one it should
+        take longest to finish (its lines left over its rate per request in flight; a holder
+        that verified nothing yet: never).  A group of one line is re-asked only from a holder
+        without a rate: two requests cannot split it."""
+        def finish(g: Group) -> float:
+            owner = next(iter(g.running))
+            rate = owner.rate(now) / len(owner.tasks)
+            return sum(r.length for r in g.left.values()) / rate if rate else math.inf
+
+        open_ = [(finish(g), i) for i, g in enumerate(self.groups)
+                 if g.left and len(g.running) == 1 and holder.can_serve(g)]
+        open_ = [(t, i) for t, i in open_ if len(self.groups[i].left) > 1 or t == math.inf]
+        return self.groups[max(open_)[1]] if open_ else None
 
     def _settle(self, task: asyncio.Future[None]) -> None:
         holder = next(h for h in self.holders.values() if task in h.tasks)
