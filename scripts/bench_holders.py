@@ -180,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     size_mb = 16 if args.quick else 64
     rate = args.mbit * 1e6 / 8
-    stream, per_line = wire.Limits(), wire.Limits(stream_batches=False)
+    stream, per_line = wire.Limits(stream_batches=True), wire.Limits()
     result: dict[str, Any] = {"benchmark": "holders", "quick": args.quick, "cpus": os.cpu_count(),
                               "session_mb": size_mb, "link_mbit": args.mbit}
     with tempfile.TemporaryDirectory(prefix="bench-holders-") as tmp:

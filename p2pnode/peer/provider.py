@@ -287,7 +287,7 @@ class PeerServer:
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         stream = None
         asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
-        if self.limits.stream_batches and asked == wire.BATCH_FORMAT_STREAM:
+        if self.limits.serve_stream_batches and asked == wire.BATCH_FORMAT_STREAM:
             stream = wire.BatchStreamEncoder()
             response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
         await response.prepare(request)

@@ -96,8 +96,12 @@ class Limits:
     `stall_timeout` seconds, has had no line verified and has moved fewer than `progress_bytes`
     bytes (the bytes count only for a line too big to arrive in that time); its lines go to
     the other holders.  The batch phase's stricter form of `progress_timeout`."""
-    stream_batches: bool = True
-    """Ask for (fetcher) and serve (server) batches as one zstd stream (CODEC_ZSTD_STREAM)."""
+    stream_batches: bool = False
+    """Fetcher: ask for batches as one zstd stream (CODEC_ZSTD_STREAM): a quarter fewer bytes
+    on the wire, for about 0.01 s more CPU per MB on the two sides; off by default, since on
+    loopback and at 100 Mbit/s the CPU costs more time than the bytes saved (BENCHMARKS.md)."""
+    serve_stream_batches: bool = True
+    """Server: make stream batches for a fetcher that asks for them."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0

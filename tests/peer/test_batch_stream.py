@@ -193,7 +193,7 @@ async def test_the_server_streams_only_when_asked_and_able(served, corpus_dir: P
     lib, me, trust, tls = served
     lines = (corpus_dir / A1).read_bytes().splitlines(keepends=True)
     hashes = list(dict.fromkeys(h(ln) for ln in lines))
-    server = PeerServer(lib, me, trust, wire.Limits(stream_batches=server_stream))
+    server = PeerServer(lib, me, trust, wire.Limits(serve_stream_batches=server_stream))
     await server.start("127.0.0.1", 0)
     headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM} if ask else {}
     try:

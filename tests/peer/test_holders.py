@@ -291,7 +291,7 @@ async def test_old_and_new_batch_formats_interoperate(world: World, client_strea
                                                       server_stream: bool) -> None:
     """A fetcher that does not ask for stream batches, or a server that does not make them (an
     older peer), gets per-line frames; only both new make a stream.  Every pair fetches it whole."""
-    addr = await world.serve(0, limits=wire.Limits(stream_batches=server_stream))
+    addr = await world.serve(0, limits=wire.Limits(serve_stream_batches=server_stream))
     result = await world.fetch([addr], wire.Limits(batch_target_bytes=64 << 10, stream_batches=client_stream))
     assert placed(world, result) == world.data
     assert result.lines_fetched == len(set(world.lines()))
