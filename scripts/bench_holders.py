@@ -229,7 +229,8 @@ def main() -> None:
                 cut = addresses(holders, (r0, r1))
                 log("two holders, the second cut after about half of its share")
                 via["two_holders_one_cut"] = fetch(work, branch, cut, per_line)
-            via["speedup"] = round(via["one_holder"]["seconds"] / via["two_holders"]["seconds"], 3)
+            via["speedup"] = round(via["one_holder"]["seconds"] / two["seconds"], 3)
+            via["speedup_transfer"] = round(via["one_holder"]["transfer_s"] / two["transfer_s"], 3)
             via["cut_cost_s"] = round(via["two_holders_one_cut"]["seconds"] - two["seconds"], 3)
             result["rate_limited"] = via
     result["goals"] += [
