@@ -4,9 +4,9 @@ this object, dropped for the rest of the fetch, or retried after a broken link. 
 no peer could do fails with the error that says what each peer did.
 
 The lines of a session are shared out instead (`Share`): every holder pulls groups of lines
-from one queue, a faster holder re-asks the last groups of a slower one (the first verified
-copy of a line wins), and a holder without verified progress for `Limits.stall_timeout` is
-dropped, its groups going back to the queue."""
+from one queue, at the end an idle holder re-asks the group that would take longest from the
+other end (the first verified copy of a line wins), and a holder without verified progress
+for `Limits.stall_timeout` is dropped, its groups going back to the queue."""
 from __future__ import annotations
 
 import asyncio
@@ -204,6 +204,7 @@ Op = Callable[[PeerLink, list[LineRef]], Awaitable[None]]
 """op(peer, lines): ask `peer` for these lines, reporting each verified run to Share.verified;
 lines it leaves out (not served there) are not asked of that peer again."""
 
+
 @dataclass(eq=False)
 class Group:
     """Lines asked for in one request: those not verified yet, and who is asked for them."""
@@ -250,7 +251,7 @@ class Share:
     refusing, stalled), retried after a pause (a broken link), or not asked again for lines
     it does not serve; its unfinished groups go back to the queue either way.  A holder with
     requests outstanding that, for `stall_timeout` seconds, had no line verified and moved
-    fewer than `progress_bytes` bytes is dropped (PeerStalled)."""
+    fewer than `progress_bytes` bytes is dropped."""
 
     def __init__(self, pool: PeerPool, what: str, groups: list[list[LineRef]], in_flight: int) -> None:
         self.pool, self.what, self.in_flight = pool, what, in_flight
@@ -336,8 +337,8 @@ class Share:
     def _duplicate(self, holder: Holder, now: float) -> Group | None:
         """The end of the fetch: of the groups one other holder is serving, the one it should
         take longest to finish (its lines left over its rate per request in flight; a holder
-        that verified nothing yet: never).  A group of one line is re-asked only from a holder
-        without a rate: two requests cannot split it."""
+        that verified nothing yet comes first).  A group of one line is re-asked only from a
+        holder without a rate: two requests cannot split it."""
         def finish(g: Group) -> float:
             owner = next(iter(g.running))
             rate = owner.rate(now) / len(owner.tasks)
