@@ -299,3 +299,25 @@ async def test_old_and_new_batch_formats_interoperate(world: World, client_strea
     # kept compressed in the store, however the lines came (a stream segment is compressed again)
     text = world.lines()[IMAGE_LINE + 1]
     assert world.lib.stored_line(blake3.blake3(text).digest()).codec == CODEC_ZSTD
+
+
+async def test_a_holder_of_an_older_version_serves_the_lines_it_has(world: World, tmp_path: Path) -> None:
+    """A holder that offers only the first half of the session (an older version of it) is
+    asked for lines too: it sends those it has and leaves out the rest, which the full holder
+    sends; nobody is dropped for leaving lines out."""
+    half = b"".join(world.lines()[: len(world.lines()) // 2])
+    agent = tmp_path / "older-agent"
+    (agent / A1).parent.mkdir(parents=True)
+    (agent / A1).write_bytes(half)
+    older = Holder(Library.open(NodePaths(tmp_path / "older-home"), agent),
+                   load_or_create_identity(tmp_path / "older-id"))
+    older.lib.share(str(agent / A1))
+    world.trust.trust(older.identity.node_id)
+    world.holders.append(older)
+    full = await world.serve(0)
+    partial = await world.serve(len(world.holders) - 1)
+    result = await world.fetch([partial, full])
+    assert placed(world, result) == world.data
+    assert result.dropped_peers == {}
+    assert result.served[str(partial)]["lines"] > 0 and result.served[str(full)]["lines"] > 0
+    assert result.served[str(partial)]["bytes"] <= len(half)
