@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -217,7 +218,9 @@ def placed(w: World, result: FetchResult) -> bytes:
     return Path(result.path).read_bytes()
 
 
-async def test_cut_trickling_and_lying_holders_leave_the_rest_to_the_honest_one(world: World) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["per-line", "stream"])
+async def test_cut_trickling_and_lying_holders_leave_the_rest_to_the_honest_one(world: World,
+                                                                                stream: bool) -> None:
     """Four holders: one lies on a line of a group it is asked for first, one is cut after
     200 KB, one trickles at 1 KB/s, one is honest (at 100 KB/s per connection, so that the
     fetch outlasts the stall deadline).  The fetch completes, byte-identical, and the result
@@ -227,7 +230,8 @@ async def test_cut_trickling_and_lying_holders_leave_the_rest_to_the_honest_one(
     cut = await world.serve(1, cut_after=200_000)
     trickle = await world.serve(2, rate=1000)
     honest = await world.serve(3, rate=100_000)
-    result = await world.fetch([liar, cut, trickle, honest])
+    limits = dataclasses.replace(FETCH_LIMITS, stream_batches=stream)
+    result = await world.fetch([liar, cut, trickle, honest], limits)
     assert placed(world, result) == world.data
     dropped = result.dropped_peers
     assert f"line blob {victim.hex()}" in dropped[str(liar)] and "failed verification" in dropped[str(liar)]
