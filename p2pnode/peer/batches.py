@@ -31,7 +31,6 @@ the stream) is handed on as the store would keep it: zstd at the library's level
 shrinks it, else raw."""
 Have = Callable[[bytes], bool]
 """have(line hash): True once a line was received (it is not asked for again)."""
-Verified = Callable[[list[wire.BatchBlob], list[bytes]], Awaitable[None]]
 
 
 async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: wire.Limits,
@@ -80,7 +79,7 @@ def _as_stored(blob: wire.BatchBlob, raw: bytes) -> wire.BatchBlob:
     return wire.BatchBlob(blob.hash, CODEC_RAW, len(raw), raw)
 
 
-async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, verified: Verified) -> None:
+async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, verified: Received) -> None:
     """One batch request.  Received blobs are decompressed and hashed on worker threads
     (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read;
     the runs of a zstd stream response are decoded in order, one after the other.  Lines the
@@ -121,7 +120,7 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
 
 
 async def _verify(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None,
-                  after: asyncio.Future[None] | None, verified: Verified) -> None:
+                  after: asyncio.Future[None] | None, verified: Received) -> None:
     """Decode and verify a run of blobs on a worker thread (wire.decode_blob), then hand them
     on; a stream's run waits for the run before it (`after`), whose blocks come first."""
     if after is not None:
