@@ -20,6 +20,7 @@ from pathlib import Path
 import blake3
 import pytest
 
+from p2pnode.errors import NotFound
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
@@ -325,3 +326,27 @@ async def test_a_holder_of_an_older_version_serves_the_lines_it_has(world: World
     assert result.dropped_peers == {}
     assert result.served[str(partial)]["lines"] > 0 and result.served[str(full)]["lines"] > 0
     assert result.served[str(partial)]["bytes"] <= len(half)
+
+
+class HidingLibrary(LyingLibrary):
+    """A holder's real library that does not serve one line (as if it did not hold it)."""
+
+    def offered_object(self, hash_hex: str) -> str | None:
+        return None if hash_hex == self.victim.hex() else self.lib.offered_object(hash_hex)
+
+
+async def test_a_line_no_holder_serves_fails_the_fetch_as_not_offered(world: World) -> None:
+    """The only holder leaves one line out of every answer: asked once per line, not dropped
+    (leaving out is no lie), and the fetch fails as not offered; nothing is stored or placed."""
+    victim = blake3.blake3(world.lines()[-1]).digest()
+    h = world.holders[0]
+    trust = TrustStore(h.lib.paths.home / "trust-of-holder.json")
+    trust.trust(world.me.node_id)
+    h.server = PeerServer(HidingLibrary(h.lib, victim), h.identity, trust)  # type: ignore[arg-type]
+    await h.server.start("127.0.0.1", 0)
+    addr = PeerAddress(h.identity.node_id, "127.0.0.1", h.port)
+    fate = f"not offered by any peer \\({addr}: does not offer it\\)"
+    with pytest.raises(NotFound, match=f"lines of session .*: {fate}"):
+        await world.fetch([addr])
+    assert not world.lib.branches(include_unshared=True)
+    assert not list(world.agent.rglob("*.jsonl"))
