@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import random
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +210,6 @@ async def world(tmp_path: Path, corpus_dir: Path) -> AsyncIterator[World]:
                 await h.server.close()
             h.lib.close()
         lib.close()
-    shutil.rmtree(tmp_path / "me-agent", ignore_errors=True)
 
 
 def placed(w: World, result: FetchResult) -> bytes:
