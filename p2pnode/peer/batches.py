@@ -2,8 +2,8 @@
 decoded and verified against its hash before it is handed on.
 
 get.py decides which lines are missing and what to do with a verified one (the `Received`
-callback); this module decides how they are asked for; downloader.py which peer is asked and
-what its failure means.
+callback); this module decides how they are asked for; downloader.py which peer is asked
+(downloader.Share: all holders at once) and what its failure means.
 """
 from __future__ import annotations
 
@@ -11,69 +11,95 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 
+from p2pnode.library.api import ZSTD_LEVEL
 from p2pnode.peer import wire
-from p2pnode.peer.downloader import PeerPool
+from p2pnode.peer.downloader import PeerPool, Share
 from p2pnode.peer.link import PeerLink
 from p2pnode.pi.lines import LineRef
+from store.codec import compressor
+from store.layout import CODEC_RAW, CODEC_ZSTD
 
 BATCHES_IN_FLIGHT = 3
+"""Batch requests per holder at once, so that it prepares one while we verify another."""
 DECODE_RUN = 1 << 20
 """Raw bytes of received blobs handed to a worker thread at a time for decoding."""
 
 Received = Callable[[list[wire.BatchBlob], list[bytes]], Awaitable[None]]
-"""received(blobs as sent, their verified raw bytes): called as runs of blobs are verified."""
+"""received(blobs, their verified raw bytes): called as runs of blobs are verified, each line
+once.  A blob that came as a zstd stream segment (which cannot be stored as it came: it needs
+the stream) is handed on as the store would keep it: zstd at the library's level if that
+shrinks it, else raw."""
 Have = Callable[[bytes], bool]
-"""have(line hash): True once a line was received (it is not asked for again after a retry)."""
+"""have(line hash): True once a line was received (it is not asked for again)."""
 
 
 async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: wire.Limits,
                     have: Have, received: Received) -> None:
-    """Every line of `missing` from the pool's peers, handed to `received` once verified; a
-    broken link or a dropped peer continues with the lines not received yet."""
-    await pool.run(what, functools.partial(_from_peer, missing=missing, limits=limits, have=have,
-                                           received=received))
+    """Every line of `missing` from the pool's peers, handed to `received` once verified: the
+    lines are shared out among all holders (downloader.Share); a broken link or a dropped
+    holder leaves its lines not received yet to the others."""
+    share = Share(pool, what, _groups([r for r in missing if not have(r.hash)], limits), BATCHES_IN_FLIGHT)
+
+    async def ask(peer: PeerLink, group: list[LineRef]) -> None:
+        await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received))
+
+    await share.run(ask)
 
 
-async def _from_peer(peer: PeerLink, missing: list[LineRef], limits: wire.Limits, have: Have,
-                     received: Received) -> None:
-    """Ask `peer` for the missing lines not received yet, in batches of bounded size,
-    BATCHES_IN_FLIGHT at a time so that the peer prepares one while we verify another."""
+def _groups(missing: list[LineRef], limits: wire.Limits) -> list[list[LineRef]]:
+    """The lines in batches of at most max_batch_hashes and about batch_target_bytes."""
     groups: list[list[LineRef]] = [[]]
     size = 0
     for ref in missing:
-        if have(ref.hash):
-            continue
         if len(groups[-1]) >= limits.max_batch_hashes or size >= limits.batch_target_bytes:
             groups.append([])
             size = 0
         groups[-1].append(ref)
         size += ref.length
-    slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
-
-    async def one(group: list[LineRef]) -> None:
-        async with slots:
-            await _batch(peer, group, limits, received)
-
-    tasks = [asyncio.create_task(one(g)) for g in groups if g]
-    try:
-        await asyncio.gather(*tasks)
-    finally:  # on the first failure, stop the others (what they verified is kept)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    return [g for g in groups if g]
 
 
-async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, received: Received) -> None:
+async def _hand_on(share: Share, peer: PeerLink, received: Received, blobs: list[wire.BatchBlob],
+                   raws: list[bytes]) -> None:
+    """Verified blobs to `received`, but only those no other holder delivered first."""
+    first = share.verified(peer, blobs)
+    kept = [(b, raw) for b, raw, new in zip(blobs, raws, first, strict=True) if new]
+    if kept:
+        await received([b for b, _ in kept], [raw for _, raw in kept])
+
+
+def _as_stored(blob: wire.BatchBlob, raw: bytes) -> wire.BatchBlob:
+    """A stream segment's line as the store keeps a line (zstd at its level, raw if that
+    does not shrink it); any other blob as it came."""
+    if blob.codec != wire.CODEC_ZSTD_STREAM:
+        return blob
+    packed = compressor(ZSTD_LEVEL).compress(raw)
+    if len(packed) < len(raw):
+        return wire.BatchBlob(blob.hash, CODEC_ZSTD, len(raw), packed)
+    return wire.BatchBlob(blob.hash, CODEC_RAW, len(raw), raw)
+
+
+async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, verified: Received) -> None:
     """One batch request.  Received blobs are decompressed and hashed on worker threads
-    (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read."""
-    decoder = wire.BatchDecoder([r.hash for r in group], limits)
+    (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read;
+    the runs of a zstd stream response are decoded in order, one after the other.  Lines the
+    peer leaves out are not an error: it does not serve them (the Share asks elsewhere)."""
+    stream = wire.BatchStreamDecoder() if limits.stream_batches else None
+    decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=stream is not None)
     body = wire.encode_batch_request(r.hash for r in group)
+    headers = {"Content-Type": "application/octet-stream"}
+    if stream is not None:
+        headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
     run_bytes = 0
+
+    def verify_run() -> None:
+        after = decoding[-1] if decoding and stream is not None else None
+        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified)))
+
     try:
-        async with peer.request("POST", wire.PATH_BATCH, data=body,
-                                headers={"Content-Type": "application/octet-stream"}) as resp:
+        async with peer.request("POST", wire.PATH_BATCH, data=body, headers=headers) as resp:
             peer._check(resp, f"batch of {len(group)} lines")
             async for chunk in resp.content.iter_any():
                 peer.bytes_received += len(chunk)
@@ -81,25 +107,29 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, rece
                     run.append(blob)
                     run_bytes += blob.raw_len
                 if run_bytes >= DECODE_RUN:
-                    decoding.append(asyncio.ensure_future(_verify(run, received)))
+                    verify_run()
                     run, run_bytes = [], 0
             decoder.finish()
         if run:
-            decoding.append(asyncio.ensure_future(_verify(run, received)))
+            verify_run()
         await asyncio.gather(*decoding)
     finally:  # a failure stops the rest; what was verified is kept
         for f in decoding:
             f.cancel()
         await asyncio.gather(*decoding, return_exceptions=True)
-    if decoder.received != len(group):
-        raise wire.WireError(f"peer sent {decoder.received} of the {len(group)} line blobs asked for")
 
 
-async def _verify(blobs: list[wire.BatchBlob], received: Received) -> None:
-    """Decode and verify a run of blobs on a worker thread (wire.decode_blob), then hand them on."""
-    raws = await asyncio.to_thread(_decode_all, blobs)
-    await received(blobs, raws)
+async def _verify(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None,
+                  after: asyncio.Future[None] | None, verified: Received) -> None:
+    """Decode and verify a run of blobs on a worker thread (wire.decode_blob), then hand them
+    on; a stream's run waits for the run before it (`after`), whose blocks come first."""
+    if after is not None:
+        await after
+    stored, raws = await asyncio.to_thread(_decode_all, blobs, stream)
+    await verified(stored, raws)
 
 
-def _decode_all(blobs: list[wire.BatchBlob]) -> list[bytes]:
-    return [wire.decode_blob(b) for b in blobs]
+def _decode_all(blobs: list[wire.BatchBlob],
+                stream: wire.BatchStreamDecoder | None) -> tuple[list[wire.BatchBlob], list[bytes]]:
+    raws = [wire.decode_blob(b, stream) for b in blobs]
+    return [_as_stored(b, raw) for b, raw in zip(blobs, raws, strict=True)], raws

@@ -1,16 +1,23 @@
 """The multi-peer policy of a fetch: the peers are tried in turn for each step, and what a
 failure means decides what happens to the peer that failed (FailureAction): asked no more for
 this object, dropped for the rest of the fetch, or retried after a broken link.  A step that
-no peer could do fails with the error that says what each peer did."""
+no peer could do fails with the error that says what each peer did.
+
+The lines of a session are shared out instead (`Share`): every holder pulls groups of lines
+from one queue, at the end an idle holder re-asks the group that would take longest from the
+other end (the first verified copy of a line wins), and a holder without verified progress
+for `Limits.stall_timeout` is dropped, its groups going back to the queue."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import enum
 import logging
+import math
 import os
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import aiohttp
@@ -21,6 +28,7 @@ from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.link import NotOffered, PeerLink
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,10 +129,21 @@ class PeerPool:
                     self.drop(peer, failure.reason, failure.means)
                 else:
                     await self._network_error(peer, error)
-        raise self._failure(what, not_offered)
+        raise self.failure(what, not_offered)
+
+    def served(self) -> dict[str, dict[str, int]]:
+        """Per peer not dropped, and per dropped peer that delivered lines before: how many
+        lines it delivered first, and their raw bytes (with dropped(): every peer's fate)."""
+        return {str(p.addr): {"lines": p.lines_served, "bytes": p.bytes_served}
+                for p in self.peers if p.lines_served or not p.dropped}
 
     async def _network_error(self, peer: PeerLink, exc: BaseException) -> None:
         """A broken link: retried, until MAX_NETWORK_ERRORS of them give the peer up."""
+        self.network_error(peer, exc)
+        await asyncio.sleep(RETRY_PAUSE)
+
+    def network_error(self, peer: PeerLink, exc: BaseException) -> None:
+        """Count a broken link against `peer`; the MAX_NETWORK_ERRORS-th drops it."""
         peer.network_errors += 1
         # a peer that never answered a byte, though we accepted it in the handshake
         peer.closed_after_handshake += (peer.accepted is not None and not peer.bytes_received
@@ -136,7 +155,6 @@ class PeerPool:
                 self.drop(peer, self._one_sided(peer), Refused)
             else:
                 self.drop(peer, reason, PeerUnavailable)
-        await asyncio.sleep(RETRY_PAUSE)
 
     def _one_sided(self, peer: PeerLink) -> str:
         """We accepted the peer in the handshake and it hung up, unanswered, each time: it refused
@@ -166,7 +184,7 @@ class PeerPool:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def _failure(self, what: str, not_offered: set[PeerLink]) -> P2PNodeError:
+    def failure(self, what: str, not_offered: set[PeerLink]) -> P2PNodeError:
         reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
         if not self.peers:
             return PeerUnavailable(f"{what}: no peer to fetch from (give --from HOST:PORT or a ticket)")
@@ -180,6 +198,207 @@ class PeerPool:
         if failures == {Refused}:
             return Refused(f"{what}: refused ({reasons})")
         return PeerUnavailable(f"{what}: no peer could deliver it ({reasons})")
+
+
+Op = Callable[[PeerLink, list[LineRef]], Awaitable[None]]
+"""op(peer, lines): ask `peer` for these lines, reporting each verified run to Share.verified;
+lines it leaves out (not served there) are not asked of that peer again."""
+
+
+@dataclass(eq=False)
+class Group:
+    """Lines asked for in one request: those not verified yet, and who is asked for them."""
+
+    left: dict[bytes, LineRef]
+    running: dict[Holder, asyncio.Future[None]] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Holder:
+    """One peer's part in a Share: its requests in flight and how fast it delivers."""
+
+    peer: PeerLink
+    tasks: dict[asyncio.Future[None], tuple[Group, list[LineRef]]] = field(default_factory=dict)
+    lacks: set[bytes] = field(default_factory=set)
+    """Lines it left out of an answer (it does not serve them): not asked of it again."""
+    served: int = 0
+    busy: float = 0.0
+    since: float = 0.0
+    """Seconds with requests outstanding before the current busy period, and when that began."""
+    progress_at: float = 0.0
+    progress_mark: int = 0
+    """When it last made progress (a line verified, or `progress_bytes` moved), and its
+    `bytes_received` then: the stall clock."""
+    retry_at: float = 0.0
+
+    def rate(self, now: float) -> float:
+        """Verified raw bytes per second with requests outstanding (0: none verified yet)."""
+        busy = self.busy + (now - self.since if self.tasks else 0.0)
+        return self.served / busy if busy > 0 else 0.0
+
+    def can_serve(self, group: Group) -> bool:
+        return self not in group.running and any(h not in self.lacks for h in group.left)
+
+
+class Share:
+    """The missing lines of one session shared out among the pool's live peers.
+
+    Each holder keeps up to `in_flight` groups asked for.  An idle holder takes the next group
+    nobody is serving; once there is none (the end of the fetch), it re-asks the group whose
+    holder should take longest to finish it, from its last line backwards, so that the two
+    meet in the middle.  The first verified copy of a line wins and a group done cancels the
+    other request for it.  A holder's failure is judged as in PeerPool.run: dropped (lying,
+    refusing, stalled), retried after a pause (a broken link), or not asked again for lines
+    it does not serve; its unfinished groups go back to the queue either way.  A holder with
+    requests outstanding that, for `stall_timeout` seconds, had no line verified and moved
+    fewer than `progress_bytes` bytes is dropped."""
+
+    def __init__(self, pool: PeerPool, what: str, groups: list[list[LineRef]], in_flight: int) -> None:
+        self.pool, self.what, self.in_flight = pool, what, in_flight
+        self.groups = [Group({r.hash: r for r in g}) for g in groups if g]
+        self.where = {h: g for g in self.groups for h in g.left}
+        self.holders = {p: Holder(p) for p in pool.peers if not p.dropped}
+        self._cancelled: set[asyncio.Future[None]] = set()
+        """Requests cancelled on purpose (a group won elsewhere, a holder dropped): no failure."""
+
+    def verified(self, peer: PeerLink, blobs: list[wire.BatchBlob]) -> list[bool]:
+        """Record lines verified from `peer`; True for each line verified here first (hand it
+        on), False for one already delivered by another holder."""
+        holder = self.holders[peer]
+        holder.progress_at, holder.progress_mark = time.monotonic(), peer.bytes_received
+        first = []
+        for blob in blobs:
+            group = self.where.get(blob.hash)
+            ref = group.left.pop(blob.hash, None) if group is not None else None
+            first.append(ref is not None)
+            if group is None or ref is None:
+                continue
+            holder.served += blob.raw_len
+            peer.lines_served += 1
+            peer.bytes_served += blob.raw_len
+            if not group.left:  # won: the other requests for this group are of no use now
+                for other, task in group.running.items():
+                    if other is not holder:
+                        self._cancel(task)
+        return first
+
+    async def run(self, op: Op) -> None:
+        try:
+            while any(g.left for g in self.groups):
+                now = time.monotonic()
+                self._assign(op, now)
+                running = [t for h in self.holders.values() for t in h.tasks]
+                pauses = [h.retry_at - now for h in self._live() if h.retry_at > now]
+                if not running and not pauses:
+                    raise self.pool.failure(self.what, {h.peer for h in self._live()})
+                tick = min([self.pool.limits.stall_timeout / 4, *pauses])
+                if not running:
+                    await asyncio.sleep(tick)
+                    continue
+                done, _ = await asyncio.wait(running, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self._settle(task)
+                self._check_stalls(time.monotonic())
+        finally:
+            tasks = [t for h in self.holders.values() for t in h.tasks]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _live(self) -> list[Holder]:
+        return [h for h in self.holders.values() if not h.peer.dropped]
+
+    def _assign(self, op: Op, now: float) -> None:
+        for holder in self._live():
+            while holder.retry_at <= now and len(holder.tasks) < self.in_flight:
+                group = self._fresh(holder)
+                again = group is None
+                if again and (group := self._duplicate(holder, now)) is not None:
+                    owner = next(iter(group.running))
+                    log.info("re-asking %s for %d lines that %s is serving", holder.peer.addr,
+                             len(group.left), owner.peer.addr)
+                if group is None:
+                    break
+                if not holder.tasks:  # a new busy period: the stall clock starts now
+                    holder.since = holder.progress_at = now
+                    holder.progress_mark = holder.peer.bytes_received
+                    holder.peer.accepted = None
+                asked = [r for r in group.left.values() if r.hash not in holder.lacks]
+                if again:  # from the other end: the two requests meet in the middle
+                    asked.reverse()
+                task = asyncio.ensure_future(op(holder.peer, asked))
+                holder.tasks[task] = (group, asked)
+                group.running[holder] = task
+
+    def _fresh(self, holder: Holder) -> Group | None:
+        """The first group nobody is serving that `holder` may have."""
+        return next((g for g in self.groups if g.left and not g.running and holder.can_serve(g)), None)
+
+    def _duplicate(self, holder: Holder, now: float) -> Group | None:
+        """The end of the fetch: of the groups one other holder is serving, the one it should
+        take longest to finish (its lines left over its rate per request in flight; a holder
+        that verified nothing yet comes first).  A group of one line is re-asked only from a
+        holder without a rate: two requests cannot split it."""
+        def finish(g: Group) -> float:
+            owner = next(iter(g.running))
+            rate = owner.rate(now) / len(owner.tasks)
+            return sum(r.length for r in g.left.values()) / rate if rate else math.inf
+
+        open_ = [(finish(g), i) for i, g in enumerate(self.groups)
+                 if g.left and len(g.running) == 1 and holder.can_serve(g)]
+        open_ = [(t, i) for t, i in open_ if len(self.groups[i].left) > 1 or t == math.inf]
+        return self.groups[max(open_)[1]] if open_ else None
+
+    def _settle(self, task: asyncio.Future[None]) -> None:
+        holder = next(h for h in self.holders.values() if task in h.tasks)
+        group, asked = holder.tasks.pop(task)
+        del group.running[holder]
+        if not holder.tasks:
+            holder.busy += time.monotonic() - holder.since
+        if task in self._cancelled or task.cancelled():
+            self._cancelled.discard(task)
+            return
+        exc = task.exception()
+        if exc is None:  # what it left out, it does not serve
+            holder.lacks.update(r.hash for r in asked if r.hash in group.left)
+            return
+        failure = judge(exc)
+        if failure is None:
+            raise exc
+        if failure.action is FailureAction.NOT_OFFERED:
+            holder.lacks.update(r.hash for r in asked)
+        elif failure.action is FailureAction.DROP:
+            self._drop(holder, failure.reason, failure.means)
+        else:
+            self.pool.network_error(holder.peer, exc)
+            if holder.peer.dropped:
+                self._drop(holder, holder.peer.dropped, holder.peer.failure)
+            else:
+                holder.retry_at = time.monotonic() + RETRY_PAUSE
+
+    def _drop(self, holder: Holder, reason: str, means: type[P2PNodeError]) -> None:
+        """Give `holder` up; its requests are cancelled and their groups go back to the queue."""
+        if not holder.peer.dropped:
+            self.pool.drop(holder.peer, reason, means)
+        for task in holder.tasks:
+            self._cancel(task)
+
+    def _cancel(self, task: asyncio.Future[None]) -> None:
+        task.cancel()
+        self._cancelled.add(task)
+
+    def _check_stalls(self, now: float) -> None:
+        limits = self.pool.limits
+        for holder in self._live():
+            if not holder.tasks:
+                continue
+            moved = holder.peer.bytes_received - holder.progress_mark
+            if moved >= limits.progress_bytes:
+                holder.progress_at, holder.progress_mark = now, holder.peer.bytes_received
+            elif now - holder.progress_at > limits.stall_timeout:
+                self._drop(holder, f"no verified progress for {limits.stall_timeout:g} s (no line verified, "
+                                   f"{moved} bytes, fewer than {limits.progress_bytes}); peer dropped",
+                           PeerUnavailable)
 
 
 def _closed_by_peer(exc: BaseException) -> bool:
@@ -196,6 +415,8 @@ def _describe_network_error(exc: BaseException, me: str) -> str:
         return f"connection closed by the peer (cut link, or it does not trust this node {me})"
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "connection cut in the middle of an answer"
     os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
     if isinstance(os_error, OSError) and os_error.errno:
         return f"cannot connect: {os.strerror(os_error.errno).lower()}"

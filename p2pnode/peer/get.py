@@ -89,6 +89,8 @@ class FetchResult:
     lines_total: int = 0
     lines_fetched: int = 0
     dropped_peers: dict[str, str] = field(default_factory=dict)
+    served: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per peer not dropped or that delivered lines: {"lines": n, "bytes": raw bytes} first delivered."""
     path: str | None = None
     written: bool = False
     conflict: str | None = None
@@ -356,7 +358,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
                              dropped_peers=pool.dropped(), seconds_transfer=round(transfer, 4),
-                             seconds_store=round(store, 4))
+                             seconds_store=round(store, 4), served=pool.served())
     finally:
         await pool.close()
     if agent_dir is not None:  # only now, after the store committed the verified session

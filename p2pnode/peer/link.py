@@ -1,6 +1,6 @@
 """One peer for the duration of a fetch: its HTTPS session (mutual TLS, pinned), requests that
 never follow redirects, bounded response bodies, the small GETs of the peer protocol, and the
-peer's standing (bytes received, why it was dropped).  Which peer to ask next is the
+peer's standing (bytes received, lines served, why it was dropped).  Which peer to ask next is the
 downloader's business."""
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ class PeerLink:
         self.accepted: bytes | None = None
         """The fingerprint of the last server this side accepted in a handshake (tls.client_context)."""
         self.bytes_received = 0
+        self.lines_served = 0
+        self.bytes_served = 0
+        """Lines (and their raw bytes) this peer was the first to deliver verified in this fetch."""
 
     def _accepted(self, fingerprint: bytes) -> None:
         self.accepted = fingerprint

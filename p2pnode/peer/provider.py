@@ -384,24 +384,32 @@ class PeerServer:
         except wire.WireError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
+        stream = None
+        asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
+        if self.limits.serve_stream_batches and asked == wire.BATCH_FORMAT_STREAM:
+            stream = wire.BatchStreamEncoder()
+            response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
         await response.prepare(request)
         peer = _peer(request)
         sent = nbytes = 0
         served: list[str] = []
-        reading: asyncio.Future[tuple[bytes, list[str], int]] | None = self._read_group(hashes, 0, peer)
+        reading: asyncio.Future[tuple[bytes, list[str], int]] | None
+        reading = self._read_group(hashes, 0, peer, stream)
         complete = False
         try:
             with self._carrying(request, peer, served):
                 while reading is not None:
                     frames, group, pos = await reading
-                    # the next group is read while this one is sent
-                    reading = self._read_group(hashes, pos, peer) if pos < len(hashes) else None
+                    more = pos < len(hashes)
+                    reading = self._read_group(hashes, pos, peer, stream) if more else None  # while we send
                     sent += len(group)
                     nbytes += len(frames)
                     served += group
                     await self._send(response, frames)
                 await self._finish(response, wire.encode_batch_end(sent))
                 complete = True
+        except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
+            log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
             if reading is not None:
                 reading.cancel()
@@ -409,15 +417,19 @@ class PeerServer:
                 await self._served(peer, "batch", served, nbytes, complete)
         return response
 
-    def _read_group(self, hashes: list[bytes], pos: int,
-                    peer: str) -> asyncio.Future[tuple[bytes, list[str], int]]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos, peer)
+    def _read_group(self, hashes: list[bytes], pos: int, peer: str,
+                    stream: wire.BatchStreamEncoder | None) -> asyncio.Future[tuple[bytes, list[str], int]]:
+        """The next group on a worker thread; one at a time per response (the stream is sequential)."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos, peer,
+                                                          stream)
 
-    def _frames(self, hashes: list[bytes], pos: int, peer: str) -> tuple[bytes, list[str], int]:
+    def _frames(self, hashes: list[bytes], pos: int, peer: str,
+                stream: wire.BatchStreamEncoder | None = None) -> tuple[bytes, list[str], int]:
         """(frames, the hashes they carry, where the next group starts): the line blobs
         offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are
-        left out, exactly as if they did not exist.  Stored bytes are sent as they are: the
-        store's codec numbers (store/records.py) are the wire's (0 raw, 1 zstd)."""
+        left out, exactly as if they did not exist.  Without a `stream`, stored bytes are sent
+        as they are: the store's codec numbers (store/layout.py) are the wire's (0 raw, 1 zstd);
+        with one, each line is decoded and goes on through the response's zstd stream."""
         parts: list[bytes] = []
         carried: list[str] = []
         size = 0
@@ -427,7 +439,8 @@ class PeerServer:
             if self.lib.offered_object(h.hex(), peer) != "line":
                 continue
             blob = self.lib.stored_line(h)
-            parts += wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored)
+            parts += (stream.frame_parts(blob) if stream is not None
+                      else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))
             carried.append(h.hex())
             size += len(blob.stored)
         return b"".join(parts), carried, pos

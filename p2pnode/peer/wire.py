@@ -26,10 +26,12 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import zstandard
+
 from p2pnode.errors import InvalidInput, VerificationFailed
 from p2pnode.pi.lines import LineRef
 from p2pnode.pi.sidecar import is_hash_hex
-from store.codec import DecodeError, blob_hash, decode_stored
+from store.codec import WINDOW_MAX, ZSTD_MAGIC, DecodeError, blob_hash, decode_stored
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
@@ -42,6 +44,17 @@ PATH_BATCH = f"{PREFIX}/batch"
 
 HASH_LEN = 32
 CODEC_END = 0xFFFF  # a batch's end frame; the blob codecs are the store's (CODEC_RAW, CODEC_ZSTD)
+CODEC_ZSTD_STREAM = 0x0100
+"""A blob frame whose bytes are the next whole blocks of the response's one zstd stream
+(negotiated with BATCH_FORMAT_HEADER; never a store codec)."""
+BATCH_FORMAT_HEADER = "X-P2P-Batch"
+BATCH_FORMAT_STREAM = "zstd-stream"
+"""A fetcher that sends `X-P2P-Batch: zstd-stream` accepts CODEC_ZSTD_STREAM frames; a server
+that uses them answers with the same header.  An old peer ignores it: per-line frames."""
+STREAM_LEVEL = 3
+"""zstd level of a batch stream (docs/BENCHMARKS.md: ratio and CPU per MB of levels 1-6)."""
+ZSTD_BLOCK_MAX = 128 << 10
+"""The most one zstd block holds, compressed or decompressed (the format's Block_Maximum_Size)."""
 
 LINE_MANIFEST_MAGIC = b"P2LM"
 LINE_MANIFEST_HEAD = struct.Struct("<4sH32sI")  # magic, version, src hash, line count
@@ -80,6 +93,17 @@ class Limits:
     manifest, batch, blob), has not finished and has moved fewer than `progress_bytes` body
     bytes in the last `progress_timeout` seconds: a stall, a 1 byte/s trickle or endless
     `102 Processing` answers cost at most that long per attempt (a LAN link moves 64 KiB in ms)."""
+    stall_timeout: float = 2.0
+    """A fetcher drops a holder that has batch requests outstanding and, in the last
+    `stall_timeout` seconds, has had no line verified and has moved fewer than `progress_bytes`
+    bytes (the bytes count only for a line too big to arrive in that time); its lines go to
+    the other holders.  The batch phase's stricter form of `progress_timeout`."""
+    stream_batches: bool = False
+    """Fetcher: ask for batches as one zstd stream (CODEC_ZSTD_STREAM): a quarter fewer bytes
+    on the wire, for about 0.01 s more CPU per MB on the two sides; off by default, since on
+    loopback and at 100 Mbit/s the CPU costs more time than the bytes saved (BENCHMARKS.md)."""
+    serve_stream_batches: bool = True
+    """Server: make stream batches for a fetcher that asks for them."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0
@@ -327,12 +351,16 @@ class BatchDecoder:
     """Incremental parser of a batch response.  `feed()` returns the frames completed so far.
 
     A frame is refused (WireError) if its hash was not asked for or came twice, its codec is
-    unknown, or its lengths exceed the limits; bytes after the end frame are refused too.
+    unknown (or a stream segment that was not asked for), or its lengths exceed the limits;
+    bytes after the end frame are refused too.
     """
 
-    def __init__(self, wanted: Iterable[bytes], limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, wanted: Iterable[bytes], limits: Limits = DEFAULT_LIMITS,
+                 stream: bool = False) -> None:
         self._wanted = set(wanted)
         self._limits = limits
+        self._codecs = (CODEC_RAW, CODEC_ZSTD, CODEC_ZSTD_STREAM) if stream else (CODEC_RAW, CODEC_ZSTD)
+        """CODEC_ZSTD_STREAM only where it was asked for (BATCH_FORMAT_HEADER)."""
         self._buf = bytearray()
         self._head: tuple[bytes, int, int, int] | None = None
         self.received = 0
@@ -383,7 +411,7 @@ class BatchDecoder:
         if blob_hash not in self._wanted:
             raise WireError(f"{what}: not requested, or sent twice")
         self._wanted.discard(blob_hash)
-        if codec not in (CODEC_RAW, CODEC_ZSTD):
+        if codec not in self._codecs:
             raise WireError(f"{what}: unknown codec {codec}")
         if raw_len > self._limits.max_blob:
             raise WireError(f"{what}: raw length {raw_len} exceeds the limit of {self._limits.max_blob}")
@@ -393,17 +421,104 @@ class BatchDecoder:
         return (blob_hash, codec, raw_len, stored_len)
 
 
-def decode_blob(blob: BatchBlob) -> bytes:
+def decode_blob(blob: BatchBlob, stream: BatchStreamDecoder | None = None) -> bytes:
     """The raw bytes of a received blob, decoded by the store's bounded decoder (never more
-    than its declared length, whatever the zstd frame claims) and verified against its hash."""
+    than its declared length, whatever the zstd frame claims), or by the response's `stream`
+    for a stream segment, and verified against its hash."""
     try:
-        raw = decode_stored(blob.codec, blob.stored, blob.raw_len)
+        if blob.codec == CODEC_ZSTD_STREAM:
+            if stream is None:
+                raise DecodeError("a zstd stream segment outside a stream batch")
+            raw = stream.decode(blob.stored, blob.raw_len)
+        else:
+            raw = decode_stored(blob.codec, blob.stored, blob.raw_len)
     except DecodeError as exc:
         raise WireError(f"blob {blob.hash.hex()}: {exc}") from None
     got = blob_hash(raw)
     if got != blob.hash:
         raise HashMismatch(blob.hash, got, "line blob")
     return raw
+
+
+class BatchStreamEncoder:
+    """The sending side of a stream batch: every line of one response goes through one zstd
+    stream, flushed at the end of each line (the frame is never ended), so that each blob
+    frame holds whole blocks that decode to exactly that line with the lines before it as
+    history: the wire carries about what whole-stream zstd would (a flush costs a block
+    header), and each line is still verified on its own as it arrives."""
+
+    def __init__(self, level: int = STREAM_LEVEL) -> None:
+        params = zstandard.ZstdCompressionParameters.from_level(level)
+        if 1 << params.window_log > WINDOW_MAX:
+            raise ValueError(f"zstd level {level} uses a window over the decoder's {WINDOW_MAX} bytes")
+        self._stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+
+    def frame_parts(self, blob: StoredBlob) -> tuple[bytes, bytes]:
+        """A stored line as a stream frame (header, bytes): decoded (the store's bounded
+        decoder), then compressed into the stream."""
+        raw = blob.stored if blob.codec == CODEC_RAW else decode_stored(blob.codec, blob.stored, blob.raw_len)
+        data = self._stream.compress(raw) + self._stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        return batch_frame_parts(blob.hash, CODEC_ZSTD_STREAM, blob.raw_len, data)
+
+
+_BLOCK_HEAD = struct.Struct("<I")  # a zstd block header is the low 3 bytes
+
+
+class BatchStreamDecoder:
+    """The receiving side of a stream batch: the segments of one response, decoded in the
+    order they came.  Each segment must be whole zstd blocks (the first one opens with the
+    frame header) that decode to exactly the declared length; the decoder is fed one block at
+    a time and a block yields at most ZSTD_BLOCK_MAX bytes, so a lying segment costs at most
+    its declared length plus one block of memory, whatever it claims; the window is bounded
+    by store.codec.WINDOW_MAX.  Sans-IO, not thread-safe: one thread at a time, in order."""
+
+    def __init__(self) -> None:
+        self._stream = zstandard.ZstdDecompressor(max_window_size=WINDOW_MAX).decompressobj()
+        self._started = False
+
+    def decode(self, data: bytes | memoryview, raw_len: int) -> bytes:
+        """The raw bytes of the next segment; DecodeError for anything but exactly `raw_len`
+        bytes out of whole blocks (a cut block, a last block ending the frame, corrupt data)."""
+        view = memoryview(data)
+        pos = self._open(view)
+        out = bytearray()
+        try:
+            while pos < len(view):
+                if pos + 3 > len(view):
+                    raise DecodeError(f"zstd stream segment cut inside a block header at byte {pos}")
+                head = _BLOCK_HEAD.unpack(bytes(view[pos : pos + 3]) + b"\0")[0]
+                last, kind, size = head & 1, (head >> 1) & 3, head >> 3
+                if last or kind == 3 or size > ZSTD_BLOCK_MAX:
+                    raise DecodeError(f"zstd stream segment: a last, reserved or oversized block "
+                                      f"at byte {pos}")
+                end = pos + 3 + (1 if kind == 1 else size)
+                if end > len(view):
+                    raise DecodeError(f"zstd stream segment cut inside the block at byte {pos}")
+                out += self._stream.decompress(view[pos:end])
+                pos = end
+                if len(out) > raw_len:
+                    raise DecodeError(f"zstd stream segment decompresses to more than its declared "
+                                      f"{raw_len} bytes")
+        except zstandard.ZstdError as exc:
+            raise DecodeError(f"corrupt zstd stream ({exc})") from None
+        if len(out) != raw_len:
+            raise DecodeError(f"zstd stream segment decompresses to {len(out)} bytes, not {raw_len}")
+        return bytes(out)
+
+    def _open(self, view: memoryview) -> int:
+        """Past the frame header at the start of the first segment (its window is checked by
+        the decompressor): where the first block starts."""
+        if self._started:
+            return 0
+        if len(view) < 6 or _BLOCK_HEAD.unpack_from(view, 0)[0] != ZSTD_MAGIC:
+            raise DecodeError("zstd stream: the first segment does not open a zstd frame")
+        try:
+            size = zstandard.frame_header_size(view)
+            self._stream.decompress(view[:size])
+        except zstandard.ZstdError as exc:
+            raise DecodeError(f"zstd stream: bad frame header ({exc})") from None
+        self._started = True
+        return size
 
 
 # --- Range ------------------------------------------------------------------------------
