@@ -1,0 +1,133 @@
+"""The team loop with the real `pi` (issue 14, "The Pi people run today"): pi 0.73.1
+(@mariozechner/pi-coding-agent) and pi 1.5.2 (@earendil-works/pi-coding-agent) from npm, each
+answered by a scripted stand-in for the model on loopback (tests/pimodel.py).
+
+Alice's real pi writes a session (in her own HOME and agent dir), Alice shares it; Bob's node
+fetches it by hash over loopback TLS; Bob's real `pi -p --fork <fetched file>` accepts it, sends
+its history to the model and records the fetched path as `parentSession`; Bob shares his fork
+and Carol's node fetches it from Bob with its whole lineage, byte-identical.
+
+pi is installed by `.ci/install-real-pi` (run by .ci/run before the tests; a developer runs it
+once) into $P2PNODE_REAL_PI_DIR, else ~/.cache/p2pnode/real-pi; the tests never install
+anything themselves (they talk only to loopback).  A version that is not installed fails the
+test, saying how to install it; a version that npm could not install because the registry does
+not have its packages (npm's E404/ETARGET, recorded by the script) is an expected failure with
+npm's own words as the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from pimodel import MODEL, PROVIDER, ScriptedModel, serve_model, write_models_json
+from procnode import Node
+
+from p2pnode.paths import NodePaths
+from p2pnode.peer.trust import TrustStore
+from p2pnode.pi import session as pisession
+
+VERSIONS = ("0.73.1", "1.5.2")
+PI_TIMEOUT = 120
+
+
+def real_pi_dir() -> Path:
+    env = os.environ.get("P2PNODE_REAL_PI_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "p2pnode" / "real-pi"
+
+
+@pytest.fixture(params=VERSIONS)
+def pi_bin(request: pytest.FixtureRequest) -> Path:
+    """The real pi of this version, as .ci/install-real-pi installed it."""
+    version: str = request.param
+    prefix = real_pi_dir() / version
+    binary = prefix / "node_modules" / ".bin" / "pi"
+    if binary.exists():
+        return binary
+    failed = prefix / "INSTALL-FAILED"
+    if failed.exists() and any(code in failed.read_text() for code in ("E404", "ETARGET")):
+        pytest.xfail(f"pi {version}: the npm registry does not have its packages: {failed.read_text()}")
+    pytest.fail(f"the real pi {version} is not installed in {prefix}: run .ci/install-real-pi "
+                f"{real_pi_dir()} (it needs node and npm)", pytrace=False)
+
+
+class Laptop(Node):
+    """A node with its own HOME, Pi agent dir and project dir, as on a laptop of its own."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        super().__init__(root, name)
+        self.env["HOME"] = str(root / name / "userhome")
+        self.work = root / name / "work" / "project"
+        self.work.mkdir(parents=True)
+        Path(self.env["HOME"]).mkdir()
+
+    def pi(self, binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real pi in print mode against the stand-in, in this laptop's project dir."""
+        env = dict(self.env, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1")
+        argv = [str(binary), "-p", "--provider", PROVIDER, "--model", MODEL, "--no-tools", *args]
+        proc = subprocess.run(argv, cwd=self.work, env=env, capture_output=True, text=True,
+                              timeout=PI_TIMEOUT)
+        assert proc.returncode == 0, f"pi {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
+        return proc
+
+    def sessions(self) -> set[Path]:
+        return set((self.agent / "sessions").glob("*/*.jsonl"))
+
+
+def trust_each_other(*nodes: Node) -> None:
+    for x in nodes:
+        for y in nodes:
+            if x is not y:
+                TrustStore(NodePaths(x.home).trust).trust(y.id)
+
+
+def body(data: bytes) -> list[bytes]:
+    """A session's lines after its header."""
+    lines = data.splitlines(keepends=True)
+    return lines[pisession.header_index(lines, "session") + 1:]
+
+
+def test_a_fetched_session_is_forked_by_the_real_pi_and_travels_on(pi_bin: Path, tmp_path: Path) -> None:
+    model = ScriptedModel(["Alice's answer from the stand-in.", "Bob's answer, continuing Alice's session."])
+    alice, bob, carol = (Laptop(tmp_path, n) for n in ("alice", "bob", "carol"))
+    trust_each_other(alice, bob)
+    trust_each_other(bob, carol)
+    with serve_model(model) as base_url:
+        for laptop in (alice, bob, carol):
+            write_models_json(laptop.agent, base_url)
+
+        answer = alice.pi(pi_bin, "Alice asks a question.").stdout
+        assert answer.strip() == "Alice's answer from the stand-in."
+        (root,) = alice.sessions()
+        shared = json.loads(alice.run("share", str(root), "--json").stdout)
+
+        with alice.serving() as port:
+            got_b = bob.fetch_json(shared["branch"], "--from", f"127.0.0.1:{port}")
+        fetched = Path(got_b["path"])
+        assert fetched.read_bytes() == root.read_bytes()
+
+        before = bob.sessions()
+        assert bob.pi(pi_bin, "--fork", str(fetched), "Bob continues.").stdout.strip() == \
+            "Bob's answer, continuing Alice's session."
+        (fork,) = bob.sessions() - before
+        header = pisession.read_header(fork)
+        assert header.parent_session == str(fetched)  # pi records the fetched path
+        assert header.cwd == str(bob.work)
+        fork_body = body(fork.read_bytes())
+        assert fork_body[:len(body(root.read_bytes()))] == body(root.read_bytes())  # copied verbatim
+        sent = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
+                for m in model.requests[-1]["messages"] if m["role"] in ("user", "assistant")]
+        assert sent == ["Alice asks a question.", "Alice's answer from the stand-in.", "Bob continues."]
+        assert fetched.read_bytes() == root.read_bytes()  # the fork's source: still the version placed
+
+        b_shared = json.loads(bob.run("share", str(fork), "--json").stdout)
+        assert b_shared["parent"] == shared["branch"]
+
+        with bob.serving() as port:
+            got_c = carol.fetch_json(b_shared["branch"], "--from", f"127.0.0.1:{port}")
+        assert got_c["fetched"] == [b_shared["branch"], shared["branch"]]
+        assert Path(got_c["path"]).read_bytes() == fork.read_bytes()
+        for branch, original in ((shared["branch"], root), (b_shared["branch"], fork)):
+            assert carol.run("cat", branch).stdout.encode() == original.read_bytes()
