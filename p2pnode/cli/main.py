@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pnode import __version__
+from p2pnode.cli.doctor import add_doctor_commands
 from p2pnode.cli.render import (
     ProgressBar,
     print_branches,
@@ -385,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(sub)
     add_session_commands(sub)
     add_peer_commands(sub)
+    add_doctor_commands(sub)
     return parser
 
 

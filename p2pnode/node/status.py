@@ -22,11 +22,15 @@ def trusted_peer(peer: TrustedPeer, online: bool | None) -> dict[str, Any]:
 def build_status(*, node_id: str | None, running: bool, home: str, catalog: Catalog,
                  branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
-                 transfers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 transfers: list[dict[str, Any]] | None = None,
+                 announced: list[str] | None = None) -> dict[str, Any]:
+    """`addresses`: where the peer port answers (what tickets carry); `announced`: what mDNS
+    tells peers (`doctor` checks that the port answers there)."""
     return {
         "node_id": node_id,
         "running": running,
         "addresses": addresses or [],
+        "announced": announced or [],
         "port": port,
         "home": home,
         "mdns": mdns,
