@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,11 @@ class Laptop(Node):
         self.work.mkdir(parents=True)
         Path(self.env["HOME"]).mkdir()
 
-    def pi(self, binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        """The real pi in print mode against the stand-in, in this laptop's project dir."""
+    def pi(self, binary: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """The real pi in print mode against the stand-in, in this laptop's project dir (or cwd)."""
         env = dict(self.env, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1")
         argv = [str(binary), "-p", "--provider", PROVIDER, "--model", MODEL, "--no-tools", *args]
-        proc = subprocess.run(argv, cwd=self.work, env=env, capture_output=True, text=True,
+        proc = subprocess.run(argv, cwd=cwd or self.work, env=env, capture_output=True, text=True,
                               timeout=PI_TIMEOUT)
         assert proc.returncode == 0, f"pi {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
         return proc
@@ -131,3 +132,44 @@ def test_a_fetched_session_is_forked_by_the_real_pi_and_travels_on(pi_bin: Path,
         assert Path(got_c["path"]).read_bytes() == fork.read_bytes()
         for branch, original in ((shared["branch"], root), (b_shared["branch"], fork)):
             assert carol.run("cat", branch).stdout.encode() == original.read_bytes()
+
+
+def test_a_session_placed_in_a_session_dir_is_continued_by_the_real_pi(pi_bin: Path, tmp_path: Path) -> None:
+    """With PI_CODING_AGENT_SESSION_DIR (`~` expanded) set, a fetch places the session flat in
+    that dir, where the real `pi -c` finds it (pi 0.73.1 reads only the first 512 bytes for
+    that; 1.5.2 also matches the header's cwd, so Bob works in the same project path as Alice)
+    and appends to it; `share` with no argument, searching that dir by header cwd, shares the
+    grown file, and Carol's `fetch --session-dir` places it flat in hers, byte-identical."""
+    model = ScriptedModel(["Alice's answer.", "Bob's answer, in the same file."])
+    alice, bob, carol = (Laptop(tmp_path, n) for n in ("alice", "bob", "carol"))
+    trust_each_other(alice, bob)
+    trust_each_other(bob, carol)
+    bob.env["PI_CODING_AGENT_SESSION_DIR"] = "~/pi-sessions"
+    flat = Path(bob.env["HOME"]) / "pi-sessions"
+    with serve_model(model) as base_url:
+        for laptop in (alice, bob):
+            write_models_json(laptop.agent, base_url)
+        alice.pi(pi_bin, "Alice asks.")
+        (root,) = alice.sessions()
+        shared = json.loads(alice.run("share", str(root), "--json").stdout)
+        with alice.serving() as port:
+            placed = Path(bob.fetch_json(shared["branch"], "--from", f"127.0.0.1:{port}")["path"])
+        assert placed == flat / root.name and placed.read_bytes() == root.read_bytes()
+        assert not (bob.agent / "sessions").exists()  # Pi looks only in the session dir
+
+        assert bob.pi(pi_bin, "-c", "Bob goes on.", cwd=alice.work).stdout.strip() == \
+            "Bob's answer, in the same file."
+        grown = placed.read_bytes()
+        assert grown.startswith(root.read_bytes()) and len(body(grown)) == len(body(root.read_bytes())) + 2
+        assert list(flat.iterdir()) == [placed]  # continued in place, no new file
+
+        proc = subprocess.run([sys.executable, "-m", "p2pnode", "share", "--json"], cwd=alice.work,
+                              env=bob.env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        b_shared = json.loads(proc.stdout)
+        assert b_shared["path"] == str(placed)
+        with bob.serving() as port:
+            got = carol.fetch_json(b_shared["branch"], "--from", f"127.0.0.1:{port}",
+                                   "--session-dir", str(tmp_path / "carol-flat"))
+        assert Path(got["path"]) == tmp_path / "carol-flat" / root.name
+        assert Path(got["path"]).read_bytes() == grown
