@@ -173,3 +173,31 @@ def test_a_session_placed_in_a_session_dir_is_continued_by_the_real_pi(pi_bin: P
                                    "--session-dir", str(tmp_path / "carol-flat"))
         assert Path(got["path"]) == tmp_path / "carol-flat" / root.name
         assert Path(got["path"]).read_bytes() == grown
+
+
+def test_a_header_after_blank_lines_is_placed_where_the_real_pi_continues_it(pi_bin: Path,
+                                                                            tmp_path: Path) -> None:
+    """A shared file whose header follows blank and malformed lines (pi 1.5.2 reads it; 0.73.1
+    reads only a header on the first line, within 512 bytes) is placed header first: the real
+    `pi -c` of either version continues that file rather than starting a new session."""
+    model = ScriptedModel(["Alice's answer.", "Bob's answer, in the placed file."])
+    alice, bob = Laptop(tmp_path, "alice"), Laptop(tmp_path, "bob")
+    trust_each_other(alice, bob)
+    with serve_model(model) as base_url:
+        for laptop in (alice, bob):
+            write_models_json(laptop.agent, base_url)
+        alice.pi(pi_bin, "Alice asks.")
+        (root,) = alice.sessions()
+        root.write_bytes(b"\n{broken\n" + root.read_bytes())
+        shared = json.loads(alice.run("share", str(root), "--json").stdout)
+        with alice.serving() as port:
+            placed = Path(bob.fetch_json(shared["branch"], "--from", f"127.0.0.1:{port}")["path"])
+        header, rest = root.read_bytes().split(b"\n{broken\n", 1)[1].split(b"\n", 1)
+        assert placed.read_bytes() == header + b"\n\n{broken\n" + rest
+
+        before = placed.read_bytes()
+        assert bob.pi(pi_bin, "-c", "Bob goes on.", cwd=alice.work).stdout.strip() == \
+            "Bob's answer, in the placed file."
+        assert bob.sessions() == {placed}  # continued, not a new session
+        after = placed.read_bytes()
+        assert after.startswith(before) and len(body(after)) == len(body(before)) + 2
