@@ -8,7 +8,8 @@ its history to the model and records the fetched path as `parentSession`; Bob sh
 and Carol's node fetches it from Bob with its whole lineage, byte-identical.
 
 pi is installed by `.ci/install-real-pi` (run by .ci/run before the tests; a developer runs it
-once) into $P2PNODE_REAL_PI_DIR, else ~/.cache/p2pnode/real-pi; the tests never install
+once) into $P2PNODE_REAL_PI_DIR, else ~/.cache/p2pnode/real-pi, with a node from npm beside
+it when the machine's is older than pi needs (put first on pi's PATH); the tests never install
 anything themselves (they talk only to loopback).  A version that is not installed fails the
 test, saying how to install it; a version that npm could not install because the registry does
 not have its packages (npm's E404/ETARGET, recorded by the script) is an expected failure with
@@ -67,6 +68,9 @@ class Laptop(Node):
     def pi(self, binary: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """The real pi in print mode against the stand-in, in this laptop's project dir (or cwd)."""
         env = dict(self.env, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1")
+        node = binary.parents[2] / "node" / "node_modules" / ".bin"  # installed when this node is too old
+        if node.is_dir():
+            env["PATH"] = f"{node}{os.pathsep}{env.get('PATH', '')}"
         argv = [str(binary), "-p", "--provider", PROVIDER, "--model", MODEL, "--no-tools", *args]
         proc = subprocess.run(argv, cwd=cwd or self.work, env=env, capture_output=True, text=True,
                               timeout=PI_TIMEOUT)
