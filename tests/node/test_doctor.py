@@ -8,6 +8,7 @@ from pathlib import Path
 
 from procnode import Node
 
+from p2pnode.discovery.mdns import listen_addresses, local_ipv4_addresses
 from p2pnode.node.doctor import FAIL, OK, SKIP, check_trust
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
@@ -52,6 +53,14 @@ def test_a_node_on_loopback_gives_tickets_for_loopback(tmp_path: Path, corpus_ne
     assert checks["tickets"]["detail"] == f"tickets carry 127.0.0.1:{port} (loopback only: for this " \
         "machine's users alone; --host 0.0.0.0 for the LAN)"
     assert checks["mdns"]["outcome"] == SKIP and checks["peer port"]["outcome"] == SKIP  # serve --no-mdns
+
+
+def test_listen_addresses_are_where_the_port_answers() -> None:
+    """What status reports and tickets carry: every LAN address for a wildcard bind, else the
+    bound address itself (a name resolved: `localhost` from the hosts file, no DNS query)."""
+    assert listen_addresses("0.0.0.0") == listen_addresses("") == local_ipv4_addresses()
+    assert listen_addresses("127.0.0.1") == ["127.0.0.1"]
+    assert listen_addresses("localhost") == ["127.0.0.1"]
 
 
 def test_trust_held_one_sidedly_is_a_failure_with_what_the_peer_must_run(tmp_path: Path) -> None:
