@@ -24,6 +24,8 @@ OK: Outcome = "ok"
 FAIL: Outcome = "fail"
 SKIP: Outcome = "skip"
 DEFAULT_TIMEOUT = 3.0
+STORE_LOCK_WAIT = 1.0
+"""Seconds to wait for the store's lock: another process holding it longer is what to report."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,12 @@ def check_store(paths: NodePaths, *, running: bool) -> Check:
                      f"({len(unusable)} such files)", f"chown -R {_user()} {paths.home}")
     if running:
         return Check("store", OK, f"{paths.store}: held open by the running node; modes private")
-    from p2pnode.library.api import Library
+    from p2pnode.library.api import ZSTD_LEVEL, Library
+    from store.config import StoreConfig
     from store.errors import StoreLocked
 
     try:
-        with Library.open(paths):
+        with Library.open(paths, config=StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=STORE_LOCK_WAIT)):
             pass
     except StoreLocked:
         return Check("store", FAIL, f"{paths.store} is held by another p2pnode process",

@@ -9,6 +9,7 @@ from pathlib import Path
 from procnode import Node
 
 from p2pnode.discovery.mdns import listen_addresses, local_ipv4_addresses
+from p2pnode.library.api import Library
 from p2pnode.node.doctor import FAIL, OK, SKIP, check_trust
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
@@ -82,6 +83,14 @@ def test_trust_held_one_sidedly_is_a_failure_with_what_the_peer_must_run(tmp_pat
     assert gone.outcome == SKIP and "did not answer" in gone.detail
     (unseen,) = asyncio.run(check_trust(paths, {"peers": []}, 2.0))
     assert unseen.outcome == SKIP and "not seen on the LAN" in unseen.detail
+
+
+def test_a_store_held_by_another_process_is_reported(tmp_path: Path) -> None:
+    a = Node(tmp_path, "a")
+    with Library.open(NodePaths(a.home)):  # a share or fetch still running, say
+        code, checks = doctor(a)
+    assert code == 1 and checks["store"]["outcome"] == FAIL
+    assert checks["store"]["detail"] == f"{a.home / 'store'} is held by another p2pnode process"
 
 
 def test_a_pi_session_dir_that_does_not_exist_fails(tmp_path: Path) -> None:
