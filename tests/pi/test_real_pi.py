@@ -2,8 +2,8 @@
 (@mariozechner/pi-coding-agent) and pi 1.5.2 (@earendil-works/pi-coding-agent) from npm, each
 answered by a scripted stand-in for the model on loopback (tests/pimodel.py).
 
-Alice's real pi writes a session (in her own HOME and agent dir), Alice shares it; Bob's node
-fetches it by hash over loopback TLS; Bob's real `pi -p --fork <fetched file>` accepts it, sends
+Alice's real pi writes a session (in her own HOME and agent dir), Alice shares it; Bob's
+running node fetches it by hash over loopback TLS; Bob's real `pi -p --fork <fetched file>` accepts it, sends
 its history to the model and records the fetched path as `parentSession`; Bob shares his fork
 and Carol's node fetches it from Bob with its whole lineage, byte-identical.
 
@@ -108,30 +108,29 @@ def test_a_fetched_session_is_forked_by_the_real_pi_and_travels_on(pi_bin: Path,
         (root,) = alice.sessions()
         shared = json.loads(alice.run("share", str(root), "--json").stdout)
 
-        with alice.serving() as port:
+        with alice.serving() as port, bob.node_running():  # Bob's node does his fetch and share
             got_b = bob.fetch_json(shared["branch"], "--from", f"127.0.0.1:{port}")
-        fetched = Path(got_b["path"])
-        assert fetched.read_bytes() == root.read_bytes()
+            fetched = Path(got_b["path"])
+            assert fetched.read_bytes() == root.read_bytes()
 
-        before = bob.sessions()
-        assert bob.pi(pi_bin, "--fork", str(fetched), "Bob continues.").stdout.strip() == \
-            "Bob's answer, continuing Alice's session."
-        (fork,) = bob.sessions() - before
-        header = pisession.read_header(fork)
-        assert header.parent_session == str(fetched)  # pi records the fetched path
-        assert header.cwd == str(bob.work)
-        fork_body = body(fork.read_bytes())
-        assert fork_body[:len(body(root.read_bytes()))] == body(root.read_bytes())  # copied verbatim
-        sent = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
-                for m in model.requests[-1]["messages"] if m["role"] in ("user", "assistant")]
-        assert sent == ["Alice asks a question.", "Alice's answer from the stand-in.", "Bob continues."]
-        assert fetched.read_bytes() == root.read_bytes()  # the fork's source: still the version placed
+            before = bob.sessions()
+            assert bob.pi(pi_bin, "--fork", str(fetched), "Bob continues.").stdout.strip() == \
+                "Bob's answer, continuing Alice's session."
+            (fork,) = bob.sessions() - before
+            header = pisession.read_header(fork)
+            assert header.parent_session == str(fetched)  # pi records the fetched path
+            assert header.cwd == str(bob.work)
+            fork_body = body(fork.read_bytes())
+            assert fork_body[:len(body(root.read_bytes()))] == body(root.read_bytes())  # copied verbatim
+            sent = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
+                    for m in model.requests[-1]["messages"] if m["role"] in ("user", "assistant")]
+            assert sent == ["Alice asks a question.", "Alice's answer from the stand-in.", "Bob continues."]
+            assert fetched.read_bytes() == root.read_bytes()  # the fork's source: still the version placed
 
-        b_shared = json.loads(bob.run("share", str(fork), "--json").stdout)
-        assert b_shared["parent"] == shared["branch"]
-
-        with bob.serving() as port:
-            got_c = carol.fetch_json(b_shared["branch"], "--from", f"127.0.0.1:{port}")
+            b_shared = json.loads(bob.run("share", str(fork), "--json").stdout)
+            assert b_shared["parent"] == shared["branch"]
+            b_port = json.loads(bob.run("status", "--json").stdout)["port"]
+            got_c = carol.fetch_json(b_shared["branch"], "--from", f"127.0.0.1:{b_port}")
         assert got_c["fetched"] == [b_shared["branch"], shared["branch"]]
         assert Path(got_c["path"]).read_bytes() == fork.read_bytes()
         for branch, original in ((shared["branch"], root), (b_shared["branch"], fork)):
