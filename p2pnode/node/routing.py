@@ -49,7 +49,7 @@ def ticket_addresses(status: dict[str, Any]) -> list[tuple[str, int]]:
     """Where a ticket says to reach the node of `status`: the addresses its peer port really
     listens on (a node bound to 127.0.0.1 gives only that), with its port."""
     port = status.get("port")
-    return [(a, port) for a in status.get("addresses", []) if a not in ("0.0.0.0", "::")] if port else []
+    return [(a, port) for a in status.get("addresses", [])] if port else []
 
 
 def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDirs, identity: Identity,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 from procnode import Node
@@ -77,7 +78,11 @@ def test_trust_held_one_sidedly_is_a_failure_with_what_the_peer_must_run(tmp_pat
         assert (one_sided.name, one_sided.outcome) == ("trust bob", FAIL)
         assert one_sided.fix == f"on that machine run: p2pnode trust {a.id}"
         TrustStore(NodePaths(b.home).trust).trust(a.id)
-        (mutual,) = asyncio.run(check_trust(paths, status, 5.0))
+        for _ in range(50):  # until b's server has re-read its trust file (it polls it)
+            (mutual,) = asyncio.run(check_trust(paths, status, 5.0))
+            if mutual.outcome == OK:
+                break
+            time.sleep(0.2)
         assert mutual.outcome == OK, mutual
     (gone,) = asyncio.run(check_trust(paths, status, 2.0))
     assert gone.outcome == SKIP and "did not answer" in gone.detail
