@@ -3,56 +3,34 @@
 answered by a scripted stand-in for the model on loopback (tests/pimodel.py).
 
 Alice's real pi writes a session (in her own HOME and agent dir), Alice shares it; Bob's
-running node fetches it by hash over loopback TLS; Bob's real `pi -p --fork <fetched file>` accepts it, sends
-its history to the model and records the fetched path as `parentSession`; Bob shares his fork
-and Carol's node fetches it from Bob with its whole lineage, byte-identical.
+running node fetches it by hash over loopback TLS; Bob's real `pi -p --fork <fetched file>`
+accepts it, sends its history to the model and records the fetched path as `parentSession`;
+Bob shares his fork and Carol's node fetches it from Bob with its whole lineage, byte-identical.
 
 pi is installed by `.ci/install-real-pi` (run by .ci/run before the tests; a developer runs it
 once) into $P2PNODE_REAL_PI_DIR, else ~/.cache/p2pnode/real-pi, with a node from npm beside
-it when the machine's is older than pi needs (put first on pi's PATH); the tests never install
-anything themselves (they talk only to loopback).  A version that is not installed fails the
-test, saying how to install it; a version that npm could not install because the registry does
-not have its packages (npm's E404/ETARGET, recorded by the script) is an expected failure with
-npm's own words as the reason.
+it when the machine's is older than pi needs; tests/realpi.py finds and runs it.
 """
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from pimodel import MODEL, PROVIDER, ScriptedModel, serve_model, write_models_json
+from pimodel import ScriptedModel, serve_model, write_models_json
 from procnode import Node
+from realpi import VERSIONS, installed_pi, run_pi
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi import session as pisession
 
-VERSIONS = ("0.73.1", "1.5.2")
-PI_TIMEOUT = 120
-
-
-def real_pi_dir() -> Path:
-    env = os.environ.get("P2PNODE_REAL_PI_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "p2pnode" / "real-pi"
-
 
 @pytest.fixture(params=VERSIONS)
 def pi_bin(request: pytest.FixtureRequest) -> Path:
-    """The real pi of this version, as .ci/install-real-pi installed it."""
-    version: str = request.param
-    prefix = real_pi_dir() / version
-    binary = prefix / "node_modules" / ".bin" / "pi"
-    if binary.exists():
-        return binary
-    failed = prefix / "INSTALL-FAILED"
-    if failed.exists() and any(code in failed.read_text() for code in ("E404", "ETARGET")):
-        pytest.xfail(f"pi {version}: the npm registry does not have its packages: {failed.read_text()}")
-    pytest.fail(f"the real pi {version} is not installed in {prefix}: run .ci/install-real-pi "
-                f"{real_pi_dir()} (it needs node and npm)", pytrace=False)
+    return installed_pi(request.param)
 
 
 class Laptop(Node):
@@ -67,15 +45,7 @@ class Laptop(Node):
 
     def pi(self, binary: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """The real pi in print mode against the stand-in, in this laptop's project dir (or cwd)."""
-        env = dict(self.env, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1")
-        node = binary.parents[2] / "node" / "node_modules" / ".bin"  # installed when this node is too old
-        if node.is_dir():
-            env["PATH"] = f"{node}{os.pathsep}{env.get('PATH', '')}"
-        argv = [str(binary), "-p", "--provider", PROVIDER, "--model", MODEL, "--no-tools", *args]
-        proc = subprocess.run(argv, cwd=cwd or self.work, env=env, capture_output=True, text=True,
-                              timeout=PI_TIMEOUT)
-        assert proc.returncode == 0, f"pi {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
-        return proc
+        return run_pi(binary, *args, cwd=cwd or self.work, env=self.env)
 
     def sessions(self) -> set[Path]:
         return set((self.agent / "sessions").glob("*/*.jsonl"))
