@@ -22,6 +22,7 @@ from typing import Any
 from p2pnode import __version__
 from p2pnode.cli import browse
 from p2pnode.cli.access import share_to
+from p2pnode.cli.doctor import add_doctor_commands
 from p2pnode.cli.follow import add_follow_commands
 from p2pnode.cli.log import add_log_commands
 from p2pnode.cli.pairing import add_pairing_commands, cmd_pending, cmd_trust, cmd_untrust
@@ -436,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_space_commands(sub)
     add_follow_commands(sub)
     add_pairing_commands(sub)
+    add_doctor_commands(sub)
     return parser
 
 

@@ -30,6 +30,7 @@ import contextlib
 import ipaddress
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -100,6 +101,26 @@ def local_ipv4_addresses() -> list[str]:
     return found or ["127.0.0.1"]
 
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def listen_addresses(host: str) -> list[str]:
+    """The IPv4 addresses a server bound to `host` really answers on: this machine's (as
+    local_ipv4_addresses) for a wildcard bind, else `host` itself (a name resolved), so that
+    tickets and status never name an address the node does not listen on."""
+    if host in WILDCARD_HOSTS:
+        return local_ipv4_addresses()
+    try:
+        return [str(ipaddress.IPv4Address(host))]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
 # --- asyncio layer ------------------------------------------------------------------------
 
 
@@ -141,6 +162,11 @@ class Discovery:
         if self._azc is not None:
             await self._azc.async_close()   # unregisters all services: the goodbye
         self._azc = None
+
+    @property
+    def announced_addresses(self) -> list[str]:
+        """The addresses this node's records give peers (`doctor` checks the port answers there)."""
+        return list(self._addresses)
 
     # -- announcing ----------------------------------------------------------------------
 

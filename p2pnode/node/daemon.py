@@ -46,7 +46,7 @@ from typing import Any
 
 from aiohttp import web
 
-from p2pnode.discovery.mdns import Discovery, Peer, local_ipv4_addresses
+from p2pnode.discovery.mdns import Discovery, Peer, listen_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.library.api import Library
 from p2pnode.node import upkeep
@@ -279,9 +279,11 @@ class Node:
         return build_status(node_id=self.identity.node_id, running=True, home=str(self.paths.home),
                             catalog=catalog, branches=branches,
                             peers=sorted(listed, key=lambda e: (not e["trusted"], e["node_id"])),
-                            addresses=local_ipv4_addresses(), port=self.port, mdns=self.discovery is not None,
+                            addresses=await asyncio.to_thread(listen_addresses, self.config.host),
+                            port=self.port, mdns=self.discovery is not None,
                             transfers=self.transfers.listed(), space=space,
-                            following=self.follows.status(), live=self.live.status())
+                            following=self.follows.status(), live=self.live.status(),
+                            announced=self.discovery.announced_addresses if self.discovery else [])
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []

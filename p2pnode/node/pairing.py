@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.discovery.mdns import Discovery, local_ipv4_addresses
+from p2pnode.discovery.mdns import Discovery, listen_addresses
 from p2pnode.errors import Conflict, InvalidInput, NotFound, PeerUnavailable
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import Identity, load_or_create_identity, own_name, set_own_name
@@ -55,7 +55,7 @@ class PairingHost:
         if self.discovery is not None:
             await self.discovery.announce_pairing(code.channel, listener.port)
         log.info("pairing: waiting on channel %d, port %d, for %g s", code.channel, listener.port, CODE_TTL)
-        addresses = local_ipv4_addresses() if self.host in ("0.0.0.0", "") else [self.host]
+        addresses = await asyncio.to_thread(listen_addresses, self.host)
         return {"code": str(code), "channel": code.channel, "port": listener.port, "addresses": addresses,
                 "expires_in": CODE_TTL}
 

@@ -38,13 +38,18 @@ def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
 
     if not has_identity(paths.identity):
         return None
-    status = call_node(paths, "status", {}, timeout=5.0) or {}
-    port = status.get("port")
-    addresses = [(a, port) for a in status.get("addresses", []) if a not in ("0.0.0.0", "::")] if port else []
+    addresses = ticket_addresses(call_node(paths, "status", {}, timeout=5.0) or {})
     if not addresses:
         return None
     ident = load_identity(paths.identity)
     return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+
+
+def ticket_addresses(status: dict[str, Any]) -> list[tuple[str, int]]:
+    """Where a ticket says to reach the node of `status`: the addresses its peer port really
+    listens on (a node bound to 127.0.0.1 gives only that), with its port."""
+    port = status.get("port")
+    return [(a, port) for a in status.get("addresses", [])] if port else []
 
 
 def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDirs, identity: Identity,

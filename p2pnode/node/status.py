@@ -23,12 +23,15 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
                  branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
                  transfers: list[dict[str, Any]] | None = None, space: dict[str, int] | None = None,
-                 following: list[dict[str, Any]] | None = None,
-                 live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 following: list[dict[str, Any]] | None = None, live: list[dict[str, Any]] | None = None,
+                 announced: list[str] | None = None) -> dict[str, Any]:
+    """`addresses`: where the peer port answers (what tickets carry); `announced`: what mDNS
+    tells peers (`doctor` checks that the port answers there)."""
     return {
         "node_id": node_id,
         "running": running,
         "addresses": addresses or [],
+        "announced": announced or [],
         "port": port,
         "home": home,
         "mdns": mdns,

@@ -4,7 +4,7 @@ On the committed samples of both corpora: every file shares verbatim with its li
 (1.5.2's non-UUID ids and their forks included), and a fetched session lands where both
 versions' `pi -c` finds it.  The finders below follow the two versions' rules as the corpus
 notes give them (pi 0.73.1 parses the first line within the first 512 bytes; pi 1.5.2 looks
-for the header within the first 1 MiB); the real `pi` is not installed in CI.
+for the header within the first 1 MiB); tests/pi/test_real_pi.py runs the real `pi` of both versions.
 """
 from __future__ import annotations
 
