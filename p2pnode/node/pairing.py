@@ -12,6 +12,7 @@ Control endpoints of a running node (registered through `NodePairing.routes()`):
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
