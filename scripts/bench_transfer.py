@@ -518,9 +518,15 @@ NEEDS = {"curl": ("curl", "openssl", "nginx", "sync"), "rsync": ("rsync",),
          "syncthing": ("syncthing", "curl"), "p2pnode": ()}
 
 
+def missing_programs() -> dict[str, str]:
+    """{program: why} for each program a baseline needs that is not installed."""
+    return {p: f"`{p}` not found and could not be installed (apt-get install {PACKAGES[p]})"
+            for progs in NEEDS.values() for p in progs if shutil.which(p) is None}
+
+
 def install_missing() -> dict[str, str]:
-    """apt-get install the baselines' missing programs (root only); {program: why it is missing}."""
-    missing = sorted({p for progs in NEEDS.values() for p in progs if shutil.which(p) is None})
+    """apt-get install the baselines' missing programs (root only); what is still missing."""
+    missing = missing_programs()
     if missing and os.geteuid() == 0 and shutil.which("apt-get"):
         pkgs = sorted({PACKAGES[p] for p in missing})
         log(f"installing {' '.join(pkgs)} ...")
@@ -529,8 +535,7 @@ def install_missing() -> dict[str, str]:
         if subprocess.run(install, capture_output=True, env=env, timeout=900).returncode:
             subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=900)
             subprocess.run(install, capture_output=True, env=env, timeout=900)
-    return {p: f"`{p}` not found and could not be installed (apt-get install {PACKAGES[p]})"
-            for p in missing if shutil.which(p) is None}
+    return missing_programs()
 
 
 # --- the scenarios -----------------------------------------------------------------------------
