@@ -160,8 +160,8 @@ class Links:
     of one idle process per host (no subprocess per read: cheap enough to poll)."""
 
     def __init__(self, lab: Lab) -> None:
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        self.anchors = {h: lab.spawn(h, "sleep", "86400", **quiet) for h in lab.names}
+        null = subprocess.DEVNULL
+        self.anchors = {h: lab.spawn(h, "sleep", "86400", stdout=null, stderr=null) for h in lab.names}
 
     def rx_tx(self, host: str) -> tuple[int, int]:
         for line in Path(f"/proc/{self.anchors[host].pid}/net/dev").read_text().splitlines():
