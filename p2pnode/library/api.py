@@ -30,10 +30,11 @@ from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
-from p2pnode.pi import secrets
+from p2pnode.pi import scanproc, secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
 from p2pnode.pi.lines import LineRef
+from p2pnode.pi.scanproc import ScanProcess
 from p2pnode.pi.session import HostileHeader, LineageCycle
 from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
@@ -156,40 +157,48 @@ def write_redacted_copy(path: Path) -> Path:
 
 
 class _ScanningSink:
-    """The import's sink, with the secret scan of the same bytes as they pass: no second read,
-    and the scan runs while the import worker compresses the lines fed before."""
+    """The import's sink, with the secret scan of the same bytes as they pass: no second read.
+    A big file is scanned by a child process on another core (`re` holds the GIL, so a scan
+    here would add its whole time to the import's); a small one here, as it is fed."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path, size: int) -> None:
         self.inner: Sink | None = None
         self.start = 0
         """The file offset the fed bytes start at (where the version it grew from ends)."""
         self.findings: list[secrets.Finding] = []
-        self._pending = b""
-        self._offset = 0
-        self._lines = 0
+        self.vouched = False
+        """After finish(): whether `findings` is the scan of exactly the bytes fed (else the
+        caller scans the stored version)."""
+        self._path, self._size = path, size
+        self._here: secrets.Scanner | None = None
+        self._child: ScanProcess | None = None
 
     def begin(self, appended: bool) -> int:
         assert self.inner is not None
         self.start = self.inner.begin(appended)
+        if self._size - self.start >= scanproc.MIN_BYTES:
+            self._child = ScanProcess(self._path, self.start)
+        else:
+            self._here = secrets.Scanner()
         return self.start
 
     def feed(self, data: memoryview) -> None:
         assert self.inner is not None
         self.inner.feed(data)
-        chunk = self._pending + bytes(data)
-        cut = chunk.rfind(b"\n") + 1  # whole lines only: a key is never cut in two
-        self._scan(chunk[:cut])
-        self._pending = chunk[cut:]
+        if self._child is not None:
+            self._child.fed(data)
+        elif self._here is not None:
+            self._here.feed(data)
 
     def finish(self) -> None:
-        self._scan(self._pending)
-        self._pending = b""
+        found = self._child.result() if self._child is not None else None
+        if found is None and self._here is not None:
+            found = self._here.finish()
+        self.findings, self.vouched = found or [], found is not None
 
-    def _scan(self, data: bytes) -> None:
-        self.findings += [replace(f, line=f.line + self._lines, start=f.start + self._offset,
-                                  end=f.end + self._offset) for f in secrets.scan(data)]
-        self._offset += len(data)
-        self._lines += data.count(b"\n")
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
 
 
 class Library:
@@ -495,18 +504,22 @@ class Library:
         else:
             base = self.sessions.latest_version_of(header.id, size)
 
-        fed = _ScanningSink()
+        fed = _ScanningSink(path, size)
 
         def scan(prefix: Prefix | None, sink: Sink) -> Scan:
             fed.inner = sink
             return self.hasher.scan(path, prefix=prefix, sink=fed)
 
-        result = self.sessions.import_file(path, scan, header, base, like)
-        self.hasher.save()
-        fed.finish()
+        try:
+            result = self.sessions.import_file(path, scan, header, base, like)
+            self.hasher.save()
+            fed.finish()
+        finally:
+            fed.close()
         if result.scan.rewritten:
             log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
-        self._fed[result.version.src] = (fed, base)
+        if fed.vouched:
+            self._fed[result.version.src] = (fed, base)
         return result.version, result.warnings
 
     def unshare(self, branch_hex: str) -> BranchInfo:

@@ -137,12 +137,12 @@ class _Counter:
         self.newlines = 0 if start is None else start.lines - (start.last_line_start < start.size)
         self.last_line_start = 0 if start is None else start.last_line_start
 
-    def add(self, data: memoryview, offset: int) -> None:
-        chunk = bytes(data)
-        n = chunk.count(b"\n")
+    def add(self, buf: bytearray, lo: int, hi: int, offset: int) -> None:
+        """Count buf[lo:hi], the bytes at `offset` in the file (in place: no copy of the chunk)."""
+        n = buf.count(b"\n", lo, hi)
         if n:
             self.newlines += n
-            self.last_line_start = offset + chunk.rfind(b"\n") + 1
+            self.last_line_start = offset + buf.rfind(b"\n", lo, hi) - lo + 1
 
     def prefix(self, size: int, digest: str) -> Prefix:
         return Prefix(size, digest, self.newlines + (self.last_line_start < size), self.last_line_start)
@@ -213,9 +213,9 @@ class FileHasher:
                     raise Conflict(f"{path} shrank to {pos} bytes while being read (it was {size})")
                 chunk = view[:n]
                 if pos + n > hashed:
-                    new = chunk[max(0, hashed - pos):]
-                    hasher.update(new)
-                    counter.add(new, max(pos, hashed))
+                    skip = max(0, hashed - pos)
+                    hasher.update(chunk[skip:])
+                    counter.add(buf, skip, n, pos + skip)
                     hashed = pos + n
                 if sink is not None and pos + n > start:
                     sink.feed(chunk[max(0, start - pos):])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from p2pnode.errors import InvalidInput
@@ -140,6 +140,37 @@ def scan(data: bytes) -> list[Finding]:
         kind, shown = pattern.kind_of(data[start:end])
         findings.append(Finding(kind, mask(data[start:end], shown), line_no, entry, where, start, end))
     return findings
+
+
+class Scanner:
+    """The scan of bytes that arrive in pieces (a file as it is read): whole lines are scanned
+    as they complete, so a key is never cut in two; findings count lines and offsets from the
+    first byte fed.  The same findings as `scan` of all the bytes at once."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self._pending = bytearray()
+        self._offset = 0
+        self._lines = 0
+
+    def feed(self, data: bytes | memoryview) -> None:
+        self._pending += data
+        cut = self._pending.rfind(b"\n") + 1
+        if cut:
+            self._scan(bytes(self._pending[:cut]))
+            del self._pending[:cut]
+
+    def finish(self) -> list[Finding]:
+        """The findings of everything fed (a last line without a newline included)."""
+        self._scan(bytes(self._pending))
+        self._pending.clear()
+        return self.findings
+
+    def _scan(self, data: bytes) -> None:
+        self.findings += [replace(f, line=f.line + self._lines, start=f.start + self._offset,
+                                  end=f.end + self._offset) for f in scan(data)]
+        self._offset += len(data)
+        self._lines += data.count(b"\n")
 
 
 def _locate(line: bytes, secret: bytes) -> tuple[str, str]:
