@@ -1,7 +1,7 @@
-"""Fetching a branch and its lineage from peers, verifying every byte before it is kept.
+"""Fetching a branch and its lineage from peers, verifying every byte once, before it is kept.
 
-Over 400 lines on purpose: the fetch's steps (lineage walk, manifests, batches, assembly, the
-whole-blob fallback, the checks before commit) share one _Fetch state and read in order.
+Over 400 lines on purpose: the fetch's steps (lineage walk, manifests, staging, the whole-blob
+fallback, commit and placement) share one _Fetch state and read in order.
 
 Entry points (for the CLI and the LAN node):
 
@@ -9,25 +9,31 @@ Entry points (for the CLI and the LAN node):
                                 identity, trust, agent_dir=..., progress=...)
     catalog = await get_catalog(PeerAddress(...), identity, trust)
 
-The order of work, and why:
+The order of work, and why (verify once, stream, commit last):
 1. Walk the lineage by sidecars only: each sidecar must hash to the branch asked for and
    validate; follow `parent` until a branch this node already holds, with a depth limit and
    cycle detection.  Nothing is stored yet, so a lying chain costs nothing.
 2. For each missing branch, oldest first: the session's line manifest, then only the lines
-   this node lacks, in framed batches; every line is decompressed with an output limit equal
-   to its declared length and checked against its hash.  The whole session is re-hashed to
-   the sidecar's `src` and checked to be cut at its newlines (this is what proves the
-   manifest honest) and only then handed to `lib.add_fetched`, with each line's zstd bytes
-   as the peer sent them: the store keeps those (after decoding and re-hashing them itself)
-   instead of compressing the line again.  A peer without line manifests gets the
-   whole-blob fallback: a streamed GET with `Range` resume, hashed on the fly.
-3. Only after the store committed it, the requested session is written where Pi finds it
-   (pi/placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
+   the store lacks (lines staged by an earlier fetch that was killed count as held), in
+   framed batches (batches.py decodes and hashes each line once, on arrival).  Verified lines
+   are staged in the store at once, as the peer sent them, in runs of STAGE_BYTES
+   (`Library.stage_lines`: not decoded or hashed again), and handed to the getter
+   (getter.py, sans-IO), which walks the manifest in order: it hashes the session, checks
+   Pi's header (within the first 1 MiB) and each line's nesting and cut, and hands out the
+   bytes, which go to a hidden temp file beside where Pi will find the session.  Lines ahead
+   of the cursor wait in a bounded buffer or are read back from the store.  A peer without
+   line manifests gets the whole-blob fallback: a streamed GET with `Range` resume, hashed on
+   the fly.
+3. Only when the session hashes to the sidecar's `src` and is cut at its newlines is the
+   version committed (`Library.add_staged`: turns referencing the staged blobs, a head
+   moves, the branch recorded); then the temp file is fsynced and linked into Pi's folder
+   (pi/placement.py), and the folder fsynced.  A refused or cancelled fetch removes its temp
+   file and records nothing; its staged lines are unreferenced, garbage for the store's GC.
 
-How missing lines are asked for and verified is batches.py's; which peer is asked and what its
-failure means is the downloader's (downloader.py: a peer that lies or stalls is dropped for
-the fetch, a broken link is retried a few times); one peer's HTTPS session is link.py's.  Verified lines and blob prefixes survive a broken link,
-so the next attempt, on the same or another peer, continues where the last one stopped.
+How missing lines are asked for and verified is batches.py's; which peer is asked and what
+its failure means is the downloader's (downloader.py); one peer's HTTPS session is link.py's.
+Staged lines and blob prefixes survive a broken link, so the next attempt, on the same or
+another peer, continues where the last one stopped; staged lines survive a kill -9 too.
 """
 from __future__ import annotations
 
@@ -46,28 +52,26 @@ from typing import Any, TypeVar
 import aiohttp
 import blake3
 
-from p2pnode.errors import (
-    Conflict,
-    InvalidInput,
-    NotFound,
-    VerificationFailed,
-)
+from p2pnode.errors import Conflict, NotFound, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
+from p2pnode.peer.getter import Assembled, ManifestLied, SessionGetter
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import PeerLink
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.lines import LineRef, is_split, split_lines
-from p2pnode.pi.placement import Placement, PlacementConflict, place_session
-from p2pnode.pi.session import find_header, placed_names
+from p2pnode.pi.hashing import Prefix
+from p2pnode.pi.lines import LineRef, split_lines
+from p2pnode.pi.placement import Content, Placement, PlacementConflict, SessionFile, place_session
+from p2pnode.pi.session import SessionHeader
 from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
 from store.errors import StoreLocked
+from store.layout import CODEC_RAW
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,9 +96,11 @@ class FetchResult:
     written: bool = False
     conflict: str | None = None
     seconds_transfer: float = 0.0
-    """Receiving and verifying the sessions' bytes (sidecars, manifests, lines, re-hash)."""
+    """Receiving, verifying and staging the sessions' lines, hashing them in order and writing
+    the temp file (sidecars, manifests and lines): until the last line was handed out."""
     seconds_store: float = 0.0
-    """Storing the verified sessions (`Library.add_fetched`; the file is placed afterwards)."""
+    """Committing the verified sessions (`Library.add_staged`) and publishing the file: what
+    is left after the last byte arrived."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,37 +141,92 @@ def _opener(lib: FetchTarget | OpenPerUse) -> LibraryOpener:
     return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
 
 
-MAX_JSON_DEPTH = 512
-"""Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
-the store's title and JSON checks) recurses through, far beyond any real Pi entry."""
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+STAGE_BYTES = 8 << 20
+"""Raw bytes of verified lines gathered before they are staged in the store (one durable
+commit, and for a one-shot fetch one opening of the store, per run): what a kill -9 can cost."""
 
 
-def json_depth(line: bytes) -> int:
-    """The deepest bracket nesting of a JSON line, strings left out (brackets inside strings
-    are text); cheap for real lines, whose structural brackets are few."""
-    depth = peak = 0
-    for c in _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
-        depth += 1 if c in b"[{" else -1
-        peak = max(peak, depth)
-    return peak
+class _ManifestStop(Exception):
+    """Raised out of the `received` callback when the manifest proved a lie: not the batch
+    peer's fault (the downloader does not judge it), so it ends get_lines for session() to
+    drop the manifest's peer."""
+
+    def __init__(self, lie: ManifestLied) -> None:
+        super().__init__(str(lie))
+        self.lie = lie
 
 
-def check_nesting(lines: list[bytes], src: str) -> None:
-    """InvalidInput for a line nested deeper than MAX_JSON_DEPTH, before anything is stored
-    (only lines with more opening brackets than that are looked at)."""
-    for number, line in enumerate(lines, 1):
-        if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
-            raise InvalidInput(f"fetched session {src}: line {number} nests JSON deeper than "
-                               f"{MAX_JSON_DEPTH} levels; refused")
+OutFile = Callable[[SessionHeader], SessionFile]
+"""Makes the temp file the session's bytes go to, once its header is known."""
 
 
-def check_header(lines: list[bytes], src: str) -> None:
-    """Refuse a session that is not a Pi session, or whose header fields would place it
-    outside Pi's sessions dir or break Pi's id rule (InvalidHeader / HostileHeader), before
-    anything is stored.  The header may follow blank or malformed lines, as pi 1.5.2 reads it."""
-    placed_names(find_header(lines, f"fetched session {src}"))
+class _Stream:
+    """One session version's lines as they come: staged in the store in runs of STAGE_BYTES,
+    handed to the getter, and its in-order output written to the temp file (if any).  All of
+    it on a worker thread, one run at a time."""
+
+    def __init__(self, job: _Fetch, getter: SessionGetter, out: OutFile | None) -> None:
+        self.job = job
+        self.getter = getter
+        self.make_out = out
+        self.file: SessionFile | None = None
+        self.got: set[bytes] = set()
+        self._pending: list[tuple[wire.BatchBlob, bytes]] = []
+        self._pending_bytes = 0
+        self._lock = asyncio.Lock()
+
+    async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
+        """batches.py's callback: verified blobs (each decoded and hashed once, there)."""
+        for blob, raw in zip(blobs, raws, strict=True):
+            if blob.hash not in self.got:
+                self.got.add(blob.hash)
+                self._pending.append((blob, raw))
+                self._pending_bytes += len(raw)
+                self.job.note(len(raw))
+        if self._pending_bytes >= STAGE_BYTES:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Stage what is pending and hand out what the cursor can reach (store reads included)."""
+        async with self._lock:
+            run, self._pending, self._pending_bytes = self._pending, [], 0
+            try:
+                await self.job._lib(functools.partial(self._take, run))
+            except ManifestLied as lie:
+                raise _ManifestStop(lie) from None
+
+    def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget) -> None:
+        if run:
+            lib.stage_lines([blob for blob, _ in run])
+        for blob, raw in run:
+            self.getter.arrived(blob.hash, raw)
+        while True:
+            self._write(self.getter.ready())
+            wanted = self.getter.from_store()
+            if wanted is None:
+                return
+            self.getter.read_back(wanted, lib.line(wanted))
+
+    def _write(self, parts: list[bytes]) -> None:
+        if not parts or self.make_out is None:
+            return
+        if self.file is None:
+            assert self.getter.header is not None
+            self.file = self.make_out(self.getter.header)
+        for part in parts:
+            self.file.write(part)
+
+    def discard(self) -> None:
+        if self.file is not None:
+            self.file.discard()
+            self.file = None
+
+    async def abandon(self) -> None:
+        """The manifest lied: the temp file goes, the verified lines pending are staged."""
+        self.discard()
+        run, self._pending, self._pending_bytes = self._pending, [], 0
+        if run:
+            await self.job._lib(lambda lib: lib.stage_lines([blob for blob, _ in run]))
 
 
 class _Fetch:
@@ -175,10 +236,6 @@ class _Fetch:
         self.pool = pool
         self.limits = limits
         self.progress = progress
-        self.lines: dict[bytes, bytes] = {}
-        """Verified lines received in this fetch, kept across broken links and peers."""
-        self.blobs: dict[bytes, StoredBlob] = {}
-        """The same lines as the peer sent them (zstd), so that the store keeps those bytes."""
         self.lines_fetched = 0
         self.lines_total = 0
         self._done = self._total = 0
@@ -186,6 +243,12 @@ class _Fetch:
     async def _lib(self, fn: Callable[[FetchTarget], T]) -> T:
         """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
         return await _using(self.lib, fn)
+
+    def note(self, raw_len: int) -> None:
+        self._done += raw_len
+        self.lines_fetched += 1
+        if self.progress:
+            self.progress(self._done, self._total)
 
     async def walk(self, branch: str) -> list[tuple[str, bytes, Sidecar]]:
         """The branches to fetch, requested first, up to the first one held locally."""
@@ -205,55 +268,63 @@ class _Fetch:
             current = sc.parent
         return chain
 
-    async def session(self, src: str) -> list[bytes]:
-        """The verified lines of session `src` (by line manifest, else as one blob)."""
+    async def session(self, src: str, out: OutFile | None) -> tuple[Assembled, SessionFile | None]:
+        """Session `src` verified (by line manifest, else as one blob), its lines staged in the
+        store, its bytes in the temp file `out` makes (returned, not yet published)."""
         while True:
             try:
                 manifest_peer, manifest = await self.pool.run(
                     f"line manifest of {src}", lambda p: _with_peer(p, p.line_manifest(src)))
             except NotFound:
-                return split_lines(await self._whole(src))
+                return await self._from_whole(src, out)
             missing = await self._missing(manifest)
-            if missing:
-                self._total = sum(r.length for r in missing)
-                self._done = sum(r.length for r in missing if r.hash in self.lines)
-                await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
-                                        self.lines.__contains__, self._keep)
-            lines = await self._assemble(manifest, src)
-            if lines is not None:
+            stream = _Stream(self, SessionGetter(src, manifest, (r.hash for r in missing)), out)
+            try:
+                if missing:
+                    self._total = sum(r.length for r in missing)
+                    self._done = 0
+                    await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
+                                            stream.got.__contains__, stream.received)
+                await stream.flush()
+                assembled = stream.getter.finish()
+            except _ManifestStop as stop:
+                lie: ManifestLied = stop.lie
+            except ManifestLied as exc:
+                lie = exc
+            except BaseException:
+                stream.discard()
+                raise
+            else:
                 self.lines_total += len(manifest)
-                return lines
+                return assembled, stream.file
+            await stream.abandon()  # what was verified stays staged for the next manifest
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
-                                          "or does not cut it at its newlines (failed verification)",
+                                          f"or does not cut it at its newlines (failed verification: {lie})",
                            VerificationFailed)
 
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
+        """The manifest's lines the store lacks (lines staged by an earlier, killed run count as held)."""
         unique = list({r.hash: r for r in manifest}.values())
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _keep(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
-        """Keep verified blobs (batches.py checked them), raw and as sent."""
-        for blob, raw in zip(blobs, raws, strict=True):
-            self.lines[blob.hash] = raw
-            self.blobs[blob.hash] = blob
-            self._done += blob.raw_len
-        self.lines_fetched += len(blobs)
-        if self.progress:
-            self.progress(self._done, self._total)
-
-    async def _assemble(self, manifest: list[LineRef], src: str) -> list[bytes] | None:
-        """All lines in order, or None if the manifest lied: they do not hash to `src`, or
-        they are not the file cut at its newlines."""
-        def build(lib: FetchTarget) -> list[bytes] | None:
-            lines = [self.lines.get(r.hash) or lib.line(r.hash) for r in manifest]
-            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-            for line in lines:
-                hasher.update(line)
-            return lines if hasher.hexdigest() == src and is_split(lines) else None
-
-        return await self._lib(build)
-
+    async def _from_whole(self, src: str, out: OutFile | None) -> tuple[Assembled, SessionFile | None]:
+        """A peer without line manifests: the whole blob (verified to `src` as it came), cut
+        into lines and staged as raw-codec blobs (the store compresses them)."""
+        data = await self._whole(src)
+        lines = split_lines(data)
+        refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
+        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), out)
+        blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line) for r, line in zip(refs, lines, strict=True)]
+        try:
+            await stream.received(blobs, lines)
+            await stream.flush()
+            assembled = stream.getter.finish()
+        except BaseException:
+            stream.discard()
+            raise
+        self.lines_total += len(refs)
+        return assembled, stream.file
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
@@ -327,28 +398,30 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits)
-    requested: bytes | None = None
+    placed: Placement | PlacementConflict | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
         t0 = time.perf_counter()
         chain = await job.walk(branch_hex)
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
-            lines = await job.session(sc.src)
-            check_header(lines, sc.src)
-            await asyncio.to_thread(check_nesting, lines, sc.src)
+            out = None
+            if branch == branch_hex and agent_dir is not None:
+                out = functools.partial(_session_file, agent_dir=agent_dir, src=sc.src,
+                                        session_dir=session_dir)
+            assembled, file = await job.session(sc.src, out)
             t1 = time.perf_counter()
-            blobs = list(job.blobs.values())
-            add = functools.partial(_add_fetched, sidecar=raw_sidecar, lines=lines, blobs=blobs)
             try:
-                await _using(opener, add)
-            except RecursionError:
-                raise InvalidInput(f"fetched session {sc.src}: JSON nested too deeply; refused") from None
-            if branch == branch_hex:
-                requested = b"".join(lines)
+                await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled))
+                if file is not None:  # only now, after the store committed the verified session
+                    placed = await _using(opener, functools.partial(_publish, file=file, branch=branch,
+                                                                    done=assembled))
+            finally:
+                if file is not None:
+                    file.discard(keep_dir=isinstance(placed, Placement))
             t2 = time.perf_counter()
-            log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
-                     branch, len(lines), t1 - t0, t2 - t1)
+            log.info("fetched branch %s: %d lines, transfer+verify+stage %.3f s, commit+place %.3f s",
+                     branch, len(assembled.refs), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
         info = await _using(opener, lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
@@ -358,26 +431,42 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              seconds_store=round(store, 4))
     finally:
         await pool.close()
-    if agent_dir is not None:  # only now, after the store committed the verified session
-        placed = await _using(opener, lambda lib: _place(agent_dir, requested, branch_hex, info.src, lib,
-                                                         session_dir))
-        if isinstance(placed, PlacementConflict):
-            result.path, result.conflict = str(placed.path), str(placed)
-        else:
-            result.path, result.written = str(placed.path), placed.written
+    if agent_dir is not None and not chain:  # held already: placed from the stored copy
+        placed = await _using(opener, lambda lib: _place(agent_dir, branch_hex, info.src, lib, session_dir))
+    if isinstance(placed, PlacementConflict):
+        result.path, result.conflict = str(placed.path), str(placed)
+    elif placed is not None:
+        result.path, result.written = str(placed.path), placed.written
     return result
 
 
-def _add_fetched(lib: FetchTarget, sidecar: bytes, lines: list[bytes], blobs: list[StoredBlob]) -> None:
-    lib.add_fetched(sidecar, lines, blobs)
+def _session_file(header: SessionHeader, agent_dir: Path, src: str, session_dir: Path | None) -> SessionFile:
+    return SessionFile.create(agent_dir, header, src, session_dir)
 
 
-def _place(agent_dir: Path, data: bytes | None, branch: str, src: str, lib: FetchTarget,
-           session_dir: Path | None) -> Placement | PlacementConflict:
-    """Place the fetched bytes (or, for a branch already held, the stored copy); record the path."""
+def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled) -> None:
+    prefix = Prefix(done.size, done.src, len(done.refs), done.last_line_start)
+    lib.add_staged(sidecar, done.refs, prefix, done.header, (done.name, done.first_user))
+
+
+def _publish(lib: FetchTarget, file: SessionFile, branch: str,
+             done: Assembled) -> Placement | PlacementConflict:
+    """The temp file, fsynced, linked where Pi finds it; the path recorded for the branch."""
+    content = Content(done.src, done.placed_size, done.placed_hex, done.newline_hex)
     try:
-        placed = place_session(agent_dir, data if data is not None else lib.session_bytes(src), src,
-                               PlacedFiles(lib.paths.placed), session_dir)
+        placed = file.publish(content, PlacedFiles(lib.paths.placed))
+    except PlacementConflict as exc:
+        return exc
+    lib.record_path(branch, placed.path)
+    return placed
+
+
+def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
+           session_dir: Path | None) -> Placement | PlacementConflict:
+    """Place a branch already held, from the stored copy; record the path."""
+    try:
+        placed = place_session(agent_dir, lib.session_bytes(src), src, PlacedFiles(lib.paths.placed),
+                               session_dir)
     except PlacementConflict as exc:
         return exc
     lib.record_path(branch, placed.path)

@@ -9,7 +9,9 @@ from typing import Protocol
 
 from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.paths import NodePaths
+from p2pnode.pi.hashing import Prefix
 from p2pnode.pi.lines import LineRef
+from p2pnode.pi.session import SessionHeader
 from store import StoredBlob
 
 
@@ -33,6 +35,11 @@ class FetchTarget(Protocol):
                     stored: Iterable[StoredBlob] = ()) -> BranchInfo: ...
 
     def record_path(self, branch_hex: str, path: Path | str) -> None: ...
+
+    def stage_lines(self, blobs: Sequence[StoredBlob]) -> None: ...
+
+    def add_staged(self, sidecar: bytes, refs: Sequence[LineRef], prefix: Prefix,
+                   header: SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo: ...
 
 
 class ServedLibrary(Protocol):

@@ -23,6 +23,7 @@ reported as `PlacementConflict`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from pathlib import Path
 from p2pnode.errors import Conflict
 from p2pnode.library.manifest import PlacedFile, PlacedFiles
 from p2pnode.pi.hashing import hash_file, hash_prefix, new_hasher
-from p2pnode.pi.session import HostileHeader, header_index, parse_header, placed_names
+from p2pnode.pi.session import HostileHeader, SessionHeader, header_index, parse_header, placed_names
 from sysio.files import fsync_dir
 from sysio.flush import flush_data
 
@@ -56,24 +57,6 @@ class Placement:
     """The hash of the older version that was replaced by its grown version."""
 
 
-def _write_temp(directory: Path, src_hex: str, data: bytes) -> Path:
-    """The bytes, durably, in a hidden temp file beside the target (Pi only lists *.jsonl;
-    a short name: the target's own may already use all 255 bytes)."""
-    tmp = directory / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SESSION_FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        flush_data(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        os.close(fd)
-    return tmp
-
-
 def pi_readable(data: bytes) -> bytes:
     """The session with its header as the first line, as every Pi version reads it (the
     blank or malformed lines pi 1.5.2 skipped before it follow it instead)."""
@@ -88,7 +71,12 @@ def pi_readable(data: bytes) -> bytes:
 def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) -> Path:
     """Where Pi would keep this session; HostileHeader if the header would lead elsewhere."""
     end = data.find(b"\n")
-    header = parse_header(data if end < 0 else data[:end], "fetched session")
+    return target_path(agent_dir, parse_header(data if end < 0 else data[:end], "fetched session"),
+                       session_dir)
+
+
+def target_path(agent_dir: Path, header: SessionHeader, session_dir: Path | None = None) -> Path:
+    """Where Pi would keep the session with this header; HostileHeader if it would lead elsewhere."""
     dir_name, file_name = placed_names(header)
     if session_dir is not None:
         target, home = session_dir / file_name, session_dir.resolve()
@@ -106,38 +94,46 @@ def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) 
 def place_session(agent_dir: Path, data: bytes, src_hex: str, placed: PlacedFiles | None = None,
                   session_dir: Path | None = None) -> Placement:
     """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them, and record
-    in `placed` what was written there."""
+    in `placed` what was written there (a SessionFile written at once)."""
     readable = pi_readable(data)
     placed_hex = src_hex if readable is data else hash_bytes(readable)
-    data = readable
-    (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
-    target = session_path(agent_dir, data, session_dir)
-    target.parent.mkdir(exist_ok=True)
-    target = session_path(agent_dir, data, session_dir)  # re-check now that the directory exists
-    if os.path.lexists(target):  # a dangling symlink too: never followed, never replaced
-        return _existing(target, data, src_hex, placed_hex, placed)
-    tmp = _write_temp(target.parent, src_hex, data)
+    end = readable.find(b"\n")
+    header = parse_header(readable if end < 0 else readable[:end], "fetched session")
+    out = SessionFile.create(agent_dir, header, src_hex, session_dir)
     try:
-        os.link(tmp, target)
-    except FileExistsError:
-        return _existing(target, data, src_hex, placed_hex, placed)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
-    if placed is not None:
-        placed.record(target, PlacedFile(len(data), placed_hex))
-    return Placement(target, written=True)
+        out.write(readable)
+        newline = None if readable.endswith(b"\n") else hash_bytes(readable + b"\n")
+        return out.publish(Content(src_hex, len(readable), placed_hex, newline), placed)
+    except BaseException:
+        out.discard()
+        raise
 
 
-def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
-              placed: PlacedFiles | None) -> Placement:
+@dataclass(frozen=True)
+class Content:
+    """What is being placed, known by its hashes: its bytes are in a temp file already."""
+
+    src: str
+    """The fetched session's BLAKE3 (for messages)."""
+    size: int
+    blake3: str
+    """BLAKE3 of the placed bytes (`src` unless the header was moved first, pi_readable)."""
+    newline_blake3: str | None
+    """BLAKE3 of the bytes plus the final newline pi 1.5.2 adds, when they lack one."""
+
+
+def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | None) -> Placement:
+    """A file is at the target already: the same version (nothing to do), an older version
+    a fetch placed that this one extends (replaced), or anything else (PlacementConflict).
+    `tmp` holds the new bytes, fsynced; it is renamed over the target or left to the caller."""
+    src_hex = content.src
     before = os.lstat(target)
     if not stat.S_ISREG(before.st_mode):
         kind = "a symlink" if stat.S_ISLNK(before.st_mode) else "a directory" if stat.S_ISDIR(
             before.st_mode) else "a special file"
         raise PlacementConflict(target, src_hex, f"as {kind}, not a regular file")
     theirs = hash_file(target)
-    if theirs == placed_hex or (not data.endswith(b"\n") and theirs == hash_bytes(data + b"\n")):
+    if theirs in (content.blake3, content.newline_blake3):
         return Placement(target, written=False)  # the same version (pi 1.5.2 may have added a final \n)
     record = placed.get(target) if placed is not None else None
     as_placed = record == PlacedFile(before.st_size, theirs)
@@ -146,19 +142,104 @@ def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
     if not (as_placed or newline_added):
         raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
                                                  "placed: it is this node's user's own file")
-    if not (before.st_size < len(data) and _is_prefix(target, data, newline_added=newline_added)):
+    assert record is not None and placed is not None
+    # the new bytes extend the placed version: their prefix of its size hashes to it
+    if not (record.size < content.size and hash_prefix(tmp, record.size) == record.blake3):
         raise PlacementConflict(target, src_hex, f"as a version a fetch placed (blake3 {theirs}) that the "
                                                  "fetched bytes do not extend")
-    assert placed is not None
-    tmp = _write_temp(target.parent, src_hex, data)
     after = os.lstat(target)
     if _stamp(after) != _stamp(before):
-        tmp.unlink()
         raise PlacementConflict(target, src_hex, "and changed while being replaced")
     os.replace(tmp, target)
     fsync_dir(target.parent)
-    placed.record(target, PlacedFile(len(data), placed_hex))
+    placed.record(target, PlacedFile(content.size, content.blake3))
     return Placement(target, written=True, replaced=theirs)
+
+
+class SessionFile:
+    """A fetched session written as it is verified: a hidden temp file (0600, a short name
+    Pi never lists) in the directory Pi will find it in, published by `publish` once the
+    store has committed it, or removed by `discard` (a refused or cancelled fetch).  A temp
+    file left by a killed fetch of the same session is removed by the next one's `create`."""
+
+    def __init__(self, target: Path, tmp: Path, fd: int, made_dir: bool) -> None:
+        self.target = target
+        self.tmp = tmp
+        self._fd: int | None = fd
+        self._made_dir = made_dir
+        self.written = 0
+
+    @classmethod
+    def create(cls, agent_dir: Path, header: SessionHeader, src_hex: str,
+               session_dir: Path | None = None) -> SessionFile:
+        (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
+        target = target_path(agent_dir, header, session_dir)
+        made_dir = not target.parent.exists()
+        target.parent.mkdir(exist_ok=True)
+        target = target_path(agent_dir, header, session_dir)  # re-check now that the directory exists
+        _remove_stale(target.parent, src_hex)
+        tmp = target.parent / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        return cls(target, tmp, fd, made_dir)
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.written += len(data)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def publish(self, content: Content, placed: PlacedFiles | None) -> Placement:
+        """fsync the bytes, link them at the target (never over a file that appeared
+        meanwhile: then `_existing` decides), fsync the directory; record them in `placed`."""
+        assert self._fd is not None and self.written == content.size
+        try:
+            os.fchmod(self._fd, SESSION_FILE_MODE)
+            flush_data(self._fd)
+            self._close()
+            if os.path.lexists(self.target):  # a dangling symlink too: never followed, never replaced
+                return _existing(self.target, self.tmp, content, placed)
+            try:
+                os.link(self.tmp, self.target)
+            except FileExistsError:
+                return _existing(self.target, self.tmp, content, placed)
+            fsync_dir(self.target.parent)
+            if placed is not None:
+                placed.record(self.target, PlacedFile(content.size, content.blake3))
+            return Placement(self.target, written=True)
+        finally:
+            self.discard(keep_dir=True)
+
+    def discard(self, keep_dir: bool = False) -> None:
+        """Remove the temp file (and the project directory if this fetch made it, now empty)."""
+        self._close()
+        self.tmp.unlink(missing_ok=True)
+        if self._made_dir and not keep_dir:
+            with contextlib.suppress(OSError):
+                self.target.parent.rmdir()
+
+
+def _remove_stale(directory: Path, src_hex: str) -> None:
+    """Temp files of this session left by a fetch whose process is gone (kill -9)."""
+    for old in directory.glob(f".p2pnode-{src_hex[:16]}.*.tmp"):
+        pid = old.name.split(".")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            old.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def hash_bytes(data: bytes) -> str:
@@ -167,13 +248,3 @@ def hash_bytes(data: bytes) -> str:
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-def _is_prefix(path: Path, data: bytes, *, newline_added: bool = False) -> bool:
-    """Whether the file is a prefix of `data`; `newline_added`: the file but its last byte, a
-    newline (pi 1.5.2 closed an incomplete last line)."""
-    with open(path, "rb") as f:
-        mine = f.read(len(data) + 1)
-    if newline_added:
-        return mine.endswith(b"\n") and data.startswith(mine[:-1])
-    return data.startswith(mine)
