@@ -402,10 +402,13 @@ class Store:
         """put_stored_blob for many, with one durable commit; a big batch is verified on two
         threads.  Nothing is stored when any blob fails its check.
 
-        `verified=True` is the trusted variant for bytes the caller has just decoded and
-        hashed itself (a peer's line, checked on arrival): they are not decoded and hashed a
-        second time; a raw-codec blob is compressed as `put_blob` would (zstd when it shrinks).
-        Like `put_blob`'s, the blobs survive GC for gc_grace_seconds until a turn uses them."""
+        `verified=True` stages blobs the caller has just decoded and hashed itself (a peer's
+        line, checked on arrival): they are not decoded and hashed a second time (a raw-codec
+        blob is compressed as `put_blob` would, zstd when it shrinks), and the call does not
+        wait for a sync: they are written to the pack, so a killed process loses none of them
+        (the OS has them), a power cut may (they are unreferenced: a refetch costs no data);
+        the append that first references them makes them durable first, as for any blob.
+        Either way, the blobs survive GC for gc_grace_seconds until a turn uses them."""
         prepared = self._map(self._trusted if verified else self._verify_stored, blobs)
         with self._gate.shared():
             now = time.monotonic()
@@ -417,7 +420,8 @@ class Store:
                 unsynced = unsynced or (loc is not None and loc.offset >= self._pack_synced)
             if unsynced:
                 self._pack_wanted = True
-                self._commit.wait(self._commit.note_write())
+                if not verified:
+                    self._commit.wait(self._commit.note_write())
         return [blob.hash for blob in blobs]
 
     def _verify_stored(self, blob: StoredBlob) -> packer.Prepared:

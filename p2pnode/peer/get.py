@@ -16,8 +16,8 @@ The order of work, and why (verify once, stream, commit last):
 2. For each missing branch, oldest first: the session's line manifest, then only the lines
    the store lacks (lines staged by an earlier fetch that was killed count as held), in
    framed batches (batches.py decodes and hashes each line once, on arrival).  Verified lines
-   are staged in the store at once, as the peer sent them, in runs of STAGE_BYTES
-   (`Library.stage_lines`: not decoded or hashed again), and handed to the getter
+   are staged in the store at once, as the peer sent them, in runs (STAGE_RUNS;
+   `Library.stage_lines`: not decoded or hashed again), and handed to the getter
    (getter.py, sans-IO), which walks the manifest in order: it hashes the session, checks
    Pi's header (within the first 1 MiB) and each line's nesting and cut, and hands out the
    bytes, which go to a hidden temp file beside where Pi will find the session.  Lines ahead
@@ -141,9 +141,13 @@ def _opener(lib: FetchTarget | OpenPerUse) -> LibraryOpener:
     return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
 
 
-STAGE_BYTES = 8 << 20
-"""Raw bytes of verified lines gathered before they are staged in the store (one durable
-commit, and for a one-shot fetch one opening of the store, per run): what a kill -9 can cost."""
+LINGER = 0.5
+"""Seconds a one-shot fetch keeps the store open after staging a run, waiting for the next."""
+STAGE_MIN, STAGE_MAX = 256 << 10, 8 << 20
+STAGE_RUNS = 128
+"""Verified lines are staged in the store in runs of 1/STAGE_RUNS of what is missing, within
+[STAGE_MIN, STAGE_MAX] raw bytes: one durable commit (and for a one-shot fetch one opening of
+the store) per run, and a kill -9 loses at most about one run's worth of transfer."""
 
 
 class _ManifestStop(Exception):
@@ -161,7 +165,7 @@ OutFile = Callable[[SessionHeader], SessionFile]
 
 
 class _Stream:
-    """One session version's lines as they come: staged in the store in runs of STAGE_BYTES,
+    """One session version's lines as they come: staged in the store in runs of `stage_bytes`,
     handed to the getter, and its in-order output written to the temp file (if any).  All of
     it on a worker thread, one run at a time."""
 
@@ -174,6 +178,12 @@ class _Stream:
         self._pending: list[tuple[wire.BatchBlob, bytes]] = []
         self._pending_bytes = 0
         self._lock = asyncio.Lock()
+        self._open: AbstractContextManager[FetchTarget] | None = None
+        self._held: FetchTarget
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Future[None]] = set()
+        missing = sum(r.length for r in getter.refs if r.hash in getter.outstanding)
+        self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
     async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
         """batches.py's callback: verified blobs (each decoded and hashed once, there)."""
@@ -183,7 +193,7 @@ class _Stream:
                 self._pending.append((blob, raw))
                 self._pending_bytes += len(raw)
                 self.job.note(len(raw))
-        if self._pending_bytes >= STAGE_BYTES:
+        if self._pending_bytes >= self.stage_bytes:
             await self.flush()
 
     async def flush(self) -> None:
@@ -191,9 +201,46 @@ class _Stream:
         async with self._lock:
             run, self._pending, self._pending_bytes = self._pending, [], 0
             try:
-                await self.job._lib(functools.partial(self._take, run))
+                await self._using(functools.partial(self._take, run))
             except ManifestLied as lie:
                 raise _ManifestStop(lie) from None
+
+    async def _using(self, fn: Callable[[FetchTarget], None]) -> None:
+        """fn(library) on a worker thread; caller holds the lock.  A one-shot fetch's library
+        stays open from one run to the next while lines flow (opening the store per run would
+        cost more than the run), and is closed after LINGER seconds without one: a stalled
+        peer never keeps the store from other commands."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+        def run() -> None:
+            if self._open is None:
+                opened = self.job.lib()
+                self._held, self._open = opened.__enter__(), opened
+            fn(self._held)
+
+        work = asyncio.ensure_future(asyncio.to_thread(run))
+        try:
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:  # the thread goes on: the library is not closed under it
+                await asyncio.wait([work])
+                raise
+        finally:
+            if self._open is not None:
+                self._timer = asyncio.get_running_loop().call_later(
+                    LINGER, lambda: self._closing.add(asyncio.ensure_future(self.release())))
+
+    async def release(self) -> None:
+        """Close the library this stream holds open (before any other step opens it)."""
+        async with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._open is not None:
+                opened, self._open = self._open, None
+                await asyncio.to_thread(opened.__exit__, None, None, None)
 
     def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget) -> None:
         if run:
@@ -224,9 +271,11 @@ class _Stream:
     async def abandon(self) -> None:
         """The manifest lied: the temp file goes, the verified lines pending are staged."""
         self.discard()
-        run, self._pending, self._pending_bytes = self._pending, [], 0
-        if run:
-            await self.job._lib(lambda lib: lib.stage_lines([blob for blob, _ in run]))
+        async with self._lock:
+            run, self._pending, self._pending_bytes = self._pending, [], 0
+            if run:
+                await self._using(lambda lib: lib.stage_lines([blob for blob, _ in run]))
+        await self.release()
 
 
 class _Fetch:
@@ -280,13 +329,16 @@ class _Fetch:
             missing = await self._missing(manifest)
             stream = _Stream(self, SessionGetter(src, manifest, (r.hash for r in missing)), out)
             try:
-                if missing:
-                    self._total = sum(r.length for r in missing)
-                    self._done = 0
-                    await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
-                                            stream.got.__contains__, stream.received)
-                await stream.flush()
-                assembled = stream.getter.finish()
+                try:
+                    if missing:
+                        self._total = sum(r.length for r in missing)
+                        self._done = 0
+                        await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
+                                                stream.got.__contains__, stream.received)
+                    await stream.flush()
+                    assembled = stream.getter.finish()
+                finally:
+                    await asyncio.shield(stream.release())
             except _ManifestStop as stop:
                 lie: ManifestLied = stop.lie
             except ManifestLied as exc:
@@ -317,9 +369,12 @@ class _Fetch:
         stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), out)
         blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line) for r, line in zip(refs, lines, strict=True)]
         try:
-            await stream.received(blobs, lines)
-            await stream.flush()
-            assembled = stream.getter.finish()
+            try:
+                await stream.received(blobs, lines)
+                await stream.flush()
+                assembled = stream.getter.finish()
+            finally:
+                await asyncio.shield(stream.release())
         except BaseException:
             stream.discard()
             raise
