@@ -556,6 +556,30 @@ class Library:
                 self._manifests[src_hex] = refs
             return refs
 
+    def line_manifest_after(self, src_hex: str, held: Sequence[str]) -> tuple[str, int] | None:
+        """(base, first): of the versions `held` that this node offers, the one of the same
+        session whose lines up to its last newline (`first` of them) are the first lines of
+        `src_hex`, the longest; None if there is none.  By line hashes (turn records only)."""
+        with self._lock:
+            target = self.sessions.version(src_hex)
+            hashes = self.sessions.line_hashes(src_hex)
+            best: tuple[str, int] | None = None
+            for base in held:
+                if base == src_hex or self.offered_object(base) != "session":
+                    continue
+                version = self.sessions.version(base)
+                first = version.lines - (version.last_line_start < version.size)
+                if (version.session_id != target.session_id or first > len(hashes)
+                        or (best is not None and first <= best[1])):
+                    continue
+                if self.sessions.line_hashes(base)[:first] == hashes[:first]:
+                    best = (base, first)
+            return best
+
+    def version(self, src_hex: str) -> Version:
+        """The stored version (size, lines, where its last line starts, header, titles)."""
+        return self.sessions.version(src_hex)
+
     def line(self, line_hash: bytes) -> bytes:
         """One line's bytes from the store, re-hashed (NotFound if the store lacks it)."""
         if not self.store.has_blob(line_hash):

@@ -59,14 +59,22 @@ from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
-from p2pnode.peer.getter import Assembled, ManifestLied, SessionGetter
+from p2pnode.peer.getter import LIVE, Assembled, Held, ManifestLied, SessionGetter
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import PeerLink
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.hashing import Prefix
+from p2pnode.pi.hashing import Prefix, new_hasher
 from p2pnode.pi.lines import LineRef, split_lines
-from p2pnode.pi.placement import Content, Placement, PlacementConflict, SessionFile, place_session
+from p2pnode.pi.placement import (
+    Appendable,
+    Content,
+    Placement,
+    PlacementConflict,
+    SessionFile,
+    appendable,
+    place_session,
+)
 from p2pnode.pi.session import SessionHeader
 from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
@@ -160,8 +168,32 @@ class _ManifestStop(Exception):
         self.lie = lie
 
 
-OutFile = Callable[[SessionHeader], SessionFile]
-"""Makes the temp file the session's bytes go to, once its header is known."""
+@dataclass(frozen=True)
+class Placing:
+    """Where the requested session goes: Pi's agent dir (and its session-dir override)."""
+
+    agent_dir: Path
+    session_dir: Path | None
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """An incremental fetch's held part: the first lines, those of version `base`."""
+
+    base: str
+    base_size: int
+    refs: list[LineRef]
+    size: int
+
+
+@dataclass
+class Output:
+    """The temp file a session went to, and how it is published: linked as a new file, or
+    (`append`) appended from offset `start` to the older version placed at the target."""
+
+    file: SessionFile
+    append: Appendable | None = None
+    start: int = 0
 
 
 class _Stream:
@@ -169,11 +201,13 @@ class _Stream:
     handed to the getter, and its in-order output written to the temp file (if any).  All of
     it on a worker thread, one run at a time."""
 
-    def __init__(self, job: _Fetch, getter: SessionGetter, out: OutFile | None) -> None:
+    def __init__(self, job: _Fetch, getter: SessionGetter, place: Placing | None,
+                 prefix: _Prefix | None = None) -> None:
         self.job = job
         self.getter = getter
-        self.make_out = out
-        self.file: SessionFile | None = None
+        self.place = place
+        self.prefix = prefix
+        self.out: Output | None = None
         self.got: set[bytes] = set()
         self._pending: list[tuple[wire.BatchBlob, bytes]] = []
         self._pending_bytes = 0
@@ -248,25 +282,44 @@ class _Stream:
         for blob, raw in run:
             self.getter.arrived(blob.hash, raw)
         while True:
-            self._write(self.getter.ready())
+            self._write(self.getter.ready(), lib)
             wanted = self.getter.from_store()
             if wanted is None:
+                if self.getter.done and self.out is None and self.getter.refused is None:
+                    self._write([], lib, force=True)  # an incremental fetch with nothing new to write
                 return
             self.getter.read_back(wanted, lib.line(wanted))
 
-    def _write(self, parts: list[bytes]) -> None:
-        if not parts or self.make_out is None:
+    def _write(self, parts: list[bytes], lib: FetchTarget, force: bool = False) -> None:
+        if (not parts and not force) or self.place is None:
             return
-        if self.file is None:
-            assert self.getter.header is not None
-            self.file = self.make_out(self.getter.header)
+        if self.out is None:
+            self.out = self._open_out(lib)
         for part in parts:
-            self.file.write(part)
+            self.out.file.write(part)
+
+    def _open_out(self, lib: FetchTarget) -> Output:
+        """The temp file, once the header is known.  An incremental fetch appends to the older
+        version's file if that is still exactly what this node placed (only the new bytes go
+        to the temp file); else the held lines are written first, from the store."""
+        assert self.place is not None and self.getter.header is not None
+        place = self.place
+        file = SessionFile.create(place.agent_dir, self.getter.header, self.getter.src, place.session_dir)
+        if self.prefix is None:
+            return Output(file)
+        prefix = self.prefix
+        to = appendable(file.target, PlacedFiles(lib.paths.placed), prefix.base, prefix.base_size,
+                        prefix.size == prefix.base_size)
+        if to is not None:
+            return Output(file, to, self.prefix.size)
+        for ref in self.prefix.refs:
+            file.write(lib.line(ref.hash))
+        return Output(file)
 
     def discard(self) -> None:
-        if self.file is not None:
-            self.file.discard()
-            self.file = None
+        if self.out is not None:
+            self.out.file.discard()
+            self.out = None
 
     async def abandon(self) -> None:
         """The manifest lied: the temp file goes, the verified lines pending are staged."""
@@ -317,17 +370,30 @@ class _Fetch:
             current = sc.parent
         return chain
 
-    async def session(self, src: str, out: OutFile | None) -> tuple[Assembled, SessionFile | None]:
+    async def session(self, src: str, place: Placing | None,
+                      held: list[str] | None = None) -> tuple[Assembled, Output | None]:
         """Session `src` verified (by line manifest, else as one blob), its lines staged in the
-        store, its bytes in the temp file `out` makes (returned, not yet published)."""
+        store, its bytes in a temp file for `place` (returned, not yet published).  `held`:
+        versions this node holds that `src` may extend (asked for with `?after=`)."""
+        after = held or []
         while True:
             try:
-                manifest_peer, manifest = await self.pool.run(
-                    f"line manifest of {src}", lambda p: _with_peer(p, p.line_manifest(src)))
+                manifest_peer, got = await self.pool.run(
+                    f"line manifest of {src}", functools.partial(self._manifest, src=src, after=after))
             except NotFound:
-                return await self._from_whole(src, out)
-            missing = await self._missing(manifest)
-            stream = _Stream(self, SessionGetter(src, manifest, (r.hash for r in missing)), out)
+                return await self._from_whole(src, place)
+            prefix: _Prefix | None = None
+            held_start: Held | None = None
+            if isinstance(got, wire.ManifestAfter):
+                held_start, found = await self._lib(functools.partial(_held_prefix, after=got))
+                prefix = found
+                manifest = [*found.refs, *got.lines]
+                missing = await self._missing(got.lines)
+            else:
+                manifest = got
+                missing = await self._missing(manifest)
+            getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start)
+            stream = _Stream(self, getter, place, prefix)
             try:
                 try:
                     if missing:
@@ -348,11 +414,20 @@ class _Fetch:
                 raise
             else:
                 self.lines_total += len(manifest)
-                return assembled, stream.file
+                return assembled, stream.out
             await stream.abandon()  # what was verified stays staged for the next manifest
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
                                           f"or does not cut it at its newlines (failed verification: {lie})",
                            VerificationFailed)
+
+    async def _manifest(self, peer: PeerLink, src: str,
+                        after: list[str]) -> tuple[PeerLink, list[LineRef] | wire.ManifestAfter]:
+        path = wire.PATH_LINES.format(src=src)
+        if after:
+            path += f"?after={wire.encode_after_query(after)}"
+        limit = wire.LINE_MANIFEST_AFTER_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
+        body = await peer.get_small(path, limit, f"line manifest of {src}")
+        return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits)
 
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
         """The manifest's lines the store lacks (lines staged by an earlier, killed run count as held)."""
@@ -360,13 +435,13 @@ class _Fetch:
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _from_whole(self, src: str, out: OutFile | None) -> tuple[Assembled, SessionFile | None]:
+    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None]:
         """A peer without line manifests: the whole blob (verified to `src` as it came), cut
         into lines and staged as raw-codec blobs (the store compresses them)."""
         data = await self._whole(src)
         lines = split_lines(data)
         refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
-        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), out)
+        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), place)
         blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line) for r, line in zip(refs, lines, strict=True)]
         try:
             try:
@@ -379,7 +454,7 @@ class _Fetch:
             stream.discard()
             raise
         self.lines_total += len(refs)
-        return assembled, stream.file
+        return assembled, stream.out
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
@@ -414,6 +489,33 @@ class _Fetch:
             return bytes(buf)
 
         return await self.pool.run(f"session {src}", attempt)
+
+
+def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter) -> tuple[Held, _Prefix]:
+    """Where an incremental fetch starts: the held version's first lines (those the peer said
+    the new version begins with: the hash of the whole proves it), their hash state (the
+    node's live one, else re-hashed from the store: a one-shot process reads them once)."""
+    base = after.base.hex()
+    version = lib.version(base)
+    if after.first > version.lines:
+        raise ManifestLied(f"line manifest after {base}: starts after line {after.first} of a version of "
+                           f"{version.lines} lines")
+    refs = lib.line_manifest(base)[:after.first]
+    size = sum(r.length for r in refs)
+    hasher = LIVE.get(base, size)
+    if hasher is None:
+        hasher = new_hasher()
+        for ref in refs:
+            hasher.update(lib.line(ref.hash))
+    held = Held(after.first, size, hasher, SessionHeader(**version.header), version.name, version.first_user)
+    return held, _Prefix(base, version.size, refs, size)
+
+
+def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:
+    """Versions the new one may extend: those of held branches with the same parent (a grown
+    session keeps its parent; a root's is None), newest first."""
+    found = [b.src for b in lib.branches(include_unshared=True) if b.parent == parent]
+    return list(dict.fromkeys(found))[:wire.MAX_AFTER]
 
 
 async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
@@ -460,20 +562,20 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
         chain = await job.walk(branch_hex)
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
-            out = None
-            if branch == branch_hex and agent_dir is not None:
-                out = functools.partial(_session_file, agent_dir=agent_dir, src=sc.src,
-                                        session_dir=session_dir)
-            assembled, file = await job.session(sc.src, out)
+            wanted = branch == branch_hex and agent_dir is not None
+            place = Placing(agent_dir, session_dir) if wanted and agent_dir is not None else None
+            held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
+            assembled, out = await job.session(sc.src, place, held)
             t1 = time.perf_counter()
             try:
                 await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled))
-                if file is not None:  # only now, after the store committed the verified session
-                    placed = await _using(opener, functools.partial(_publish, file=file, branch=branch,
+                LIVE.put(assembled.src, *assembled.complete)
+                if out is not None:  # only now, after the store committed the verified session
+                    placed = await _using(opener, functools.partial(_publish, out=out, branch=branch,
                                                                     done=assembled))
             finally:
-                if file is not None:
-                    file.discard(keep_dir=isinstance(placed, Placement))
+                if out is not None:
+                    out.file.discard(keep_dir=isinstance(placed, Placement))
             t2 = time.perf_counter()
             log.info("fetched branch %s: %d lines, transfer+verify+stage %.3f s, commit+place %.3f s",
                      branch, len(assembled.refs), t1 - t0, t2 - t1)
@@ -495,21 +597,21 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     return result
 
 
-def _session_file(header: SessionHeader, agent_dir: Path, src: str, session_dir: Path | None) -> SessionFile:
-    return SessionFile.create(agent_dir, header, src, session_dir)
-
-
 def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled) -> None:
     prefix = Prefix(done.size, done.src, len(done.refs), done.last_line_start)
     lib.add_staged(sidecar, done.refs, prefix, done.header, (done.name, done.first_user))
 
 
-def _publish(lib: FetchTarget, file: SessionFile, branch: str,
-             done: Assembled) -> Placement | PlacementConflict:
-    """The temp file, fsynced, linked where Pi finds it; the path recorded for the branch."""
+def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Placement | PlacementConflict:
+    """The temp file, fsynced, linked where Pi finds it (or appended to the older version
+    there); the path recorded for the branch."""
     content = Content(done.src, done.placed_size, done.placed_hex, done.newline_hex)
+    placed_files = PlacedFiles(lib.paths.placed)
     try:
-        placed = file.publish(content, PlacedFiles(lib.paths.placed))
+        if out.append is not None:
+            placed = out.file.append_to(out.append, out.start, content, placed_files)
+        else:
+            placed = out.file.publish(content, placed_files)
     except PlacementConflict as exc:
         return exc
     lib.record_path(branch, placed.path)

@@ -96,6 +96,35 @@ class Assembled:
     newline_hex: str | None
     """BLAKE3 of those bytes plus the final newline pi 1.5.2 adds, when they lack one."""
     placed_size: int
+    complete: tuple[int, blake3.blake3]
+    """(size, hasher state) where the version's complete lines end: what a later version of the
+    same session continues from (LiveStates)."""
+
+
+class LiveStates:
+    """Hasher states at the end of versions' complete lines, kept by a running process (the
+    node), so that an incremental fetch continues the hash without reading the held prefix:
+    blake3's Python API cannot save a state, so a one-shot process has none (it re-hashes)."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._states: dict[str, tuple[int, blake3.blake3]] = {}
+
+    def put(self, src: str, size: int, hasher: blake3.blake3) -> None:
+        self._states.pop(src, None)
+        self._states[src] = (size, hasher.copy())
+        while len(self._states) > self.limit:
+            self._states.pop(next(iter(self._states)))
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def get(self, src: str, size: int) -> blake3.blake3 | None:
+        found = self._states.get(src)
+        return found[1].copy() if found is not None and found[0] == size else None
+
+
+LIVE = LiveStates()
 
 
 class _HeaderScan:
@@ -158,6 +187,7 @@ class SessionGetter:
         `finish` can tell a refused session (it hashes to `src`) from a lying manifest."""
         self._last_line_start = self.size
         self._ends_with_newline = True
+        self._before_last = self.hasher
 
     @property
     def done(self) -> bool:
@@ -204,6 +234,8 @@ class SessionGetter:
                                "newlines (or its length is not the line's)")
         self._last_line_start = self.size
         self._ends_with_newline = end >= 0
+        if self.done:
+            self._before_last = self.hasher.copy()
         self.size += len(line)
         self.hasher.update(line)
         if self.refused is not None:
@@ -262,4 +294,5 @@ class SessionGetter:
             last_line_start=self.size if complete else self._last_line_start, header=self.header,
             name=self.name, first_user=self.first_user, placed_hex=placed.hexdigest(),
             newline_hex=None if complete else placed.copy().update(b"\n").hexdigest(),
-            placed_size=self._placed_size)
+            placed_size=self._placed_size,
+            complete=(self.size, self.hasher) if complete else (self._last_line_start, self._before_last))

@@ -276,6 +276,16 @@ class PeerServer:
             return _not_found()
         refs = await self._call(self.lib.line_manifest, src)
         body = wire.encode_line_manifest(bytes.fromhex(src), refs)
+        if "after" in request.query:  # only what follows a version the fetcher holds (version 2)
+            try:
+                held = wire.decode_after_query(request.query["after"])
+            except wire.WireError as exc:
+                raise web.HTTPBadRequest(text=f"{exc}\n") from None
+            found = await self._call(self.lib.line_manifest_after, src, held)
+            if found is not None:
+                base, first = found
+                body = wire.encode_line_manifest_after(bytes.fromhex(src), bytes.fromhex(base), first,
+                                                       refs[first:])
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from p2pnode.errors import Conflict
 from p2pnode.library.manifest import PlacedFile, PlacedFiles
-from p2pnode.pi.hashing import hash_file, hash_prefix, new_hasher
+from p2pnode.pi.hashing import CHUNK, hash_file, hash_prefix, new_hasher
 from p2pnode.pi.session import HostileHeader, SessionHeader, header_index, parse_header, placed_names
 from sysio.files import fsync_dir
-from sysio.flush import flush_data
+from sysio.flush import flush_data, write_at
 
 SESSION_FILE_MODE = 0o644
 
@@ -152,7 +152,7 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
         raise PlacementConflict(target, src_hex, "and changed while being replaced")
     os.replace(tmp, target)
     fsync_dir(target.parent)
-    placed.record(target, PlacedFile(content.size, content.blake3))
+    placed.record(target, PlacedFile(content.size, content.blake3), stamp_of(target))
     return Placement(target, written=True, replaced=theirs)
 
 
@@ -210,8 +210,38 @@ class SessionFile:
                 return _existing(self.target, self.tmp, content, placed)
             fsync_dir(self.target.parent)
             if placed is not None:
-                placed.record(self.target, PlacedFile(content.size, content.blake3))
+                placed.record(self.target, PlacedFile(content.size, content.blake3), stamp_of(self.target))
             return Placement(self.target, written=True)
+        finally:
+            self.discard(keep_dir=True)
+
+    def append_to(self, to: Appendable, start: int, content: Content, placed: PlacedFiles) -> Placement:
+        """Publish by appending: this temp file holds the new version's bytes from offset
+        `start` (where the held lines end) and `to.target` is the old version (checked by
+        `appendable`, unchanged since: else PlacementConflict).  What the file has beyond
+        `start` (an old partial last line, pi's newline) must be what the new bytes begin
+        with; the rest is written after it, then the file is fsynced.  The old bytes before
+        `start` are never read."""
+        assert self._fd is not None and self.written == content.size - start
+        try:
+            flush_data(self._fd)
+            self._close()
+            if stamp_of(to.target) != to.stamp:
+                why = f"and changed since this node placed version {to.base} there"
+                raise PlacementConflict(to.target, content.src, why)
+            have = to.stamp[1] - start
+            with open(self.tmp, "rb") as new, open(to.target, "r+b") as old:
+                old.seek(start)
+                if have < 0 or old.read(have) != new.read(have):
+                    why = f"as version {to.base}, which the fetched bytes do not extend"
+                    raise PlacementConflict(to.target, content.src, why)
+                offset = to.stamp[1]
+                while chunk := new.read(CHUNK):
+                    write_at(old.fileno(), chunk, offset)
+                    offset += len(chunk)
+                flush_data(old.fileno())
+            placed.record(to.target, PlacedFile(content.size, content.blake3), stamp_of(to.target))
+            return Placement(to.target, written=True, replaced=to.base)
         finally:
             self.discard(keep_dir=True)
 
@@ -222,6 +252,45 @@ class SessionFile:
         if self._made_dir and not keep_dir:
             with contextlib.suppress(OSError):
                 self.target.parent.rmdir()
+
+
+def stamp_of(path: Path) -> list[int]:
+    st = os.lstat(path)
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+@dataclass(frozen=True)
+class Appendable:
+    """A placed file that an incremental fetch may append to: the version `base` this node
+    placed there (`size` bytes, or those plus pi 1.5.2's final newline), as `stamp` says."""
+
+    target: Path
+    base: str
+    size: int
+    stamp: list[int]
+
+
+def appendable(target: Path, placed: PlacedFiles, base: str, base_size: int,
+               base_ends_line: bool) -> Appendable | None:
+    """Whether the file at `target` is still exactly the version `base` a fetch placed there:
+    by placed.json's record and the file's unchanged stat, without reading it; or, for a
+    version without a final newline, that plus the one pi 1.5.2 adds (then its stat changed:
+    its first `base_size` bytes are hashed to be sure, the one case that reads the old bytes)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or placed.get(target) != PlacedFile(base_size, base):
+        return None
+    now = [st.st_ino, st.st_size, st.st_mtime_ns]
+    if placed.stamp(target) == now and st.st_size == base_size:
+        return Appendable(target, base, base_size, now)
+    if not base_ends_line and st.st_size == base_size + 1 and hash_prefix(target, base_size) == base:
+        with open(target, "rb") as f:
+            f.seek(base_size)
+            if f.read(1) == b"\n":
+                return Appendable(target, base, base_size, now)
+    return None
 
 
 def _remove_stale(directory: Path, src_hex: str) -> None:

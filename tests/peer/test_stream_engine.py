@@ -11,17 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_stream_fetch import SESSION_ID
+from test_stream_fetch import SESSION_ID, pi_session
 
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, fetch_branch
+from p2pnode.peer.getter import LIVE
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.lines import split_lines
+from p2pnode.pi.lines import LineRef, split_lines
 
 PROJECT = "sessions/--w--"
 NAME = f"2026-11-21T20-00-00-000Z_{SESSION_ID}.jsonl"
@@ -95,3 +96,80 @@ async def test_a_256_mib_line_end_to_end(duo: Duo) -> None:
     assert duo.fetcher.branch(branch).lines == 3
     refs = duo.fetcher.line_manifest(result.src)
     assert [r.length for r in refs] == [len(x) for x in split_lines(path.read_bytes())]
+
+
+def _grow(path: Path, seed: int, lines: int = 5) -> bytes:
+    """Pi appends whole lines to a session: `lines` more, as pi_session makes them."""
+    more = b"".join(pi_session(60_000 * lines, seed=seed, image_bytes=40_000).splitlines(keepends=True)[1:])
+    with open(path, "ab") as f:
+        f.write(more)
+    return more
+
+
+async def test_a_grown_version_is_appended_not_rewritten(duo: Duo) -> None:
+    """v2 of a session (v1 plus new lines) fetched after v1: only v1's lines after the last
+    newline are asked for (`?after=`), the hash continues from v1's, and the placed file is
+    appended to: the same inode, and v1's bytes are not read back.  That last is shown by
+    changing them on disk behind the node's back (same size, mtime restored: the stat the
+    node recorded is unchanged): had the fetch read them, it would have refused or rewritten
+    the file; it appends after them instead."""
+    path = duo.write(pi_session(3_000_000, seed=1))
+    v1 = duo.sharer.share(str(path)).branch
+    first = await duo.fetch(v1)
+    placed = duo.placed
+    assert first.written and placed.read_bytes() == path.read_bytes()
+    before = placed.stat()
+    tampered = placed.read_bytes().replace(b"look at image", b"LOOK AT IMAGE")
+    with open(placed, "r+b") as f:
+        f.write(tampered)
+    os.utime(placed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    new = _grow(path, seed=2)
+    v2 = duo.sharer.share(str(path)).branch
+    second = await duo.fetch(v2)
+    assert second.written and second.conflict is None
+    assert 0 < second.lines_fetched <= len(split_lines(new))  # (some new lines repeat old ones)
+    assert placed.stat().st_ino == before.st_ino
+    assert placed.read_bytes() == tampered + new  # appended after the (unread) old bytes
+    assert second.bytes_received < len(new) + 1000  # the manifest of the new lines only
+    assert duo.fetcher.branch(v2).src == second.src
+
+
+async def test_a_one_shot_fetch_rehashes_the_held_prefix(duo: Duo) -> None:
+    """Without the node's live hash state (a one-shot process), the held prefix is re-hashed
+    from the store: still appended, still verified to the new version's src."""
+    path = duo.write(pi_session(2_000_000, seed=3))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    inode = duo.placed.stat().st_ino
+    LIVE.clear()
+    _grow(path, seed=4)
+    second = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert second.written and duo.placed.stat().st_ino == inode
+    assert duo.placed.read_bytes() == path.read_bytes()
+
+
+async def test_pi_appended_locally_is_a_conflict(duo: Duo) -> None:
+    """The placed copy was continued by Pi here: the grown version from the peer is not
+    written over it (a conflict naming the file); the file keeps the local lines."""
+    path = duo.write(pi_session(1_000_000, seed=7))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    local = b'{"type":"message","id":"local","parentId":null,"timestamp":"x","message":{"role":"user"}}\n'
+    with open(duo.placed, "ab") as f:
+        f.write(local)
+    mine = duo.placed.read_bytes()
+    _grow(path, seed=8)
+    second = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert second.conflict and str(duo.placed) in second.conflict and not second.written
+    assert duo.placed.read_bytes() == mine
+    assert duo.fetcher.branch(second.branch).src == second.src  # stored all the same
+
+
+def test_manifest_after_test_vector() -> None:
+    """docs/PROTOCOL.md's test vector of a version-2 line manifest."""
+    src, base = bytes(range(32)), bytes(range(32, 64))
+    body = wire.encode_line_manifest_after(src, base, 2, [LineRef(b"\xaa" * 32, 10)])
+    assert body.hex() == (
+        "50324c4d0200" + src.hex() + base.hex() + "02000000" + "01000000" + "aa" * 32 + "0a000000")
+    got = wire.decode_any_line_manifest(body, src, [base.hex()])
+    assert got == wire.ManifestAfter(base, 2, [LineRef(b"\xaa" * 32, 10)])
+    with pytest.raises(wire.WireError, match="after"):
+        wire.decode_any_line_manifest(body, src, ["0" * 64])
