@@ -16,10 +16,13 @@ import signal
 import subprocess
 from pathlib import Path
 
+import blake3
 import pytest
 from procnode import PY, Node
+from skips import KERNEL_LIMITATION
 from test_transfer import CuttingProxy
 
+from p2pnode.library.api import Library
 from p2pnode.node.control_client import control_socket
 from p2pnode.paths import NodePaths
 from p2pnode.peer.trust import TrustStore
@@ -175,3 +178,41 @@ async def test_node_killed_mid_fetch_resumes(pair) -> None:
             resumed = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
     check_complete(b, resumed, path)
     assert resumed["bytes_received"] <= 0.55 * clean["bytes_received"], (resumed, clean)
+
+
+PEAK_RSS = """
+import atexit, sys
+def peak():
+    with open("/proc/self/status") as f:
+        hwm = next(line for line in f if line.startswith("VmHWM:"))
+    sys.stderr.write("PEAK " + hwm.split()[1] + "\\n")
+atexit.register(peak)
+from p2pnode.cli.main import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(),
+                    reason=KERNEL_LIMITATION + "no /proc/<pid>/status (VmHWM) for a peak RSS: not Linux")
+def test_a_300_mb_session_is_fetched_in_bounded_memory(tmp_path: Path) -> None:
+    """A 300 MB session of image lines fetched by the one-shot CLI: its peak RSS (VmHWM, read
+    by the fetching process itself as it exits) stays under 160 MB, about half the session
+    (before streaming it was ~55 MB + 2.4x the session)."""
+    a, b = Node(tmp_path, "a"), Node(tmp_path, "b")
+    for x, y in ((a, b), (b, a)):
+        TrustStore(NodePaths(x.home).trust).trust(y.id)
+    path = a.agent / RELPATH
+    path.parent.mkdir(parents=True)
+    path.write_bytes(pi_session(300_000_000, seed=30))
+    with Library.open(NodePaths(a.home), a.agent) as lib:
+        branch = lib.share(str(path)).branch
+    with a.serving() as port:
+        proc = subprocess.run([PY, "-c", PEAK_RSS, "fetch", branch, "--from", f"127.0.0.1:{port}", "--json"],
+                              env=b.env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert Path(result["path"]).stat().st_size == path.stat().st_size
+    assert blake3.blake3(Path(result["path"]).read_bytes()).hexdigest() == result["src"]
+    peak_kb = int(proc.stderr.rsplit("PEAK ", 1)[1].split()[0])
+    print(f"fetch of {path.stat().st_size} bytes: peak RSS {peak_kb} kB")
+    assert peak_kb < 160_000, f"peak RSS {peak_kb} kB"
