@@ -8,9 +8,12 @@ Pi's rule, names over 255 bytes).  Never the agent dir's root: Pi moves `*.jsonl
 there.  The header goes first: pi 1.5.2 finds it past blank or malformed lines, pi 0.73.1
 only on the first line (and `pi -c` within its first 512 bytes).
 
-The bytes go to a hidden temp file in the target directory, are fsynced, then published
-with `link()` (which, unlike `rename()`, never replaces a file that appeared meanwhile), and
-the directory is fsynced: Pi sees no file or the whole file.
+The bytes go to a hidden temp file in the target directory (`SessionFile`, written as a fetch
+verifies them), are fsynced, then published with `link()` (which, unlike `rename()`, never
+replaces a file that appeared meanwhile), and the directory is fsynced: Pi sees no file or
+the whole file.  An incremental fetch appends the new bytes to the older version a fetch
+placed instead (`appendable`, `SessionFile.append_to`), if that file's stat says it is
+unchanged: its old bytes are not read again.
 
 If a file is already at the path: the same bytes mean nothing to do, and so does a file that
 is the same bytes plus the final newline pi 1.5.2 adds to a session it opens.  A file that a
