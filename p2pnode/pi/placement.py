@@ -40,6 +40,7 @@ from sysio.files import fsync_dir
 from sysio.flush import flush_data, write_at
 
 SESSION_FILE_MODE = 0o644
+FLUSH_EVERY = 32 << 20
 
 
 class PlacementConflict(Conflict):
@@ -171,6 +172,7 @@ class SessionFile:
         self._fd: int | None = fd
         self._made_dir = made_dir
         self.written = 0
+        self._unflushed = 0
 
     @classmethod
     def create(cls, agent_dir: Path, header: SessionHeader, src_hex: str,
@@ -186,11 +188,18 @@ class SessionFile:
         return cls(target, tmp, fd, made_dir)
 
     def write(self, data: bytes | memoryview) -> None:
+        """Append bytes; every FLUSH_EVERY bytes they are flushed on the way (the writer is a
+        fetch's worker thread, busy while the network is), so that publishing, after the
+        last byte, syncs only the tail."""
         assert self._fd is not None
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view):]
         self.written += len(data)
+        self._unflushed += len(data)
+        if self._unflushed >= FLUSH_EVERY:
+            flush_data(self._fd)
+            self._unflushed = 0
 
     def _close(self) -> None:
         if self._fd is not None:

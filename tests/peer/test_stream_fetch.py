@@ -78,11 +78,12 @@ def placed_sessions(node: Node) -> list[Path]:
 
 
 async def fetch_killed_at(node: Node, branch: str, port: int, at_bytes: int, *, staged: bool = False,
-                          victim: _AsyncPopen | None = None) -> None:
+                          victim: _AsyncPopen | None = None) -> int:
     """Run `p2pnode fetch` through a relay and SIGKILL it (or `victim`, the node doing the
     fetch) once `at_bytes` went through the relay toward the fetcher, or (`staged`) once the
     fetcher's store has taken in that many bytes of lines: what the fetch has verified, not what
-    waits in socket buffers (on a loaded machine the relay runs megabytes ahead of the fetch)."""
+    waits in socket buffers (on a loaded machine the relay runs megabytes ahead of the fetch).
+    Returns the bytes relayed toward the fetcher when it was killed."""
     proxy = CuttingProxy(port, cut_after=None, notify_at=0 if staged else at_bytes)
     proxy_port = await proxy.start()
     pack = NodePaths(node.home).store / "blobs.pack"
@@ -101,11 +102,13 @@ async def fetch_killed_at(node: Node, branch: str, port: int, at_bytes: int, *, 
                 await asyncio.wait_for(proxy.reached.wait(), 60)
         finally:
             (victim or proc).send_signal(signal.SIGKILL)
+            relayed = proxy.relayed
             await (victim or proc).wait()
             if victim is not None:
                 await asyncio.wait_for(proc.wait(), 30)
     finally:
         await proxy.close()
+    return relayed
 
 
 class _AsyncPopen:
@@ -137,11 +140,13 @@ async def test_cli_killed_at_half_resumes_with_the_rest(pair) -> None:
     branch = a.run("share", str(path)).stdout.split()[0]
     with a.serving() as port:
         clean = c.fetch_json(branch, "--from", f"127.0.0.1:{port}")
-        await fetch_killed_at(b, branch, port, clean["bytes_received"] // 2, staged=True)
+        relayed = await fetch_killed_at(b, branch, port, clean["bytes_received"] // 2, staged=True)
         assert placed_sessions(b) == []
         assert json.loads(b.run("ls", "--all", "--json").stdout) == []
         resumed = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
     check_complete(b, resumed, path)
+    whole = clean["bytes_received"]
+    print(f"killed at {relayed / whole:.3f} relayed: the rerun moved {resumed['bytes_received'] / whole:.3f}")
     assert resumed["bytes_received"] <= 0.55 * clean["bytes_received"], (resumed, clean)
     assert resumed["lines_fetched"] < clean["lines_fetched"]
 
