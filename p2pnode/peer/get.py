@@ -263,8 +263,13 @@ class _Stream:
                 raise
         finally:
             if self._open is not None:
-                self._timer = asyncio.get_running_loop().call_later(
-                    LINGER, lambda: self._closing.add(asyncio.ensure_future(self.release())))
+                self._timer = asyncio.get_running_loop().call_later(LINGER, self._idle)
+
+    def _idle(self) -> None:
+        self._timer = None
+        closing = asyncio.ensure_future(self.release())
+        self._closing.add(closing)  # a reference until it is done
+        closing.add_done_callback(self._closing.discard)
 
     async def release(self) -> None:
         """Close the library this stream holds open (before any other step opens it)."""
