@@ -4,6 +4,7 @@ files.  Sessions are generated Pi-shaped files (test_stream_fetch.pi_session) or
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_stream_fetch import SESSION_ID, pi_session
 
+from p2pnode.errors import InvalidInput
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
@@ -173,3 +175,40 @@ def test_manifest_after_test_vector() -> None:
     assert got == wire.ManifestAfter(base, 2, [LineRef(b"\xaa" * 32, 10)])
     with pytest.raises(wire.WireError, match="after"):
         wire.decode_any_line_manifest(body, src, ["0" * 64])
+
+
+async def test_a_refused_session_leaves_nothing_where_pi_looks(duo: Duo) -> None:
+    """A line nested deeper than 512 levels (the sharer's node offers it; ours refuses it,
+    exit 4) is found after the temp file and its project directory were made: both go, no
+    branch is recorded, and the lines staged on the way are unreferenced."""
+    deep = b'{"type":"custom","data":' + b"[" * 600 + b"]" * 600 + b"}\n"
+    lines = pi_session(500_000, seed=9).splitlines(keepends=True)
+    path = duo.write(b"".join([*lines[:3], deep, *lines[3:]]))
+    branch = duo.sharer.share(str(path)).branch
+    with pytest.raises(InvalidInput, match="nests JSON deeper"):
+        await duo.fetch(branch)
+    assert not (duo.agent / "sessions" / "--w--").exists()
+    assert not duo.fetcher.has_branch(branch)
+
+
+async def test_a_cancelled_fetch_leaves_nothing_where_pi_looks(duo: Duo) -> None:
+    """Cancelled half way (Ctrl-C, or the node's caller gone): the temp file and the project
+    directory it made are removed, nothing is committed; fetched again, it completes."""
+    path = duo.write(pi_session(20_000_000, seed=10))
+    branch = duo.sharer.share(str(path)).branch
+    half = asyncio.Event()
+
+    def progress(done: int, total: int) -> None:
+        if done * 2 >= total:
+            half.set()
+
+    fetching = asyncio.ensure_future(fetch_branch(duo.fetcher, branch, [duo.peer], duo.me, duo.trust,
+                                                  agent_dir=duo.agent, progress=progress))
+    await asyncio.wait_for(half.wait(), 60)
+    fetching.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fetching
+    assert not (duo.agent / "sessions" / "--w--").exists()
+    assert not duo.fetcher.has_branch(branch)
+    result = await duo.fetch(branch)
+    assert duo.placed.read_bytes() == path.read_bytes() and result.lines_fetched < result.lines_total
