@@ -74,6 +74,7 @@ from p2pnode.pi.placement import (
     SessionFile,
     appendable,
     place_session,
+    target_path,
 )
 from p2pnode.pi.session import SessionHeader
 from p2pnode.pi.sidecar import Sidecar
@@ -390,7 +391,7 @@ class _Fetch:
             prefix: _Prefix | None = None
             held_start: Held | None = None
             if isinstance(got, wire.ManifestAfter):
-                held_start, found = await self._lib(functools.partial(_held_prefix, after=got))
+                held_start, found = await self._lib(functools.partial(_held_prefix, after=got, place=place))
                 prefix = found
                 manifest = [*found.refs, *got.lines]
                 missing = await self._missing(got.lines)
@@ -496,10 +497,12 @@ class _Fetch:
         return await self.pool.run(f"session {src}", attempt)
 
 
-def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter) -> tuple[Held, _Prefix]:
+def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None) -> tuple[Held, _Prefix]:
     """Where an incremental fetch starts: the held version's first lines (those the peer said
-    the new version begins with: the hash of the whole proves it), their hash state (the
-    node's live one, else re-hashed from the store: a one-shot process reads them once)."""
+    the new version begins with: the hash of the whole proves it), their hash state: the
+    node's live one; else (a one-shot process) the file this node placed, if its stat says it
+    is still that version whole (memory-mapped, hashed on all cores), else the lines re-read
+    from the store (decompressed: the slowest)."""
     base = after.base.hex()
     version = lib.version(base)
     if after.first > version.lines:
@@ -507,12 +510,20 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter) -> tuple[Held, _Pr
                            f"{version.lines} lines")
     refs = lib.line_manifest(base)[:after.first]
     size = sum(r.length for r in refs)
+    header = SessionHeader(**version.header)
     hasher = LIVE.get(base, size)
+    if hasher is None and place is not None and size == version.size:
+        target = target_path(place.agent_dir, header, place.session_dir)
+        if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
+            hasher = new_hasher()
+            hasher.update_mmap(target)
+            if hasher.hexdigest() != base:  # changed under us after all: the store's copy
+                hasher = None
     if hasher is None:
         hasher = new_hasher()
         for ref in refs:
             hasher.update(lib.line(ref.hash))
-    held = Held(after.first, size, hasher, SessionHeader(**version.header), version.name, version.first_user)
+    held = Held(after.first, size, hasher, header, version.name, version.first_user)
     return held, _Prefix(base, version.size, refs, size)
 
 

@@ -137,8 +137,9 @@ async def test_a_grown_version_is_appended_not_rewritten(duo: Duo) -> None:
 
 
 async def test_a_one_shot_fetch_rehashes_the_held_prefix(duo: Duo) -> None:
-    """Without the node's live hash state (a one-shot process), the held prefix is re-hashed
-    from the store: still appended, still verified to the new version's src."""
+    """Without the node's live hash state (a one-shot process), the held prefix is hashed from
+    the placed file (unchanged by its stat) and the file appended to; with no placed file,
+    from the store's lines, and the whole file written.  Both verified to the new src."""
     path = duo.write(pi_session(2_000_000, seed=3))
     await duo.fetch(duo.sharer.share(str(path)).branch)
     inode = duo.placed.stat().st_ino
@@ -146,6 +147,12 @@ async def test_a_one_shot_fetch_rehashes_the_held_prefix(duo: Duo) -> None:
     _grow(path, seed=4)
     second = await duo.fetch(duo.sharer.share(str(path)).branch)
     assert second.written and duo.placed.stat().st_ino == inode
+    assert duo.placed.read_bytes() == path.read_bytes()
+    duo.placed.unlink()
+    LIVE.clear()
+    _grow(path, seed=5)
+    third = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert third.written and 0 < third.lines_fetched < third.lines_total
     assert duo.placed.read_bytes() == path.read_bytes()
 
 
