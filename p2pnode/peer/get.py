@@ -391,7 +391,12 @@ class _Fetch:
             prefix: _Prefix | None = None
             held_start: Held | None = None
             if isinstance(got, wire.ManifestAfter):
-                held_start, found = await self._lib(functools.partial(_held_prefix, after=got, place=place))
+                start_at = functools.partial(_held_prefix, after=got, place=place)
+                try:
+                    held_start, found = await self._lib(start_at)
+                except ManifestLied as exc:
+                    self.pool.drop(manifest_peer, str(exc), VerificationFailed)
+                    continue
                 prefix = found
                 manifest = [*found.refs, *got.lines]
                 missing = await self._missing(got.lines)
