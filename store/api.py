@@ -398,24 +398,33 @@ class Store:
         return self.put_stored_blobs([blob])[0]
 
     @_writes
-    def put_stored_blobs(self, blobs: Sequence[StoredBlob]) -> list[bytes]:
+    def put_stored_blobs(self, blobs: Sequence[StoredBlob], *, verified: bool = False) -> list[bytes]:
         """put_stored_blob for many, with one durable commit; a big batch is verified on two
-        threads.  Nothing is stored when any blob fails its check."""
-        self._map(self._verify_stored, blobs)
+        threads.  Nothing is stored when any blob fails its check.
+
+        `verified=True` stages blobs the caller has just decoded and hashed itself (a peer's
+        line, checked on arrival): they are not decoded and hashed a second time (a raw-codec
+        blob is compressed as `put_blob` would, zstd when it shrinks), and the call does not
+        wait for a sync: they are written to the pack, so a killed process loses none of them
+        (the OS has them), a power cut may (they are unreferenced: a refetch costs no data);
+        the append that first references them makes them durable first, as for any blob.
+        Either way, the blobs survive GC for gc_grace_seconds until a turn uses them."""
+        prepared = self._map(self._trusted if verified else self._verify_stored, blobs)
         with self._gate.shared():
             now = time.monotonic()
             unsynced = False
-            for blob in blobs:
-                self._ensure_blob(packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored)))
+            for blob, p in zip(blobs, prepared, strict=True):
+                self._ensure_blob(p)
                 self._pins[blob.hash] = now
                 loc = self._pack.locate(blob.hash)
                 unsynced = unsynced or (loc is not None and loc.offset >= self._pack_synced)
             if unsynced:
                 self._pack_wanted = True
-                self._commit.wait(self._commit.note_write())
+                if not verified:
+                    self._commit.wait(self._commit.note_write())
         return [blob.hash for blob in blobs]
 
-    def _verify_stored(self, blob: StoredBlob) -> None:
+    def _verify_stored(self, blob: StoredBlob) -> packer.Prepared:
         h = blob.hash
         if blob.raw_len > self.config.max_payload:
             raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
@@ -425,6 +434,30 @@ class Store:
             raise BlobMismatch(h, f"its stored bytes do not decode: {exc}") from None
         if blob_hash(data) != h:
             raise BlobMismatch(h, "its bytes hash to a different BLAKE3")
+        return packer.Prepared(h, blob.raw_len, blob.codec, bytes(blob.stored))
+
+    def _trusted(self, blob: StoredBlob) -> packer.Prepared:
+        if blob.raw_len > self.config.max_payload:
+            raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
+        if blob.codec == CODEC_RAW and self._pack.locate(blob.hash) is None:
+            return packer.compress(self, blob.hash, bytes(blob.stored))
+        return packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored))
+
+    def raw_lengths(self, hashes: Sequence[bytes]) -> list[int]:
+        """Each blob's raw length, from the index alone (no blob is read or decoded): what a
+        line manifest needs.  UnknownBlob for a blob the store lacks."""
+        self._check_open()
+        with self._gate.shared():
+            out = []
+            for h in hashes:
+                loc = self._pack.locate(h)
+                if loc is not None:
+                    out.append(loc.raw_len)
+                elif (waiting := self._pending.get(h)) is not None:
+                    out.append(len(waiting))
+                else:
+                    raise UnknownBlob(h)
+            return out
 
     def get_stored_blob(self, h: bytes) -> StoredBlob:
         self._check_open()

@@ -654,13 +654,37 @@ class Library:
         """The ordered line hashes and lengths of a stored session version."""
         with self._lock:
             refs = self._manifests.get(src_hex)
-            if refs is None:
-                blobs = (self.store.get_stored_blob(h) for h in self.sessions.line_hashes(src_hex))
-                refs = [LineRef(b.hash, b.raw_len) for b in blobs]
+            if refs is None:  # from the turn records and the blob index: no line is read
+                hashes = self.sessions.line_hashes(src_hex)
+                refs = [LineRef(h, n) for h, n in zip(hashes, self.store.raw_lengths(hashes), strict=True)]
                 if len(self._manifests) >= 64:
                     self._manifests.pop(next(iter(self._manifests)))
                 self._manifests[src_hex] = refs
             return refs
+
+    def line_manifest_after(self, src_hex: str, held: Sequence[str]) -> tuple[str, int] | None:
+        """(base, first): of the versions `held` that this node offers, the one of the same
+        session whose lines up to its last newline (`first` of them) are the first lines of
+        `src_hex`, the longest; None if there is none.  By line hashes (turn records only)."""
+        with self._lock:
+            target = self.sessions.version(src_hex)
+            hashes = self.sessions.line_hashes(src_hex)
+            best: tuple[str, int] | None = None
+            for base in held:
+                if base == src_hex or self.offered_object(base) != "session":
+                    continue
+                version = self.sessions.version(base)
+                first = version.lines - (version.last_line_start < version.size)
+                if (version.session_id != target.session_id or first > len(hashes)
+                        or (best is not None and first <= best[1])):
+                    continue
+                if self.sessions.line_hashes(base)[:first] == hashes[:first]:
+                    best = (base, first)
+            return best
+
+    def version(self, src_hex: str) -> Version:
+        """The stored version (size, lines, where its last line starts, header, titles)."""
+        return self.sessions.version(src_hex)
 
     def line(self, line_hash: bytes) -> bytes:
         """One line's bytes from the store, re-hashed (NotFound if the store lacks it)."""
@@ -755,15 +779,46 @@ class Library:
                                                {b.hash: b for b in stored})
                 except BlobMismatch as exc:
                     raise VerificationFailed(f"fetched branch {branch}: {exc}") from None
-            # a fetched branch is not offered on until this node's user shares it, and fetching
-            # one the user unshared does not offer it again
-            offered = self.has_branch(branch) and self.sessions.branch(branch).offered
-            record = self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent)
-            if record.offered != offered:
-                record = self.sessions.set_offered(branch, offered)
-            info = self._info(record)
-            self.audit.append("fetched", branch=branch, src=info.src, bytes=info.size, title=info.title)
-            return info
+            return self._record_fetched(sidecar, branch, parsed)
+
+    def _record_fetched(self, sidecar: bytes, branch: str, parsed: Sidecar) -> BranchInfo:
+        """Caller holds the lock; the branch's version is stored."""
+        # a fetched branch is not offered on until this node's user shares it, and fetching
+        # one the user unshared does not offer it again
+        offered = self.has_branch(branch) and self.sessions.branch(branch).offered
+        record = self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent)
+        if record.offered != offered:
+            record = self.sessions.set_offered(branch, offered)
+        info = self._info(record)
+        self.audit.append("fetched", branch=branch, src=info.src, bytes=info.size, title=info.title)
+        return info
+
+    def stage_lines(self, blobs: Sequence[StoredBlob]) -> None:
+        """Keep lines a fetch verified on arrival in the store at once, durably, as they were
+        sent (raw-codec ones compressed), without decoding and hashing them again.  They stay
+        unreferenced until `add_staged` commits their version; a fetch that never does leaves
+        them to the store's GC, and a fetch run again finds them held (resume)."""
+        self.store.put_stored_blobs(blobs, verified=True)
+
+    def add_staged(self, sidecar: bytes, refs: Sequence[LineRef], prefix: Prefix,
+                   header: pisession.SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo:
+        """Commit a fetched version whose lines are all in the store (staged or held before):
+        the caller verified, line by line as they came, that they hash to `prefix.blake3`, are
+        the file cut at its newlines and that `header` is its Pi header.  Turns reference the
+        stored blobs (nothing is read back); the version continues the longest matching held
+        version of the same session or the parent's; then the branch is recorded."""
+        branch = blake3_hex(sidecar)
+        parsed = parse_sidecar(sidecar, expected_branch=branch)
+        if parsed.src != prefix.blake3:
+            raise VerificationFailed(f"fetched branch {branch}: names session {parsed.src}, "
+                                     f"not {prefix.blake3}")
+        with self._lock:
+            if not self.sessions.has_version(parsed.src):
+                like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
+                if parsed.parent and self.has_branch(parsed.parent):
+                    like.append(self.sessions.branch(parsed.parent).src)
+                self.sessions.import_refs(refs, prefix, header, titles, like)
+            return self._record_fetched(sidecar, branch, parsed)
 
     # --- who may fetch what, and until when (library/access.py) ---
 

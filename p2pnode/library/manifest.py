@@ -96,6 +96,15 @@ class PlacedFiles(_JsonIndex[dict[str, Any]]):
         entry = self.load().get(str(path.absolute()))
         return PlacedFile(entry["size"], entry["blake3"]) if entry else None
 
-    def record(self, path: Path, placed: PlacedFile) -> None:
-        entry = {"size": placed.size, "blake3": placed.blake3}
+    def record(self, path: Path, placed: PlacedFile, stamp: list[int] | None = None) -> None:
+        """`stamp`: the file's (inode, size, mtime_ns) once written, so that a later fetch can
+        tell it is unchanged without reading it (an incremental fetch appends to it)."""
+        entry: dict[str, Any] = {"size": placed.size, "blake3": placed.blake3}
+        if stamp is not None:
+            entry["stamp"] = stamp
         self._update(lambda m: m.__setitem__(str(path.absolute()), entry))
+
+    def stamp(self, path: Path) -> list[int] | None:
+        entry = self.load().get(str(path.absolute()))
+        stamp = entry.get("stamp") if entry else None
+        return stamp if isinstance(stamp, list) else None

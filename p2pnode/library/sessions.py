@@ -31,7 +31,7 @@ import blake3
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.pi.hashing import Prefix, Scan, Sink, new_hasher
-from p2pnode.pi.lines import LineSplitter, is_split
+from p2pnode.pi.lines import LineRef, LineSplitter, is_split
 from p2pnode.pi.session import (
     HEADER_SCAN_BYTES,
     InvalidHeader,
@@ -531,6 +531,47 @@ class SessionStore:
         last_line_start = size if lines[-1].endswith(b"\n") else size - len(lines[-1])
         prefix = Prefix(size, src, importer.lines_seen, last_line_start)
         return self._add_version(prefix, header, importer)
+
+    def import_refs(self, refs: Sequence[LineRef], prefix: Prefix, header: SessionHeader,
+                    titles: tuple[str | None, str | None], like_srcs: Sequence[str]) -> Version:
+        """Store a version whose lines are all in the store already (a fetch staged them as
+        they were verified), by reference: no line is read, compressed or hashed again.  The
+        caller has verified that they hash to `prefix.blake3` and are cut at their newlines.
+
+        The body continues the held version among `like_srcs` (older versions of the same
+        session, the parent's) that shares the longest run of first body lines with it."""
+        if prefix.blake3 in self._state.sessions:
+            return self._state.sessions[prefix.blake3]
+        body = [r.hash for r in refs[1:]]
+        head, reused = 0, 0
+        for src in dict.fromkeys(like_srcs):
+            if not self.has_version(src):
+                continue
+            turns = self.body_turns(src)
+            n = 0
+            for turn, h in zip(turns, body, strict=False):
+                if turn.payload_hash != h:
+                    break
+                n += 1
+            if n > reused:
+                head, reused = turns[n - 1].turn_id, n
+        ctx = (self.store.fork(head) if head else self.store.create_context()).context_id
+        new = [TurnBlobRef(h, TAG_LINE) for h in body[reused:]] + [TurnBlobRef(refs[0].hash, TAG_HEADER)]
+        try:
+            for start in range(0, len(new), BATCH_LINES):
+                turns = self.store.append_turns(ctx, new[start:start + BATCH_LINES], expected_parent=head)
+                head = turns[-1].turn_id
+        except BaseException:
+            self.store.delete_context(ctx)
+            raise
+        name, first_user = titles
+        version = Version(
+            src=prefix.blake3, session_id=header.id, header=header.as_dict(), size=prefix.size,
+            lines=prefix.lines, last_line_start=prefix.last_line_start, context=ctx, head=head,
+            name=name, first_user=first_user)
+        self._state.sessions[version.src] = version
+        self._save()
+        return version
 
     def _add_version(self, prefix: Prefix, header: SessionHeader, importer: _Importer) -> Version:
         version = Version(

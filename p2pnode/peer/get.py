@@ -1,7 +1,7 @@
-"""Fetching a branch and its lineage from peers, verifying every byte before it is kept.
+"""Fetching a branch and its lineage from peers, verifying every byte once, before it is kept.
 
-Over 400 lines on purpose: the fetch's steps (lineage walk, manifests, batches, assembly, the
-whole-blob fallback, the checks before commit) share one _Fetch state and read in order.
+Over 400 lines on purpose: the fetch's steps (lineage walk, manifests, staging, the whole-blob
+fallback, commit and placement) share one _Fetch state and read in order.
 
 Entry points (for the CLI and the LAN node):
 
@@ -9,26 +9,31 @@ Entry points (for the CLI and the LAN node):
                                 identity, trust, agent_dir=..., progress=...)
     catalog = await get_catalog(PeerAddress(...), identity, trust)
 
-The order of work, and why:
+The order of work, and why (verify once, stream, commit last):
 1. Walk the lineage by sidecars only: each sidecar must hash to the branch asked for and
    validate; follow `parent` until a branch this node already holds, with a depth limit and
    cycle detection.  Nothing is stored yet, so a lying chain costs nothing.
 2. For each missing branch, oldest first: the session's line manifest, then only the lines
-   this node lacks, in framed batches; every line is decompressed with an output limit equal
-   to its declared length and checked against its hash.  The whole session is re-hashed to
-   the sidecar's `src` and checked to be cut at its newlines (this is what proves the
-   manifest honest) and only then handed to `lib.add_fetched`, with each line's zstd bytes
-   as the peer sent them: the store keeps those (after decoding and re-hashing them itself)
-   instead of compressing the line again.  A peer without line manifests gets the
-   whole-blob fallback: a streamed GET with `Range` resume, hashed on the fly.
-3. Only after the store committed it, the requested session is written where Pi finds it
-   (pi/placement.py), if `agent_dir` is given: a refused fetch leaves no file behind.
+   the store lacks (lines staged by an earlier fetch that was killed count as held), in
+   framed batches (batches.py decodes and hashes each line once, on arrival).  Verified lines
+   are staged in the store at once, as the peer sent them, in runs (STAGE_RUNS;
+   `Library.stage_lines`: not decoded or hashed again), and handed to the getter
+   (getter.py, sans-IO), which walks the manifest in order: it hashes the session, checks
+   Pi's header (within the first 1 MiB) and each line's nesting and cut, and hands out the
+   bytes, which go to a hidden temp file beside where Pi will find the session.  Lines ahead
+   of the cursor wait in a bounded buffer or are read back from the store.  A peer without
+   line manifests gets the whole-blob fallback: a streamed GET with `Range` resume, hashed on
+   the fly.
+3. Only when the session hashes to the sidecar's `src` and is cut at its newlines is the
+   version committed (`Library.add_staged`: turns referencing the staged blobs, a head
+   moves, the branch recorded); then the temp file is fsynced and linked into Pi's folder
+   (pi/placement.py), and the folder fsynced.  A refused or cancelled fetch removes its temp
+   file and records nothing; its staged lines are unreferenced, garbage for the store's GC.
 
-How missing lines are asked for and verified is batches.py's; which peer is asked and what its
-failure means is the downloader's (downloader.py: a peer that lies or stalls is dropped for
-the fetch, a broken link is retried a few times); one peer's HTTPS session is link.py's.
-Verified lines and blob prefixes survive a broken link, so the next attempt, on the same or
-another peer, continues where the last one stopped.
+How missing lines are asked for and verified is batches.py's; which peer is asked and what
+its failure means is the downloader's (downloader.py); one peer's HTTPS session is link.py's.
+Staged lines and blob prefixes survive a broken link, so the next attempt, on the same or
+another peer, continues where the last one stopped; staged lines survive a kill -9 too.
 """
 from __future__ import annotations
 
@@ -47,28 +52,35 @@ from typing import Any, TypeVar
 import aiohttp
 import blake3
 
-from p2pnode.errors import (
-    Conflict,
-    InvalidInput,
-    NotFound,
-    VerificationFailed,
-)
+from p2pnode.errors import Conflict, NotFound, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
+from p2pnode.peer.getter import LIVE, Assembled, Held, ManifestLied, SessionGetter
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import PeerLink
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.lines import LineRef, is_split, split_lines
-from p2pnode.pi.placement import Placement, PlacementConflict, place_session
-from p2pnode.pi.session import find_header, placed_names
+from p2pnode.pi.hashing import Prefix, new_hasher
+from p2pnode.pi.lines import LineRef, split_lines
+from p2pnode.pi.placement import (
+    Appendable,
+    Content,
+    Placement,
+    PlacementConflict,
+    SessionFile,
+    appendable,
+    place_session,
+    target_path,
+)
+from p2pnode.pi.session import SessionHeader
 from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
 from store.errors import StoreLocked
+from store.layout import CODEC_RAW
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,9 +107,11 @@ class FetchResult:
     written: bool = False
     conflict: str | None = None
     seconds_transfer: float = 0.0
-    """Receiving and verifying the sessions' bytes (sidecars, manifests, lines, re-hash)."""
+    """Receiving, verifying and staging the sessions' lines, hashing them in order and writing
+    the temp file (sidecars, manifests and lines): until the last line was handed out."""
     seconds_store: float = 0.0
-    """Storing the verified sessions (`Library.add_fetched`; the file is placed afterwards)."""
+    """Committing the verified sessions (`Library.add_staged`) and publishing the file: what
+    is left after the last byte arrived."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,37 +152,191 @@ def _opener(lib: FetchTarget | OpenPerUse) -> LibraryOpener:
     return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
 
 
-MAX_JSON_DEPTH = 512
-"""Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
-the store's title and JSON checks) recurses through, far beyond any real Pi entry."""
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+LINGER = 0.5
+"""Seconds a one-shot fetch keeps the store open after staging a run, waiting for the next."""
+STAGE_MIN, STAGE_MAX = 256 << 10, 8 << 20
+STAGE_RUNS = 128
+"""Verified lines are staged in the store in runs of 1/STAGE_RUNS of what is missing, within
+[STAGE_MIN, STAGE_MAX] raw bytes: one durable commit (and for a one-shot fetch one opening of
+the store) per run, and a kill -9 loses at most about one run's worth of transfer."""
 
 
-def json_depth(line: bytes) -> int:
-    """The deepest bracket nesting of a JSON line, strings left out (brackets inside strings
-    are text); cheap for real lines, whose structural brackets are few."""
-    depth = peak = 0
-    for c in _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
-        depth += 1 if c in b"[{" else -1
-        peak = max(peak, depth)
-    return peak
+class _ManifestStop(Exception):
+    """Raised out of the `received` callback when the manifest proved a lie: not the batch
+    peer's fault (the downloader does not judge it), so it ends get_lines for session() to
+    drop the manifest's peer."""
+
+    def __init__(self, lie: ManifestLied) -> None:
+        super().__init__(str(lie))
+        self.lie = lie
 
 
-def check_nesting(lines: list[bytes], src: str) -> None:
-    """InvalidInput for a line nested deeper than MAX_JSON_DEPTH, before anything is stored
-    (only lines with more opening brackets than that are looked at)."""
-    for number, line in enumerate(lines, 1):
-        if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
-            raise InvalidInput(f"fetched session {src}: line {number} nests JSON deeper than "
-                               f"{MAX_JSON_DEPTH} levels; refused")
+@dataclass(frozen=True)
+class Placing:
+    """Where the requested session goes: Pi's agent dir (and its session-dir override)."""
+
+    agent_dir: Path
+    session_dir: Path | None
 
 
-def check_header(lines: list[bytes], src: str) -> None:
-    """Refuse a session that is not a Pi session, or whose header fields would place it
-    outside Pi's sessions dir or break Pi's id rule (InvalidHeader / HostileHeader), before
-    anything is stored.  The header may follow blank or malformed lines, as pi 1.5.2 reads it."""
-    placed_names(find_header(lines, f"fetched session {src}"))
+@dataclass(frozen=True)
+class _Prefix:
+    """An incremental fetch's held part: the first lines, those of version `base`."""
+
+    base: str
+    base_size: int
+    refs: list[LineRef]
+    size: int
+
+
+@dataclass
+class Output:
+    """The temp file a session went to, and how it is published: linked as a new file, or
+    (`append`) appended from offset `start` to the older version placed at the target."""
+
+    file: SessionFile
+    append: Appendable | None = None
+    start: int = 0
+
+
+class _Stream:
+    """One session version's lines as they come: staged in the store in runs of `stage_bytes`,
+    handed to the getter, and its in-order output written to the temp file (if any).  All of
+    it on a worker thread, one run at a time."""
+
+    def __init__(self, job: _Fetch, getter: SessionGetter, place: Placing | None,
+                 prefix: _Prefix | None = None) -> None:
+        self.job = job
+        self.getter = getter
+        self.place = place
+        self.prefix = prefix
+        self.out: Output | None = None
+        self.got: set[bytes] = set()
+        self._pending: list[tuple[wire.BatchBlob, bytes]] = []
+        self._pending_bytes = 0
+        self._lock = asyncio.Lock()
+        self._open: AbstractContextManager[FetchTarget] | None = None
+        self._held: FetchTarget
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Future[None]] = set()
+        missing = sum(r.length for r in getter.refs if r.hash in getter.outstanding)
+        self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
+
+    async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
+        """batches.py's callback: verified blobs (each decoded and hashed once, there)."""
+        for blob, raw in zip(blobs, raws, strict=True):
+            if blob.hash not in self.got:
+                self.got.add(blob.hash)
+                self._pending.append((blob, raw))
+                self._pending_bytes += len(raw)
+                self.job.note(len(raw))
+        if self._pending_bytes >= self.stage_bytes:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Stage what is pending and hand out what the cursor can reach (store reads included)."""
+        async with self._lock:
+            run, self._pending, self._pending_bytes = self._pending, [], 0
+            try:
+                await self._using(functools.partial(self._take, run))
+            except ManifestLied as lie:
+                raise _ManifestStop(lie) from None
+
+    async def _using(self, fn: Callable[[FetchTarget], None]) -> None:
+        """fn(library) on a worker thread; caller holds the lock.  A one-shot fetch's library
+        stays open from one run to the next while lines flow (opening the store per run would
+        cost more than the run), and is closed after LINGER seconds without one: a stalled
+        peer never keeps the store from other commands."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+        def run() -> None:
+            if self._open is None:
+                opened = self.job.lib()
+                self._held, self._open = opened.__enter__(), opened
+            fn(self._held)
+
+        work = asyncio.ensure_future(asyncio.to_thread(run))
+        try:
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:  # the thread goes on: the library is not closed under it
+                await asyncio.wait([work])
+                raise
+        finally:
+            if self._open is not None:
+                self._timer = asyncio.get_running_loop().call_later(LINGER, self._idle)
+
+    def _idle(self) -> None:
+        self._timer = None
+        closing = asyncio.ensure_future(self.release())
+        self._closing.add(closing)  # a reference until it is done
+        closing.add_done_callback(self._closing.discard)
+
+    async def release(self) -> None:
+        """Close the library this stream holds open (before any other step opens it)."""
+        async with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._open is not None:
+                opened, self._open = self._open, None
+                await asyncio.to_thread(opened.__exit__, None, None, None)
+
+    def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget) -> None:
+        if run:
+            lib.stage_lines([blob for blob, _ in run])
+        for blob, raw in run:
+            self.getter.arrived(blob.hash, raw)
+        while True:
+            self._write(self.getter.ready(), lib)
+            wanted = self.getter.from_store()
+            if wanted is None:
+                if self.getter.done and self.out is None and self.getter.refused is None:
+                    self._write([], lib, force=True)  # an incremental fetch with nothing new to write
+                return
+            self.getter.read_back(wanted, lib.line(wanted))
+
+    def _write(self, parts: list[bytes], lib: FetchTarget, force: bool = False) -> None:
+        if (not parts and not force) or self.place is None:
+            return
+        if self.out is None:
+            self.out = self._open_out(lib)
+        for part in parts:
+            self.out.file.write(part)
+
+    def _open_out(self, lib: FetchTarget) -> Output:
+        """The temp file, once the header is known.  An incremental fetch appends to the older
+        version's file if that is still exactly what this node placed (only the new bytes go
+        to the temp file); else the held lines are written first, from the store."""
+        assert self.place is not None and self.getter.header is not None
+        place = self.place
+        file = SessionFile.create(place.agent_dir, self.getter.header, self.getter.src, place.session_dir)
+        if self.prefix is None:
+            return Output(file)
+        prefix = self.prefix
+        to = appendable(file.target, PlacedFiles(lib.paths.placed), prefix.base, prefix.base_size,
+                        prefix.size == prefix.base_size)
+        if to is not None:
+            return Output(file, to, self.prefix.size)
+        for ref in self.prefix.refs:
+            file.write(lib.line(ref.hash))
+        return Output(file)
+
+    def discard(self) -> None:
+        if self.out is not None:
+            self.out.file.discard()
+            self.out = None
+
+    async def abandon(self) -> None:
+        """The manifest lied: the temp file goes, the verified lines pending are staged."""
+        self.discard()
+        async with self._lock:
+            run, self._pending, self._pending_bytes = self._pending, [], 0
+            if run:
+                await self._using(lambda lib: lib.stage_lines([blob for blob, _ in run]))
+        await self.release()
 
 
 class _Fetch:
@@ -178,10 +346,6 @@ class _Fetch:
         self.pool = pool
         self.limits = limits
         self.progress = progress
-        self.lines: dict[bytes, bytes] = {}
-        """Verified lines received in this fetch, kept across broken links and peers."""
-        self.blobs: dict[bytes, StoredBlob] = {}
-        """The same lines as the peer sent them (zstd), so that the store keeps those bytes."""
         self.lines_fetched = 0
         self.lines_total = 0
         self._done = self._total = 0
@@ -189,6 +353,12 @@ class _Fetch:
     async def _lib(self, fn: Callable[[FetchTarget], T]) -> T:
         """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
         return await _using(self.lib, fn)
+
+    def note(self, raw_len: int) -> None:
+        self._done += raw_len
+        self.lines_fetched += 1
+        if self.progress:
+            self.progress(self._done, self._total)
 
     async def walk(self, branch: str) -> list[tuple[str, bytes, Sidecar]]:
         """The branches to fetch, requested first, up to the first one held locally."""
@@ -208,55 +378,96 @@ class _Fetch:
             current = sc.parent
         return chain
 
-    async def session(self, src: str) -> list[bytes]:
-        """The verified lines of session `src` (by line manifest, else as one blob)."""
+    async def session(self, src: str, place: Placing | None,
+                      held: list[str] | None = None) -> tuple[Assembled, Output | None]:
+        """Session `src` verified (by line manifest, else as one blob), its lines staged in the
+        store, its bytes in a temp file for `place` (returned, not yet published).  `held`:
+        versions this node holds that `src` may extend (asked for with `?after=`)."""
+        after = held or []
         while True:
             try:
-                manifest_peer, manifest = await self.pool.run(
-                    f"line manifest of {src}", lambda p: _with_peer(p, p.line_manifest(src)))
+                manifest_peer, got = await self.pool.run(
+                    f"line manifest of {src}", functools.partial(self._manifest, src=src, after=after))
             except NotFound:
-                return split_lines(await self._whole(src))
-            missing = await self._missing(manifest)
-            if missing:
-                self._total = sum(r.length for r in missing)
-                self._done = sum(r.length for r in missing if r.hash in self.lines)
-                await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
-                                        self.lines.__contains__, self._keep)
-            lines = await self._assemble(manifest, src)
-            if lines is not None:
+                return await self._from_whole(src, place)
+            prefix: _Prefix | None = None
+            held_start: Held | None = None
+            if isinstance(got, wire.ManifestAfter):
+                start_at = functools.partial(_held_prefix, after=got, place=place)
+                try:
+                    held_start, found = await self._lib(start_at)
+                except ManifestLied as exc:
+                    self.pool.drop(manifest_peer, str(exc), VerificationFailed)
+                    continue
+                prefix = found
+                manifest = [*found.refs, *got.lines]
+                missing = await self._missing(got.lines)
+            else:
+                manifest = got
+                missing = await self._missing(manifest)
+            getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start)
+            stream = _Stream(self, getter, place, prefix)
+            try:
+                try:
+                    if missing:
+                        self._total = sum(r.length for r in missing)
+                        self._done = 0
+                        await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
+                                                stream.got.__contains__, stream.received)
+                    await stream.flush()
+                    assembled = stream.getter.finish()
+                finally:
+                    await asyncio.shield(stream.release())
+            except _ManifestStop as stop:
+                lie: ManifestLied = stop.lie
+            except ManifestLied as exc:
+                lie = exc
+            except BaseException:
+                stream.discard()
+                raise
+            else:
                 self.lines_total += len(manifest)
-                return lines
+                return assembled, stream.out
+            await stream.abandon()  # what was verified stays staged for the next manifest
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
-                                          "or does not cut it at its newlines (failed verification)",
+                                          f"or does not cut it at its newlines (failed verification: {lie})",
                            VerificationFailed)
 
+    async def _manifest(self, peer: PeerLink, src: str,
+                        after: list[str]) -> tuple[PeerLink, list[LineRef] | wire.ManifestAfter]:
+        path = wire.PATH_LINES.format(src=src)
+        if after:
+            path += f"?after={wire.encode_after_query(after)}"
+        limit = wire.LINE_MANIFEST_AFTER_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
+        body = await peer.get_small(path, limit, f"line manifest of {src}")
+        return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits)
+
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
+        """The manifest's lines the store lacks (lines staged by an earlier, killed run count as held)."""
         unique = list({r.hash: r for r in manifest}.values())
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _keep(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
-        """Keep verified blobs (batches.py checked them), raw and as sent."""
-        for blob, raw in zip(blobs, raws, strict=True):
-            self.lines[blob.hash] = raw
-            self.blobs[blob.hash] = blob
-            self._done += blob.raw_len
-        self.lines_fetched += len(blobs)
-        if self.progress:
-            self.progress(self._done, self._total)
-
-    async def _assemble(self, manifest: list[LineRef], src: str) -> list[bytes] | None:
-        """All lines in order, or None if the manifest lied: they do not hash to `src`, or
-        they are not the file cut at its newlines."""
-        def build(lib: FetchTarget) -> list[bytes] | None:
-            lines = [self.lines.get(r.hash) or lib.line(r.hash) for r in manifest]
-            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-            for line in lines:
-                hasher.update(line)
-            return lines if hasher.hexdigest() == src and is_split(lines) else None
-
-        return await self._lib(build)
-
+    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None]:
+        """A peer without line manifests: the whole blob (verified to `src` as it came), cut
+        into lines and staged as raw-codec blobs (the store compresses them)."""
+        data = await self._whole(src)
+        lines = split_lines(data)
+        refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
+        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), place)
+        blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line) for r, line in zip(refs, lines, strict=True)]
+        try:
+            try:
+                await stream.received(blobs, lines)
+                await stream.flush()
+                assembled = stream.getter.finish()
+            finally:
+                await asyncio.shield(stream.release())
+        except BaseException:
+            stream.discard()
+            raise
+        self.lines_total += len(refs)
+        return assembled, stream.out
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
@@ -291,6 +502,43 @@ class _Fetch:
             return bytes(buf)
 
         return await self.pool.run(f"session {src}", attempt)
+
+
+def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None) -> tuple[Held, _Prefix]:
+    """Where an incremental fetch starts: the held version's first lines (those the peer said
+    the new version begins with: the hash of the whole proves it), their hash state: the
+    node's live one; else (a one-shot process) the file this node placed, if its stat says it
+    is still that version whole (memory-mapped, hashed on all cores), else the lines re-read
+    from the store (decompressed: the slowest)."""
+    base = after.base.hex()
+    version = lib.version(base)
+    if after.first > version.lines:
+        raise ManifestLied(f"line manifest after {base}: starts after line {after.first} of a version of "
+                           f"{version.lines} lines")
+    refs = lib.line_manifest(base)[:after.first]
+    size = sum(r.length for r in refs)
+    header = SessionHeader(**version.header)
+    hasher = LIVE.get(base, size)
+    if hasher is None and place is not None and size == version.size:
+        target = target_path(place.agent_dir, header, place.session_dir)
+        if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
+            hasher = new_hasher()
+            hasher.update_mmap(target)
+            if hasher.hexdigest() != base:  # changed under us after all: the store's copy
+                hasher = None
+    if hasher is None:
+        hasher = new_hasher()
+        for ref in refs:
+            hasher.update(lib.line(ref.hash))
+    held = Held(after.first, size, hasher, header, version.name, version.first_user)
+    return held, _Prefix(base, version.size, refs, size)
+
+
+def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:
+    """Versions the new one may extend: those of held branches with the same parent (a grown
+    session keeps its parent; a root's is None), newest first."""
+    found = [b.src for b in lib.branches(include_unshared=True) if b.parent == parent]
+    return list(dict.fromkeys(found))[:wire.MAX_AFTER]
 
 
 async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
@@ -330,28 +578,30 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits)
-    requested: bytes | None = None
+    placed: Placement | PlacementConflict | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
         t0 = time.perf_counter()
         chain = await job.walk(branch_hex)
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
-            lines = await job.session(sc.src)
-            check_header(lines, sc.src)
-            await asyncio.to_thread(check_nesting, lines, sc.src)
+            wanted = branch == branch_hex and agent_dir is not None
+            place = Placing(agent_dir, session_dir) if wanted and agent_dir is not None else None
+            held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
+            assembled, out = await job.session(sc.src, place, held)
             t1 = time.perf_counter()
-            blobs = list(job.blobs.values())
-            add = functools.partial(_add_fetched, sidecar=raw_sidecar, lines=lines, blobs=blobs)
             try:
-                await _using(opener, add)
-            except RecursionError:
-                raise InvalidInput(f"fetched session {sc.src}: JSON nested too deeply; refused") from None
-            if branch == branch_hex:
-                requested = b"".join(lines)
+                await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled))
+                LIVE.put(assembled.src, *assembled.complete)
+                if out is not None:  # only now, after the store committed the verified session
+                    placed = await _using(opener, functools.partial(_publish, out=out, branch=branch,
+                                                                    done=assembled))
+            finally:
+                if out is not None:
+                    out.file.discard(keep_dir=isinstance(placed, Placement))
             t2 = time.perf_counter()
-            log.info("fetched branch %s: %d lines, transfer+verify %.3f s, store %.3f s",
-                     branch, len(lines), t1 - t0, t2 - t1)
+            log.info("fetched branch %s: %d lines, transfer+verify+stage %.3f s, commit+place %.3f s",
+                     branch, len(assembled.refs), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
         info = await _using(opener, lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
@@ -361,26 +611,42 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              seconds_store=round(store, 4), served=pool.served())
     finally:
         await pool.close()
-    if agent_dir is not None:  # only now, after the store committed the verified session
-        placed = await _using(opener, lambda lib: _place(agent_dir, requested, branch_hex, info.src, lib,
-                                                         session_dir))
-        if isinstance(placed, PlacementConflict):
-            result.path, result.conflict = str(placed.path), str(placed)
-        else:
-            result.path, result.written = str(placed.path), placed.written
+    if agent_dir is not None and not chain:  # held already: placed from the stored copy
+        placed = await _using(opener, lambda lib: _place(agent_dir, branch_hex, info.src, lib, session_dir))
+    if isinstance(placed, PlacementConflict):
+        result.path, result.conflict = str(placed.path), str(placed)
+    elif placed is not None:
+        result.path, result.written = str(placed.path), placed.written
     return result
 
 
-def _add_fetched(lib: FetchTarget, sidecar: bytes, lines: list[bytes], blobs: list[StoredBlob]) -> None:
-    lib.add_fetched(sidecar, lines, blobs)
+def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled) -> None:
+    prefix = Prefix(done.size, done.src, len(done.refs), done.last_line_start)
+    lib.add_staged(sidecar, done.refs, prefix, done.header, (done.name, done.first_user))
 
 
-def _place(agent_dir: Path, data: bytes | None, branch: str, src: str, lib: FetchTarget,
-           session_dir: Path | None) -> Placement | PlacementConflict:
-    """Place the fetched bytes (or, for a branch already held, the stored copy); record the path."""
+def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Placement | PlacementConflict:
+    """The temp file, fsynced, linked where Pi finds it (or appended to the older version
+    there); the path recorded for the branch."""
+    content = Content(done.src, done.placed_size, done.placed_hex, done.newline_hex)
+    placed_files = PlacedFiles(lib.paths.placed)
     try:
-        placed = place_session(agent_dir, data if data is not None else lib.session_bytes(src), src,
-                               PlacedFiles(lib.paths.placed), session_dir)
+        if out.append is not None:
+            placed = out.file.append_to(out.append, out.start, content, placed_files)
+        else:
+            placed = out.file.publish(content, placed_files)
+    except PlacementConflict as exc:
+        return exc
+    lib.record_path(branch, placed.path)
+    return placed
+
+
+def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
+           session_dir: Path | None) -> Placement | PlacementConflict:
+    """Place a branch already held, from the stored copy; record the path."""
+    try:
+        placed = place_session(agent_dir, lib.session_bytes(src), src, PlacedFiles(lib.paths.placed),
+                               session_dir)
     except PlacementConflict as exc:
         return exc
     lib.record_path(branch, placed.path)

@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Protocol
 
 from p2pnode.library.api import BranchInfo, Catalog
+from p2pnode.library.sessions import Version
 from p2pnode.paths import NodePaths
+from p2pnode.pi.hashing import Prefix
 from p2pnode.pi.lines import LineRef
+from p2pnode.pi.session import SessionHeader
 from store import StoredBlob
 
 
@@ -34,6 +37,17 @@ class FetchTarget(Protocol):
 
     def record_path(self, branch_hex: str, path: Path | str) -> None: ...
 
+    def stage_lines(self, blobs: Sequence[StoredBlob]) -> None: ...
+
+    def branches(self, include_unshared: bool = False) -> list[BranchInfo]: ...
+
+    def version(self, src_hex: str) -> Version: ...
+
+    def line_manifest(self, src_hex: str) -> list[LineRef]: ...
+
+    def add_staged(self, sidecar: bytes, refs: Sequence[LineRef], prefix: Prefix,
+                   header: SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo: ...
+
 
 class ServedLibrary(Protocol):
     """The library the provider serves from: only what `offered_object` allows is asked for."""
@@ -56,6 +70,8 @@ class ServedLibrary(Protocol):
     def session_bytes(self, src_hex: str) -> bytes: ...
 
     def line_manifest(self, src_hex: str) -> list[LineRef]: ...
+
+    def line_manifest_after(self, src_hex: str, held: Sequence[str]) -> tuple[str, int] | None: ...
 
     def line(self, line_hash: bytes) -> bytes: ...
 

@@ -372,8 +372,20 @@ class PeerServer:
         peer = _peer(request)
         if await self._offered(src, peer) != "session":
             return _not_found()
+        found = None
+        if "after" in request.query:  # only what follows a version the fetcher holds (version 2)
+            try:
+                held = wire.decode_after_query(request.query["after"])
+            except wire.WireError as exc:
+                raise web.HTTPBadRequest(text=f"{exc}\n") from None
+            found = await self._call(self.lib.line_manifest_after, src, held)
         refs = await self._call(self.lib.line_manifest, src)
-        body = wire.encode_line_manifest(bytes.fromhex(src), refs)
+        if found is not None:
+            base, first = found
+            body = wire.encode_line_manifest_after(bytes.fromhex(src), bytes.fromhex(base), first,
+                                                   refs[first:])
+        else:
+            body = wire.encode_line_manifest(bytes.fromhex(src), refs)
         await self._served(peer, "lines", [src], len(body))
         return web.Response(body=body, content_type="application/octet-stream")
 

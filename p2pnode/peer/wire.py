@@ -12,7 +12,8 @@ Endpoints (all under the version prefix, see docs/PROTOCOL.md):
                             (?wait=<generation>: answered when the generation differs, or after
                             Limits.catalog_wait seconds)
   GET  /v1/object/<hash>    a sidecar, session or line blob by BLAKE3 hash; honours Range
-  GET  /v1/lines/<src>      the line manifest of a session version (binary, below)
+  GET  /v1/lines/<src>      the line manifest of a session version (binary, below);
+                            ?after=<held>,... the lines after a held version's (version 2)
   POST /v1/batch            body: N × 32-byte hashes; response: framed blobs (below)
 """
 from __future__ import annotations
@@ -59,6 +60,9 @@ ZSTD_BLOCK_MAX = 128 << 10
 LINE_MANIFEST_MAGIC = b"P2LM"
 LINE_MANIFEST_HEAD = struct.Struct("<4sH32sI")  # magic, version, src hash, line count
 LINE_ENTRY = struct.Struct("<32sI")  # line hash, line length
+LINE_MANIFEST_AFTER_HEAD = struct.Struct("<4sH32s32sII")  # magic, 2, src, base src, first line, count
+MAX_AFTER = 16
+"""Held versions a fetcher may name in `?after=` (comma-separated hex)."""
 BATCH_FRAME = struct.Struct("<32sHII")  # hash, codec, raw_len, stored_len; then stored bytes
 TICKET_PREFIX = "p2p1:"
 TICKET_HEAD = struct.Struct("<B32s32sB")  # version, branch hash, node fingerprint, address count
@@ -306,6 +310,56 @@ def decode_line_manifest(data: bytes, src: bytes, limits: Limits = DEFAULT_LIMIT
     if total > limits.max_session:
         raise WireError(f"{what}: {total} bytes in total exceeds the limit of {limits.max_session}")
     return lines
+
+
+@dataclass(frozen=True)
+class ManifestAfter:
+    """The lines of session `src` after the first `first` lines, which are the lines of version
+    `base` (one the fetcher named in `?after=`) up to its last newline."""
+
+    base: bytes
+    first: int
+    lines: list[LineRef]
+
+
+def encode_line_manifest_after(src: bytes, base: bytes, first: int, lines: list[LineRef]) -> bytes:
+    out = bytearray(LINE_MANIFEST_AFTER_HEAD.pack(LINE_MANIFEST_MAGIC, 2, src, base, first, len(lines)))
+    for line in lines:
+        out += LINE_ENTRY.pack(line.hash, line.length)
+    return bytes(out)
+
+
+def encode_after_query(held: list[str]) -> str:
+    return ",".join(held[:MAX_AFTER])
+
+
+def decode_after_query(text: str | None) -> list[str]:
+    """The held versions a fetcher named (WireError for anything but up to MAX_AFTER hashes)."""
+    if not text:
+        return []
+    held = text.split(",")
+    if len(held) > MAX_AFTER or not all(is_hash_hex(h) for h in held):
+        raise WireError(f"after: up to {MAX_AFTER} comma-separated 64-hex-digit hashes")
+    return held
+
+
+def decode_any_line_manifest(data: bytes, src: bytes, after: list[str],
+                             limits: Limits = DEFAULT_LIMITS) -> list[LineRef] | ManifestAfter:
+    """A version-1 manifest (the whole session: the peer did not use `after`), or a version-2
+    one whose base must be one of `after` and whose lines are checked as version 1's are."""
+    if len(data) >= 6 and data[:4] == LINE_MANIFEST_MAGIC and struct.unpack_from("<H", data, 4)[0] == 2:
+        what = f"line manifest of {src.hex()}"
+        if len(data) < LINE_MANIFEST_AFTER_HEAD.size:
+            raise WireError(f"{what}: {len(data)} bytes is shorter than its header")
+        _, _, got_src, base, first, count = LINE_MANIFEST_AFTER_HEAD.unpack_from(data)
+        if got_src != src or base.hex() not in after:
+            raise WireError(f"{what}: the peer sent the manifest of {got_src.hex()} after {base.hex()}")
+        if first + count > limits.max_manifest_lines:
+            raise WireError(f"{what}: {first + count} lines exceeds the limit of {limits.max_manifest_lines}")
+        head = LINE_MANIFEST_HEAD.pack(LINE_MANIFEST_MAGIC, 1, src, count)
+        lines = decode_line_manifest(head + data[LINE_MANIFEST_AFTER_HEAD.size:], src, limits)
+        return ManifestAfter(base, first, lines)
+    return decode_line_manifest(data, src, limits)
 
 
 # --- batches ----------------------------------------------------------------------------

@@ -8,9 +8,12 @@ Pi's rule, names over 255 bytes).  Never the agent dir's root: Pi moves `*.jsonl
 there.  The header goes first: pi 1.5.2 finds it past blank or malformed lines, pi 0.73.1
 only on the first line (and `pi -c` within its first 512 bytes).
 
-The bytes go to a hidden temp file in the target directory, are fsynced, then published
-with `link()` (which, unlike `rename()`, never replaces a file that appeared meanwhile), and
-the directory is fsynced: Pi sees no file or the whole file.
+The bytes go to a hidden temp file in the target directory (`SessionFile`, written as a fetch
+verifies them), are fsynced, then published with `link()` (which, unlike `rename()`, never
+replaces a file that appeared meanwhile), and the directory is fsynced: Pi sees no file or
+the whole file.  An incremental fetch appends the new bytes to the older version a fetch
+placed instead (`appendable`, `SessionFile.append_to`), if that file's stat says it is
+unchanged: its old bytes are not read again.
 
 If a file is already at the path: the same bytes mean nothing to do, and so does a file that
 is the same bytes plus the final newline pi 1.5.2 adds to a session it opens.  A file that a
@@ -23,6 +26,7 @@ reported as `PlacementConflict`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
@@ -30,12 +34,13 @@ from pathlib import Path
 
 from p2pnode.errors import Conflict
 from p2pnode.library.manifest import PlacedFile, PlacedFiles
-from p2pnode.pi.hashing import hash_file, hash_prefix, new_hasher
-from p2pnode.pi.session import HostileHeader, header_index, parse_header, placed_names
+from p2pnode.pi.hashing import CHUNK, hash_file, hash_prefix, new_hasher
+from p2pnode.pi.session import HostileHeader, SessionHeader, header_index, parse_header, placed_names
 from sysio.files import fsync_dir
-from sysio.flush import flush_data
+from sysio.flush import flush_data, write_at
 
 SESSION_FILE_MODE = 0o644
+FLUSH_EVERY = 32 << 20
 
 
 class PlacementConflict(Conflict):
@@ -56,24 +61,6 @@ class Placement:
     """The hash of the older version that was replaced by its grown version."""
 
 
-def _write_temp(directory: Path, src_hex: str, data: bytes) -> Path:
-    """The bytes, durably, in a hidden temp file beside the target (Pi only lists *.jsonl;
-    a short name: the target's own may already use all 255 bytes)."""
-    tmp = directory / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SESSION_FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        flush_data(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        os.close(fd)
-    return tmp
-
-
 def pi_readable(data: bytes) -> bytes:
     """The session with its header as the first line, as every Pi version reads it (the
     blank or malformed lines pi 1.5.2 skipped before it follow it instead)."""
@@ -88,7 +75,12 @@ def pi_readable(data: bytes) -> bytes:
 def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) -> Path:
     """Where Pi would keep this session; HostileHeader if the header would lead elsewhere."""
     end = data.find(b"\n")
-    header = parse_header(data if end < 0 else data[:end], "fetched session")
+    return target_path(agent_dir, parse_header(data if end < 0 else data[:end], "fetched session"),
+                       session_dir)
+
+
+def target_path(agent_dir: Path, header: SessionHeader, session_dir: Path | None = None) -> Path:
+    """Where Pi would keep the session with this header; HostileHeader if it would lead elsewhere."""
     dir_name, file_name = placed_names(header)
     if session_dir is not None:
         target, home = session_dir / file_name, session_dir.resolve()
@@ -106,38 +98,46 @@ def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) 
 def place_session(agent_dir: Path, data: bytes, src_hex: str, placed: PlacedFiles | None = None,
                   session_dir: Path | None = None) -> Placement:
     """Publish verified session bytes (BLAKE3 `src_hex`) at Pi's path for them, and record
-    in `placed` what was written there."""
+    in `placed` what was written there (a SessionFile written at once)."""
     readable = pi_readable(data)
     placed_hex = src_hex if readable is data else hash_bytes(readable)
-    data = readable
-    (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
-    target = session_path(agent_dir, data, session_dir)
-    target.parent.mkdir(exist_ok=True)
-    target = session_path(agent_dir, data, session_dir)  # re-check now that the directory exists
-    if os.path.lexists(target):  # a dangling symlink too: never followed, never replaced
-        return _existing(target, data, src_hex, placed_hex, placed)
-    tmp = _write_temp(target.parent, src_hex, data)
+    end = readable.find(b"\n")
+    header = parse_header(readable if end < 0 else readable[:end], "fetched session")
+    out = SessionFile.create(agent_dir, header, src_hex, session_dir)
     try:
-        os.link(tmp, target)
-    except FileExistsError:
-        return _existing(target, data, src_hex, placed_hex, placed)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
-    if placed is not None:
-        placed.record(target, PlacedFile(len(data), placed_hex))
-    return Placement(target, written=True)
+        out.write(readable)
+        newline = None if readable.endswith(b"\n") else hash_bytes(readable + b"\n")
+        return out.publish(Content(src_hex, len(readable), placed_hex, newline), placed)
+    except BaseException:
+        out.discard()
+        raise
 
 
-def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
-              placed: PlacedFiles | None) -> Placement:
+@dataclass(frozen=True)
+class Content:
+    """What is being placed, known by its hashes: its bytes are in a temp file already."""
+
+    src: str
+    """The fetched session's BLAKE3 (for messages)."""
+    size: int
+    blake3: str
+    """BLAKE3 of the placed bytes (`src` unless the header was moved first, pi_readable)."""
+    newline_blake3: str | None
+    """BLAKE3 of the bytes plus the final newline pi 1.5.2 adds, when they lack one."""
+
+
+def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | None) -> Placement:
+    """A file is at the target already: the same version (nothing to do), an older version
+    a fetch placed that this one extends (replaced), or anything else (PlacementConflict).
+    `tmp` holds the new bytes, fsynced; it is renamed over the target or left to the caller."""
+    src_hex = content.src
     before = os.lstat(target)
     if not stat.S_ISREG(before.st_mode):
         kind = "a symlink" if stat.S_ISLNK(before.st_mode) else "a directory" if stat.S_ISDIR(
             before.st_mode) else "a special file"
         raise PlacementConflict(target, src_hex, f"as {kind}, not a regular file")
     theirs = hash_file(target)
-    if theirs == placed_hex or (not data.endswith(b"\n") and theirs == hash_bytes(data + b"\n")):
+    if theirs in (content.blake3, content.newline_blake3):
         return Placement(target, written=False)  # the same version (pi 1.5.2 may have added a final \n)
     record = placed.get(target) if placed is not None else None
     as_placed = record == PlacedFile(before.st_size, theirs)
@@ -146,19 +146,181 @@ def _existing(target: Path, data: bytes, src_hex: str, placed_hex: str,
     if not (as_placed or newline_added):
         raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
                                                  "placed: it is this node's user's own file")
-    if not (before.st_size < len(data) and _is_prefix(target, data, newline_added=newline_added)):
+    assert record is not None and placed is not None
+    # the new bytes extend the placed version: their prefix of its size hashes to it
+    if not (record.size < content.size and hash_prefix(tmp, record.size) == record.blake3):
         raise PlacementConflict(target, src_hex, f"as a version a fetch placed (blake3 {theirs}) that the "
                                                  "fetched bytes do not extend")
-    assert placed is not None
-    tmp = _write_temp(target.parent, src_hex, data)
     after = os.lstat(target)
     if _stamp(after) != _stamp(before):
-        tmp.unlink()
         raise PlacementConflict(target, src_hex, "and changed while being replaced")
     os.replace(tmp, target)
     fsync_dir(target.parent)
-    placed.record(target, PlacedFile(len(data), placed_hex))
+    placed.record(target, PlacedFile(content.size, content.blake3), stamp_of(target))
     return Placement(target, written=True, replaced=theirs)
+
+
+class SessionFile:
+    """A fetched session written as it is verified: a hidden temp file (0600, a short name
+    Pi never lists) in the directory Pi will find it in, published by `publish` once the
+    store has committed it, or removed by `discard` (a refused or cancelled fetch).  A temp
+    file left by a killed fetch of the same session is removed by the next one's `create`."""
+
+    def __init__(self, target: Path, tmp: Path, fd: int, made_dir: bool) -> None:
+        self.target = target
+        self.tmp = tmp
+        self._fd: int | None = fd
+        self._made_dir = made_dir
+        self.written = 0
+        self._unflushed = 0
+
+    @classmethod
+    def create(cls, agent_dir: Path, header: SessionHeader, src_hex: str,
+               session_dir: Path | None = None) -> SessionFile:
+        (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
+        target = target_path(agent_dir, header, session_dir)
+        made_dir = not target.parent.exists()
+        target.parent.mkdir(exist_ok=True)
+        target = target_path(agent_dir, header, session_dir)  # re-check now that the directory exists
+        _remove_stale(target.parent, src_hex)
+        tmp = target.parent / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        return cls(target, tmp, fd, made_dir)
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append bytes; every FLUSH_EVERY bytes they are flushed on the way (the writer is a
+        fetch's worker thread, busy while the network is), so that publishing, after the
+        last byte, syncs only the tail."""
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.written += len(data)
+        self._unflushed += len(data)
+        if self._unflushed >= FLUSH_EVERY:
+            flush_data(self._fd)
+            self._unflushed = 0
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def publish(self, content: Content, placed: PlacedFiles | None) -> Placement:
+        """fsync the bytes, link them at the target (never over a file that appeared
+        meanwhile: then `_existing` decides), fsync the directory; record them in `placed`."""
+        assert self._fd is not None and self.written == content.size
+        try:
+            os.fchmod(self._fd, SESSION_FILE_MODE)
+            flush_data(self._fd)
+            self._close()
+            if os.path.lexists(self.target):  # a dangling symlink too: never followed, never replaced
+                return _existing(self.target, self.tmp, content, placed)
+            try:
+                os.link(self.tmp, self.target)
+            except FileExistsError:
+                return _existing(self.target, self.tmp, content, placed)
+            fsync_dir(self.target.parent)
+            if placed is not None:
+                placed.record(self.target, PlacedFile(content.size, content.blake3), stamp_of(self.target))
+            return Placement(self.target, written=True)
+        finally:
+            self.discard(keep_dir=True)
+
+    def append_to(self, to: Appendable, start: int, content: Content, placed: PlacedFiles) -> Placement:
+        """Publish by appending: this temp file holds the new version's bytes from offset
+        `start` (where the held lines end) and `to.target` is the old version (checked by
+        `appendable`, unchanged since: else PlacementConflict).  What the file has beyond
+        `start` (an old partial last line, pi's newline) must be what the new bytes begin
+        with; the rest is written after it, then the file is fsynced.  The old bytes before
+        `start` are never read."""
+        assert self._fd is not None and self.written == content.size - start
+        try:
+            flush_data(self._fd)
+            self._close()
+            if stamp_of(to.target) != to.stamp:
+                why = f"and changed since this node placed version {to.base} there"
+                raise PlacementConflict(to.target, content.src, why)
+            have = to.stamp[1] - start
+            with open(self.tmp, "rb") as new, open(to.target, "r+b") as old:
+                old.seek(start)
+                if have < 0 or old.read(have) != new.read(have):
+                    why = f"as version {to.base}, which the fetched bytes do not extend"
+                    raise PlacementConflict(to.target, content.src, why)
+                offset = to.stamp[1]
+                while chunk := new.read(CHUNK):
+                    write_at(old.fileno(), chunk, offset)
+                    offset += len(chunk)
+                flush_data(old.fileno())
+            placed.record(to.target, PlacedFile(content.size, content.blake3), stamp_of(to.target))
+            return Placement(to.target, written=True, replaced=to.base)
+        finally:
+            self.discard(keep_dir=True)
+
+    def discard(self, keep_dir: bool = False) -> None:
+        """Remove the temp file (and the project directory if this fetch made it, now empty)."""
+        self._close()
+        self.tmp.unlink(missing_ok=True)
+        if self._made_dir and not keep_dir:
+            with contextlib.suppress(OSError):
+                self.target.parent.rmdir()
+
+
+def stamp_of(path: Path) -> list[int]:
+    st = os.lstat(path)
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+@dataclass(frozen=True)
+class Appendable:
+    """A placed file that an incremental fetch may append to: the version `base` this node
+    placed there (`size` bytes, or those plus pi 1.5.2's final newline), as `stamp` says."""
+
+    target: Path
+    base: str
+    size: int
+    stamp: list[int]
+
+
+def appendable(target: Path, placed: PlacedFiles, base: str, base_size: int,
+               base_ends_line: bool) -> Appendable | None:
+    """Whether the file at `target` is still exactly the version `base` a fetch placed there:
+    by placed.json's record and the file's unchanged stat, without reading it; or, for a
+    version without a final newline, that plus the one pi 1.5.2 adds (then its stat changed:
+    its first `base_size` bytes are hashed to be sure, the one case that reads the old bytes)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or placed.get(target) != PlacedFile(base_size, base):
+        return None
+    now = [st.st_ino, st.st_size, st.st_mtime_ns]
+    if placed.stamp(target) == now and st.st_size == base_size:
+        return Appendable(target, base, base_size, now)
+    if not base_ends_line and st.st_size == base_size + 1 and hash_prefix(target, base_size) == base:
+        with open(target, "rb") as f:
+            f.seek(base_size)
+            if f.read(1) == b"\n":
+                return Appendable(target, base, base_size, now)
+    return None
+
+
+def _remove_stale(directory: Path, src_hex: str) -> None:
+    """Temp files of this session left by a fetch whose process is gone (kill -9)."""
+    for old in directory.glob(f".p2pnode-{src_hex[:16]}.*.tmp"):
+        pid = old.name.split(".")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            old.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def hash_bytes(data: bytes) -> str:
@@ -167,13 +329,3 @@ def hash_bytes(data: bytes) -> str:
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-def _is_prefix(path: Path, data: bytes, *, newline_added: bool = False) -> bool:
-    """Whether the file is a prefix of `data`; `newline_added`: the file but its last byte, a
-    newline (pi 1.5.2 closed an incomplete last line)."""
-    with open(path, "rb") as f:
-        mine = f.read(len(data) + 1)
-    if newline_added:
-        return mine.endswith(b"\n") and data.startswith(mine[:-1])
-    return data.startswith(mine)

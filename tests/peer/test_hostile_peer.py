@@ -34,6 +34,7 @@ from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef
 from p2pnode.pi.session import HostileHeader
 from p2pnode.pi.sidecar import Sidecar
+from store.config import StoreConfig
 
 ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
 A1 = f"{ALPHA}/2026-11-21T19-26-27-092Z_01a1ff93-0313-7475-8d45-88a780e9fa37.jsonl"
@@ -136,7 +137,8 @@ def world(tmp_path: Path, corpus_dir: Path):
     agent = tmp_path / "agent"
     (agent / A2).parent.mkdir(parents=True)
     shutil.copy(corpus_dir / A2, agent / A2)
-    lib = Library.open(NodePaths(tmp_path / "home"), agent)
+    # no GC grace: a refused fetch's staged lines are garbage for the next GC (see `refused`)
+    lib = Library.open(NodePaths(tmp_path / "home"), agent, StoreConfig(zstd_level=1, gc_grace_seconds=0))
     lib.share(str(agent / A2))
     yield {"lib": lib, "me": me, "trust": my_trust, "agent": agent, "liar": LyingPeer(liar_id, liar_trust),
            "corpus": corpus_dir, "tmp": tmp_path}
@@ -165,6 +167,8 @@ async def refused(w, branch: str, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         await fetch(w, branch)
     assert snapshot(w) == before
+    # lines verified on arrival were staged, unreferenced: the store's GC collects them
+    w["lib"].store.gc()
     assert not any(w["lib"].has_line(h) for h in w["liar"].lines if h not in _my_lines(w))
 
 

@@ -1,0 +1,298 @@
+"""The assembly of one fetched session version, sans-IO: verified lines in (in any order),
+the session's bytes out in file order, every check of the whole done on the way.
+
+get.py drives it (`received` blobs from batches.py, lines read back from the store, the temp
+file beside Pi's); this module only decides.  Its states, in order:
+
+    manifest (the line refs)  ->  lines (the cursor walks the manifest; each line at the cursor
+    is checked and hashed once)  ->  verified (`finish`: the hash is `src`, the lines are the
+    file cut at its newlines)  ->  committed (get.py's, through the library)
+
+Lines that arrive ahead of the cursor wait in a bounded buffer (`ahead_limit` bytes); beyond
+it they are left to the store, where the driver reads them back when the cursor reaches them
+(`from_store`).  Nothing here holds the whole session: at most the buffer, the lines before
+Pi's header (under HEADER_SCAN_BYTES, see `_HeaderScan`) and the one line being handed out.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import blake3
+
+from p2pnode.errors import InvalidInput, VerificationFailed
+from p2pnode.pi.hashing import new_hasher
+from p2pnode.pi.lines import LineRef
+from p2pnode.pi.session import (
+    HEADER_SCAN_BYTES,
+    SessionHeader,
+    header_index,
+    is_header_candidate,
+    line_title,
+    parse_header,
+    placed_names,
+)
+
+AHEAD_LIMIT = 32 << 20
+"""Raw bytes of verified lines kept in memory ahead of the in-order cursor."""
+
+MAX_JSON_DEPTH = 512
+"""Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
+the store's title and JSON checks) recurses through, far beyond any real Pi entry."""
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def json_depth(line: bytes) -> int:
+    """The deepest bracket nesting of a JSON line, strings left out (brackets inside strings
+    are text); cheap for real lines, whose structural brackets are few."""
+    depth = peak = 0
+    for c in _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
+        depth += 1 if c in b"[{" else -1
+        peak = max(peak, depth)
+    return peak
+
+
+def check_nesting(line: bytes, number: int, src: str) -> None:
+    """InvalidInput for a line nested deeper than MAX_JSON_DEPTH, before anything is committed
+    (only lines with more opening brackets than that are looked at)."""
+    if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
+        raise InvalidInput(f"fetched session {src}: line {number} nests JSON deeper than "
+                           f"{MAX_JSON_DEPTH} levels; refused")
+
+
+class ManifestLied(VerificationFailed):
+    """The lines of a manifest do not hash to its session, or are not the file cut at its
+    newlines: the manifest's sender lied (its lines themselves were each verified)."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a fetch continues from: the first `lines` lines of the version (a version this
+    node holds, of the same session), hashed already (`hasher`: the live state after them)."""
+
+    lines: int
+    size: int
+    hasher: blake3.blake3
+    header: SessionHeader
+    name: str | None
+    first_user: str | None
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A verified session version, ready to be committed (library) and placed (placement)."""
+
+    src: str
+    refs: list[LineRef]
+    size: int
+    last_line_start: int
+    header: SessionHeader
+    name: str | None
+    first_user: str | None
+    placed_hex: str
+    """BLAKE3 of the bytes handed out (the file Pi gets): `src`, unless the header was moved first."""
+    newline_hex: str | None
+    """BLAKE3 of those bytes plus the final newline pi 1.5.2 adds, when they lack one."""
+    placed_size: int
+    complete: tuple[int, blake3.blake3]
+    """(size, hasher state) where the version's complete lines end: what a later version of the
+    same session continues from (LiveStates)."""
+
+
+class LiveStates:
+    """Hasher states at the end of versions' complete lines, kept by a running process (the
+    node), so that an incremental fetch continues the hash without reading the held prefix:
+    blake3's Python API cannot save a state, so a one-shot process has none (it re-hashes)."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._states: dict[str, tuple[int, blake3.blake3]] = {}
+
+    def put(self, src: str, size: int, hasher: blake3.blake3) -> None:
+        self._states.pop(src, None)
+        self._states[src] = (size, hasher.copy())
+        while len(self._states) > self.limit:
+            self._states.pop(next(iter(self._states)))
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def get(self, src: str, size: int) -> blake3.blake3 | None:
+        found = self._states.get(src)
+        return found[1].copy() if found is not None and found[0] == size else None
+
+
+LIVE = LiveStates()
+
+
+class _HeaderScan:
+    """Pi's header as pi 1.5.2 finds it: the first JSON line within HEADER_SCAN_BYTES.  The
+    lines before it are held (under HEADER_SCAN_BYTES) so that the header can be handed out
+    first, as every Pi version reads it (placement.pi_readable)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.before: list[bytes] = []
+        self.offset = 0
+
+    def feed(self, line: bytes) -> SessionHeader | None:
+        if self.offset < HEADER_SCAN_BYTES and is_header_candidate(line):
+            header = parse_header(line.rstrip(b"\n"), self.where)
+            placed_names(header)  # HostileHeader: a header that would place it outside Pi's dir
+            return header
+        self.before.append(line)
+        self.offset += len(line)
+        if self.offset >= HEADER_SCAN_BYTES:
+            self.end()
+        return None
+
+    def end(self) -> None:
+        """No header where pi 1.5.2 looks: InvalidHeader, saying what is wrong."""
+        header_index(self.before, self.where)
+        raise AssertionError("header_index found a header that feed() passed over")
+
+
+class SessionGetter:
+    """One session version's assembly (see the module docstring).
+
+    `outstanding`: the hashes still to come from peers (the rest are in the store);
+    `held`: the prefix this node holds already (an incremental fetch: the manifest is the
+    whole version's, the cursor starts after the held lines)."""
+
+    def __init__(self, src: str, refs: list[LineRef], outstanding: Iterable[bytes], *,
+                 held: Held | None = None, ahead_limit: int = AHEAD_LIMIT) -> None:
+        if not refs:
+            raise ManifestLied(f"line manifest of {src} lists no lines")
+        self.src = src
+        self.refs = refs
+        self.where = f"fetched session {src}"
+        self.outstanding = set(outstanding)
+        self.ahead: dict[bytes, bytes] = {}
+        self.ahead_bytes = 0
+        self.ahead_limit = ahead_limit
+        self.cursor = held.lines if held else 0
+        self.size = held.size if held else 0
+        self.hasher = held.hasher.copy() if held else new_hasher()
+        self.header = held.header if held else None
+        self.name = held.name if held else None
+        self.first_user = held.first_user if held else None
+        self._scan = None if held else _HeaderScan(self.where)
+        self._placed: blake3.blake3 | None = None
+        """The hash of the handed-out bytes, when they differ from the session's (header moved)."""
+        self._placed_size = self.size
+        self.refused: InvalidInput | None = None
+        """Why the session is refused, once a check failed: the rest is only hashed, so that
+        `finish` can tell a refused session (it hashes to `src`) from a lying manifest."""
+        self._last_line_start = self.size
+        self._ends_with_newline = True
+        self._before_last = self.hasher
+
+    @property
+    def done(self) -> bool:
+        return self.cursor == len(self.refs)
+
+    def arrived(self, line_hash: bytes, raw: bytes) -> None:
+        """A verified line from a peer (it is staged in the store by the driver already)."""
+        self.outstanding.discard(line_hash)
+        if not self.done and self.refs[self.cursor].hash == line_hash:
+            self.ahead[line_hash] = raw  # taken by the next ready() at once, whatever its size
+            self.ahead_bytes += len(raw)
+        elif line_hash not in self.ahead and self.ahead_bytes + len(raw) <= self.ahead_limit:
+            self.ahead[line_hash] = raw
+            self.ahead_bytes += len(raw)
+
+    def from_store(self) -> bytes | None:
+        """The hash the cursor waits for that only the store can give (held before the fetch,
+        or let go from the buffer), else None (it is in the buffer, or still to come)."""
+        if self.done:
+            return None
+        h = self.refs[self.cursor].hash
+        return None if h in self.ahead or h in self.outstanding else h
+
+    def read_back(self, line_hash: bytes, raw: bytes) -> None:
+        """The line `from_store` asked for (the store checked it against its hash)."""
+        self.ahead[line_hash] = raw
+        self.ahead_bytes += len(raw)
+
+    def ready(self) -> list[bytes]:
+        """The bytes that can be handed out now, in file order (empty while the cursor waits)."""
+        out: list[bytes] = []
+        while not self.done and (raw := self.ahead.pop(self.refs[self.cursor].hash, None)) is not None:
+            self.ahead_bytes -= len(raw)
+            out += self._line(raw)
+        return out
+
+    def _line(self, line: bytes) -> list[bytes]:
+        ref = self.refs[self.cursor]
+        number = self.cursor + 1
+        self.cursor += 1
+        end = line.find(b"\n")
+        if len(line) != ref.length or not (end == len(line) - 1 or (end < 0 and self.done)):
+            raise ManifestLied(f"{self.where}: line {number} of its manifest is not the file cut at its "
+                               "newlines (or its length is not the line's)")
+        self._last_line_start = self.size
+        self._ends_with_newline = end >= 0
+        if self.done:
+            self._before_last = self.hasher.copy()
+        self.size += len(line)
+        self.hasher.update(line)
+        if self.refused is not None:
+            return []
+        try:
+            return self._check(line, number)
+        except InvalidInput as exc:  # InvalidHeader, HostileHeader, too deep
+            self.refused = exc
+            return []
+
+    def _check(self, line: bytes, number: int) -> list[bytes]:
+        """The checks of a line at the cursor (Pi's header first, then its nesting), and what
+        of it can be handed out now."""
+        parts = [line]
+        if self._scan is not None:
+            header = self._scan.feed(line)
+            if header is None:
+                if self.done:
+                    self._scan.end()
+                parts = []
+            else:
+                self.header = header
+                before, self._scan = self._scan.before, None
+                if before:  # the header first, as every Pi version reads it (pi_readable)
+                    self._placed = new_hasher()
+                    parts = [line if line.endswith(b"\n") else line + b"\n", *before]
+        check_nesting(line, number, self.src)
+        if b'"session_info"' in line or (self.first_user is None and b'"role":"user"' in line):
+            found = line_title(line)
+            if found and found[0] == "name":
+                self.name = found[1]
+            elif found and self.first_user is None:
+                self.first_user = found[1]
+        return self._out(parts)
+
+    def _out(self, parts: list[bytes]) -> list[bytes]:
+        for part in parts:
+            self._placed_size += len(part)
+            if self._placed is not None:
+                self._placed.update(part)
+        return parts
+
+    def finish(self) -> Assembled:
+        """The verified version, or ManifestLied when its lines do not hash to `src`."""
+        if not self.done:
+            raise ManifestLied(f"{self.where}: line {self.cursor + 1} never arrived")
+        if (got := self.hasher.hexdigest()) != self.src:
+            raise ManifestLied(f"{self.where}: its manifest's lines hash to {got}")
+        if self.refused is not None:
+            raise self.refused
+        assert self.header is not None
+        placed = self._placed or self.hasher
+        complete = self._ends_with_newline
+        return Assembled(
+            src=self.src, refs=self.refs, size=self.size,
+            last_line_start=self.size if complete else self._last_line_start, header=self.header,
+            name=self.name, first_user=self.first_user, placed_hex=placed.hexdigest(),
+            newline_hex=None if complete else placed.copy().update(b"\n").hexdigest(),
+            placed_size=self._placed_size,
+            complete=(self.size, self.hasher) if complete else (self._last_line_start, self._before_last))

@@ -1,0 +1,221 @@
+"""The streaming fetch in one process: two node homes (a sharer served by a real PeerServer over
+mutual TLS on loopback, a fetcher), so that a test can look inside the fetcher's store and
+files.  Sessions are generated Pi-shaped files (test_stream_fetch.pi_session) or corpus files.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_stream_fetch import SESSION_ID, pi_session
+
+from p2pnode.errors import InvalidInput
+from p2pnode.library.api import Library
+from p2pnode.paths import NodePaths
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import FetchResult, fetch_branch
+from p2pnode.peer.getter import LIVE
+from p2pnode.peer.identity import Identity, load_or_create_identity
+from p2pnode.peer.provider import PeerServer
+from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef, split_lines
+
+PROJECT = "sessions/--w--"
+NAME = f"2026-11-21T20-00-00-000Z_{SESSION_ID}.jsonl"
+
+
+@dataclass
+class Duo:
+    sharer: Library
+    fetcher: Library
+    me: Identity
+    trust: TrustStore
+    peer: PeerAddress
+    share_agent: Path
+    agent: Path
+
+    def write(self, data: bytes) -> Path:
+        """The sharer's session file (the same path every time: a session that grows)."""
+        path = self.share_agent / PROJECT / NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
+
+    async def fetch(self, branch: str, lib: Library | None = None,
+                    limits: wire.Limits = wire.DEFAULT_LIMITS) -> FetchResult:
+        return await fetch_branch(lib or self.fetcher, branch, [self.peer], self.me, self.trust,
+                                  agent_dir=self.agent, limits=limits)
+
+    @property
+    def placed(self) -> Path:
+        return self.agent / PROJECT / NAME
+
+
+@pytest.fixture
+async def duo(tmp_path: Path) -> AsyncIterator[Duo]:
+    server_id = load_or_create_identity(tmp_path / "server-id")
+    me = load_or_create_identity(tmp_path / "me-id")
+    server_trust = TrustStore(tmp_path / "server-trust.json")
+    my_trust = TrustStore(tmp_path / "me-trust.json")
+    server_trust.trust(me.node_id)
+    my_trust.trust(server_id.node_id)
+    sharer = Library.open(NodePaths(tmp_path / "sharer"), tmp_path / "sharer-agent")
+    fetcher = Library.open(NodePaths(tmp_path / "fetcher"), tmp_path / "agent")
+    server = PeerServer(sharer, server_id, server_trust)
+    await server.start("127.0.0.1", 0)
+    try:
+        yield Duo(sharer, fetcher, me, my_trust, PeerAddress(server_id.node_id, "127.0.0.1", server.port),
+                  tmp_path / "sharer-agent", tmp_path / "agent")
+    finally:
+        await server.close()
+        sharer.close()
+        fetcher.close()
+
+
+async def test_a_256_mib_line_end_to_end(duo: Duo) -> None:
+    """PROTOCOL.md's largest line (256 MiB, the store's max_payload and the wire's max_blob) is
+    shared, served, fetched, stored and placed.  Memory: about 1.5 GB at the peak (the line
+    raw and compressed on both sides of one process)."""
+    head = json.dumps({"type": "session", "version": 3, "id": SESSION_ID,
+                       "timestamp": "2026-11-21T20:00:00.000Z", "cwd": "/w"}).encode() + b"\n"
+    frame = b'{"type":"custom","data":"'
+    body = os.urandom(((256 << 20) - len(frame) - 3) * 3 // 4 + 3).hex().encode()
+    big = frame + body[:(256 << 20) - len(frame) - 3] + b'"}\n'
+    assert len(big) == 256 << 20
+    path = duo.write(head + big + b'{"type":"custom","data":"after"}\n')
+    del body, big
+    branch = duo.sharer.share(str(path)).branch
+    # the server shares this process's event loop, which it blocks while it encrypts the line:
+    # no stall detection here (what is tested is the size)
+    result = await duo.fetch(branch, limits=wire.Limits(progress_timeout=300.0))
+    assert result.written and Path(result.path or "").read_bytes() == path.read_bytes()
+    assert duo.fetcher.branch(branch).lines == 3
+    refs = duo.fetcher.line_manifest(result.src)
+    assert [r.length for r in refs] == [len(x) for x in split_lines(path.read_bytes())]
+
+
+def _grow(path: Path, seed: int, lines: int = 5) -> bytes:
+    """Pi appends whole lines to a session: `lines` more, as pi_session makes them."""
+    more = b"".join(pi_session(60_000 * lines, seed=seed, image_bytes=40_000).splitlines(keepends=True)[1:])
+    with open(path, "ab") as f:
+        f.write(more)
+    return more
+
+
+async def test_a_grown_version_is_appended_not_rewritten(duo: Duo) -> None:
+    """v2 of a session (v1 plus new lines) fetched after v1: only v1's lines after the last
+    newline are asked for (`?after=`), the hash continues from v1's, and the placed file is
+    appended to: the same inode, and v1's bytes are not read back.  That last is shown by
+    changing them on disk behind the node's back (same size, mtime restored: the stat the
+    node recorded is unchanged): had the fetch read them, it would have refused or rewritten
+    the file; it appends after them instead."""
+    path = duo.write(pi_session(3_000_000, seed=1))
+    v1 = duo.sharer.share(str(path)).branch
+    first = await duo.fetch(v1)
+    placed = duo.placed
+    assert first.written and placed.read_bytes() == path.read_bytes()
+    before = placed.stat()
+    tampered = placed.read_bytes().replace(b"look at image", b"LOOK AT IMAGE")
+    with open(placed, "r+b") as f:
+        f.write(tampered)
+    os.utime(placed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    new = _grow(path, seed=2)
+    v2 = duo.sharer.share(str(path)).branch
+    second = await duo.fetch(v2)
+    assert second.written and second.conflict is None
+    assert 0 < second.lines_fetched <= len(split_lines(new))  # (some new lines repeat old ones)
+    assert placed.stat().st_ino == before.st_ino
+    assert placed.read_bytes() == tampered + new  # appended after the (unread) old bytes
+    assert second.bytes_received < len(new) + 1000  # the manifest of the new lines only
+    assert duo.fetcher.branch(v2).src == second.src
+
+
+async def test_a_one_shot_fetch_rehashes_the_held_prefix(duo: Duo) -> None:
+    """Without the node's live hash state (a one-shot process), the held prefix is hashed from
+    the placed file (unchanged by its stat) and the file appended to; with no placed file,
+    from the store's lines, and the whole file written.  Both verified to the new src."""
+    path = duo.write(pi_session(2_000_000, seed=3))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    inode = duo.placed.stat().st_ino
+    LIVE.clear()
+    _grow(path, seed=4)
+    second = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert second.written and duo.placed.stat().st_ino == inode
+    assert duo.placed.read_bytes() == path.read_bytes()
+    duo.placed.unlink()
+    LIVE.clear()
+    _grow(path, seed=5)
+    third = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert third.written and 0 < third.lines_fetched < third.lines_total
+    assert duo.placed.read_bytes() == path.read_bytes()
+
+
+async def test_pi_appended_locally_is_a_conflict(duo: Duo) -> None:
+    """The placed copy was continued by Pi here: the grown version from the peer is not
+    written over it (a conflict naming the file); the file keeps the local lines."""
+    path = duo.write(pi_session(1_000_000, seed=7))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    local = b'{"type":"message","id":"local","parentId":null,"timestamp":"x","message":{"role":"user"}}\n'
+    with open(duo.placed, "ab") as f:
+        f.write(local)
+    mine = duo.placed.read_bytes()
+    _grow(path, seed=8)
+    second = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert second.conflict and str(duo.placed) in second.conflict and not second.written
+    assert duo.placed.read_bytes() == mine
+    assert duo.fetcher.branch(second.branch).src == second.src  # stored all the same
+
+
+def test_manifest_after_test_vector() -> None:
+    """docs/PROTOCOL.md's test vector of a version-2 line manifest."""
+    src, base = bytes(range(32)), bytes(range(32, 64))
+    body = wire.encode_line_manifest_after(src, base, 2, [LineRef(b"\xaa" * 32, 10)])
+    assert body.hex() == (
+        "50324c4d0200" + src.hex() + base.hex() + "02000000" + "01000000" + "aa" * 32 + "0a000000")
+    got = wire.decode_any_line_manifest(body, src, [base.hex()])
+    assert got == wire.ManifestAfter(base, 2, [LineRef(b"\xaa" * 32, 10)])
+    with pytest.raises(wire.WireError, match="after"):
+        wire.decode_any_line_manifest(body, src, ["0" * 64])
+
+
+async def test_a_refused_session_leaves_nothing_where_pi_looks(duo: Duo) -> None:
+    """A line nested deeper than 512 levels (the sharer's node offers it; ours refuses it,
+    exit 4) is found after the temp file and its project directory were made: both go, no
+    branch is recorded, and the lines staged on the way are unreferenced."""
+    deep = b'{"type":"custom","data":' + b"[" * 600 + b"]" * 600 + b"}\n"
+    lines = pi_session(500_000, seed=9).splitlines(keepends=True)
+    path = duo.write(b"".join([*lines[:3], deep, *lines[3:]]))
+    branch = duo.sharer.share(str(path)).branch
+    with pytest.raises(InvalidInput, match="nests JSON deeper"):
+        await duo.fetch(branch)
+    assert not (duo.agent / "sessions" / "--w--").exists()
+    assert not duo.fetcher.has_branch(branch)
+
+
+async def test_a_cancelled_fetch_leaves_nothing_where_pi_looks(duo: Duo) -> None:
+    """Cancelled half way (Ctrl-C, or the node's caller gone): the temp file and the project
+    directory it made are removed, nothing is committed; fetched again, it completes."""
+    path = duo.write(pi_session(20_000_000, seed=10))
+    branch = duo.sharer.share(str(path)).branch
+    half = asyncio.Event()
+
+    def progress(done: int, total: int) -> None:
+        if done * 2 >= total:
+            half.set()
+
+    fetching = asyncio.ensure_future(fetch_branch(duo.fetcher, branch, [duo.peer], duo.me, duo.trust,
+                                                  agent_dir=duo.agent, progress=progress))
+    await asyncio.wait_for(half.wait(), 60)
+    fetching.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fetching
+    assert not (duo.agent / "sessions" / "--w--").exists()
+    assert not duo.fetcher.has_branch(branch)
+    result = await duo.fetch(branch)
+    assert duo.placed.read_bytes() == path.read_bytes() and result.lines_fetched < result.lines_total
