@@ -329,8 +329,8 @@ async def test_a_holder_of_an_older_version_serves_the_lines_it_has(world: World
 class HidingLibrary(LyingLibrary):
     """A holder's real library that does not serve one line (as if it did not hold it)."""
 
-    def offered_object(self, hash_hex: str) -> str | None:
-        return None if hash_hex == self.victim.hex() else self.lib.offered_object(hash_hex)
+    def offered_object(self, hash_hex: str, peer: str | None = None) -> str | None:
+        return None if hash_hex == self.victim.hex() else self.lib.offered_object(hash_hex, peer)
 
 
 async def test_a_line_no_holder_serves_fails_the_fetch_as_not_offered(world: World) -> None:
