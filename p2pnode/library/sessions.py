@@ -539,11 +539,14 @@ class SessionStore:
         caller has verified that they hash to `prefix.blake3` and are cut at their newlines.
 
         The body continues the held version among `like_srcs` (older versions of the same
-        session, the parent's) that shares the longest run of first body lines with it."""
+        session, the parent's) that shares the longest run of first body lines with it; the
+        largest older version of the same session whose lines all start this one is its
+        `previous` (library/versions.py)."""
         if prefix.blake3 in self._state.sessions:
             return self._state.sessions[prefix.blake3]
         body = [r.hash for r in refs[1:]]
         head, reused = 0, 0
+        previous: Version | None = None
         for src in dict.fromkeys(like_srcs):
             if not self.has_version(src):
                 continue
@@ -555,6 +558,11 @@ class SessionStore:
                 n += 1
             if n > reused:
                 head, reused = turns[n - 1].turn_id, n
+            older = self.version(src)
+            if (older.session_id == header.id and n == len(turns) and older.last_line_start == older.size
+                    and self.store.get_turn(older.head).payload_hash == refs[0].hash
+                    and (previous is None or older.size > previous.size)):
+                previous = older
         ctx = (self.store.fork(head) if head else self.store.create_context()).context_id
         new = [TurnBlobRef(h, TAG_LINE) for h in body[reused:]] + [TurnBlobRef(refs[0].hash, TAG_HEADER)]
         try:
@@ -568,7 +576,7 @@ class SessionStore:
         version = Version(
             src=prefix.blake3, session_id=header.id, header=header.as_dict(), size=prefix.size,
             lines=prefix.lines, last_line_start=prefix.last_line_start, context=ctx, head=head,
-            name=name, first_user=first_user)
+            name=name, first_user=first_user, previous=previous.src if previous is not None else None)
         self._state.sessions[version.src] = version
         self._save()
         return version
