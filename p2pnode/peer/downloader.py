@@ -345,7 +345,7 @@ class Share:
             return sum(r.length for r in g.left.values()) / rate if rate else math.inf
 
         open_ = [(finish(g), i) for i, g in enumerate(self.groups)
-                 if g.left and len(g.running) == 1 and holder.can_serve(g)]
+                 if g.left and len(g.running) == 1 and holder not in g.running and holder.can_serve(g)]
         open_ = [(t, i) for t, i in open_ if len(self.groups[i].left) > 1 or t == math.inf]
         return self.groups[max(open_)[1]] if open_ else None
 

@@ -261,8 +261,10 @@ class _Stream:
         try:
             try:
                 await asyncio.shield(work)
-            except asyncio.CancelledError:  # the thread goes on: the library is not closed under it
-                await asyncio.wait([work])
+            except asyncio.CancelledError:  # the thread goes on: nothing else may touch the getter or
+                while not work.done():      # close the library under it, however often we are cancelled
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([work])
                 raise
         finally:
             if self._open is not None:
