@@ -171,7 +171,7 @@ def test_fetching_node_killed_mid_transfer_leaves_nothing_half_written(net: dict
         if fetch.poll() is None:
             fetch.kill()
         lab.rate("h1", 0)
-    assert fetch.returncode != 0 and "did not answer" in err, err
+    assert fetch.returncode == 6 and ("did not answer" in err or "stopped before fetch ended" in err), err
     assert set(h2.agent.rglob("*")) == files_before  # no partial or temp file where Pi looks
     h2.start()  # the store and state come back after the kill
     r = h2.fetch(branch, timeout=120)
