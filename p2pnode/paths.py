@@ -86,6 +86,11 @@ class NodePaths:
         return self.home / "placed.json"
 
     @property
+    def fetching(self) -> Path:
+        """Sessions being fetched, until they are published into Pi's folder (pi/placement.py)."""
+        return self.home / "fetching"
+
+    @property
     def identity(self) -> Path:
         return self.home / "identity"
 

@@ -314,7 +314,8 @@ class _Stream:
         to the temp file); else the held lines are written first, from the store."""
         assert self.place is not None and self.getter.header is not None
         place = self.place
-        file = SessionFile.create(place.agent_dir, self.getter.header, self.getter.src, place.session_dir)
+        file = SessionFile.create(place.agent_dir, self.getter.header, self.getter.src, place.session_dir,
+                                  staging=lib.paths.fetching)
         if self.prefix is None:
             return Output(file)
         prefix = self.prefix

@@ -27,6 +27,7 @@ reported as `PlacementConflict`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -161,31 +162,41 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
 
 
 class SessionFile:
-    """A fetched session written as it is verified: a hidden temp file (0600, a short name
-    Pi never lists) in the directory Pi will find it in, published by `publish` once the
-    store has committed it, or removed by `discard` (a refused or cancelled fetch).  A temp
-    file left by a killed fetch of the same session is removed by the next one's `create`."""
+    """A fetched session written as it is verified, then published by `publish` once the
+    store has committed it, or removed by `discard` (a refused or cancelled fetch).
 
-    def __init__(self, target: Path, tmp: Path, fd: int, made_dir: bool) -> None:
+    With `staging` (a directory of the node's, what a streaming fetch uses) the temp file is
+    there, so nothing appears in Pi's folder before the commit, not even after a kill -9; it
+    is linked into place when published (copied first if Pi's folder is on another file
+    system).  Without, it is a hidden temp file (0600, a name Pi never lists) in the directory
+    Pi will find it in (placing bytes already verified and stored).  A temp file left by a
+    killed fetch of the same session is removed by the next one's `create`."""
+
+    def __init__(self, target: Path, tmp: Path, fd: int, made_dir: bool,
+                 where: tuple[Path, SessionHeader, Path | None]) -> None:
         self.target = target
         self.tmp = tmp
         self._fd: int | None = fd
         self._made_dir = made_dir
+        self._where = where
         self.written = 0
         self._unflushed = 0
 
     @classmethod
     def create(cls, agent_dir: Path, header: SessionHeader, src_hex: str,
-               session_dir: Path | None = None) -> SessionFile:
-        (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
-        target = target_path(agent_dir, header, session_dir)
-        made_dir = not target.parent.exists()
-        target.parent.mkdir(exist_ok=True)
-        target = target_path(agent_dir, header, session_dir)  # re-check now that the directory exists
-        _remove_stale(target.parent, src_hex)
-        tmp = target.parent / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
+               session_dir: Path | None = None, staging: Path | None = None) -> SessionFile:
+        where = (agent_dir, header, session_dir)
+        if staging is not None:
+            target = target_path(agent_dir, header, session_dir)  # refused early: HostileHeader
+            staging.mkdir(mode=0o700, parents=True, exist_ok=True)  # in the node's private home
+            made_dir = False
+        else:
+            target, made_dir = _prepare_dir(*where)
+            staging = target.parent
+        _remove_stale(staging, src_hex)
+        tmp = staging / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-        return cls(target, tmp, fd, made_dir)
+        return cls(target, tmp, fd, made_dir, where)
 
     def write(self, data: bytes | memoryview) -> None:
         """Append bytes; every FLUSH_EVERY bytes they are flushed on the way (the writer is a
@@ -214,10 +225,12 @@ class SessionFile:
             os.fchmod(self._fd, SESSION_FILE_MODE)
             flush_data(self._fd)
             self._close()
+            if self.tmp.parent != self.target.parent:  # staged: Pi's folder is made only now
+                self.target, _ = _prepare_dir(*self._where)
             if os.path.lexists(self.target):  # a dangling symlink too: never followed, never replaced
                 return _existing(self.target, self.tmp, content, placed)
             try:
-                os.link(self.tmp, self.target)
+                _link(self.tmp, self.target)
             except FileExistsError:
                 return _existing(self.target, self.tmp, content, placed)
             fsync_dir(self.target.parent)
@@ -303,6 +316,38 @@ def appendable(target: Path, placed: PlacedFiles, base: str, base_size: int,
             if f.read(1) == b"\n":
                 return Appendable(target, base, base_size, now)
     return None
+
+
+def _prepare_dir(agent_dir: Path, header: SessionHeader, session_dir: Path | None) -> tuple[Path, bool]:
+    """Pi's folder for the session made (if missing), and the target path checked again now
+    that it exists; whether this call made the project directory."""
+    (session_dir or agent_dir / "sessions").mkdir(parents=True, exist_ok=True)
+    target = target_path(agent_dir, header, session_dir)
+    made_dir = not target.parent.exists()
+    target.parent.mkdir(exist_ok=True)
+    return target_path(agent_dir, header, session_dir), made_dir  # a symlink swapped in meanwhile
+
+
+def _link(tmp: Path, target: Path) -> None:
+    """Hard-link `tmp` at `target` (FileExistsError if something is there); from another file
+    system, by way of a hidden copy beside the target (fsynced), linked the same way."""
+    try:
+        os.link(tmp, target)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    near = target.parent / tmp.name
+    try:
+        with open(tmp, "rb") as src, open(near, "xb") as dst:
+            while chunk := src.read(CHUNK):
+                dst.write(chunk)
+            dst.flush()
+            os.fchmod(dst.fileno(), SESSION_FILE_MODE)
+            flush_data(dst.fileno())
+        os.link(near, target)
+    finally:
+        near.unlink(missing_ok=True)
 
 
 def _remove_stale(directory: Path, src_hex: str) -> None:
