@@ -20,7 +20,7 @@ The order of work, and why (verify once, stream, commit last):
    `Library.stage_lines`: not decoded or hashed again), and handed to the getter
    (getter.py, sans-IO), which walks the manifest in order: it hashes the session, checks
    Pi's header (within the first 1 MiB) and each line's nesting and cut, and hands out the
-   bytes, which go to a hidden temp file beside where Pi will find the session.  Lines ahead
+   bytes, which go to a temp file in the node's home (`fetching/`, pi/placement.py).  Lines ahead
    of the cursor wait in a bounded buffer or are read back from the store.  A peer without
    line manifests gets the whole-blob fallback: a streamed GET with `Range` resume, hashed on
    the fly.
