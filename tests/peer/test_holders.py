@@ -22,12 +22,13 @@ import pytest
 from p2pnode.errors import NotFound
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
@@ -348,3 +349,29 @@ async def test_a_line_no_holder_serves_fails_the_fetch_as_not_offered(world: Wor
         await world.fetch([addr])
     assert not world.lib.branches(include_unshared=True)
     assert not list(world.agent.rglob("*.jsonl"))
+
+
+async def test_default_limits_cut_a_small_session_into_groups_for_both_holders(world: World) -> None:
+    """With the default 4 MB batch target the 3 MB session would be one request: one holder
+    would serve it and the other only re-ask it.  Groups are sized per holder (batches.py),
+    so both serve a share and no line is counted twice."""
+    a, b = await world.serve(0), await world.serve(1)
+    result = await world.fetch([a, b], wire.DEFAULT_LIMITS)
+    assert placed(world, result) == world.data
+    assert result.dropped_peers == {}
+    assert all(result.served[str(h)]["lines"] > 0 for h in (a, b))
+    assert sum(s["lines"] for s in result.served.values()) == result.lines_fetched == len(set(world.lines()))
+
+
+def test_group_size_follows_the_session_and_the_holders() -> None:
+    """GROUPS_PER_HOLDER groups per holder, within [MIN_GROUP_BYTES, batch_target_bytes];
+    a smaller configured target wins; the groups keep the lines' order."""
+    limits = wire.DEFAULT_LIMITS
+    refs = [LineRef(blake3.blake3(b"%d" % i).digest(), 100_000) for i in range(320)]  # 32 MB
+    one, two = (batches.group_bytes(refs, n, limits) for n in (1, 2))
+    assert one == 32_000_000 // batches.GROUPS_PER_HOLDER and two == batches.MIN_GROUP_BYTES
+    assert batches.group_bytes(refs * 20, 1, limits) == limits.batch_target_bytes  # 640 MB
+    assert batches.group_bytes(refs, 1, FETCH_LIMITS) == FETCH_LIMITS.batch_target_bytes
+    groups = batches._groups(refs, limits, two)
+    assert [r for g in groups for r in g] == refs
+    assert len(groups) >= 32_000_000 // (batches.MIN_GROUP_BYTES + 100_000)
