@@ -21,14 +21,14 @@ from store.layout import CODEC_RAW, CODEC_ZSTD
 
 BATCHES_IN_FLIGHT = 3
 """Batch requests per holder at once, so that it prepares one while we verify another."""
-GROUPS_PER_HOLDER = 64
+GROUPS_PER_HOLDER = 128
 MIN_GROUP_BYTES = 256 << 10
 """A session's missing lines are cut into at least GROUPS_PER_HOLDER groups per holder (of
 at least MIN_GROUP_BYTES raw bytes, at most `Limits.batch_target_bytes`): with groups as big
 as the target, a 16 MB session was four requests, so a second holder got one of them and
 the end game re-asked most of the rest, and a kill -9 lost every line still in flight
 (BATCHES_IN_FLIGHT whole groups).  Small groups share the lines out evenly among holders,
-keep the end game's re-asks short and what a kill loses small."""
+keep the end game's re-asks short and what a kill loses small (about 3/128 of a session)."""
 DECODE_RUN = 1 << 20
 """Raw bytes of received blobs handed to a worker thread at a time for decoding."""
 
