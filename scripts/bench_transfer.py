@@ -751,8 +751,9 @@ def summarize(ms: list[Moved], size: int) -> dict[str, Any]:
 
 
 def _short(result: dict[str, Any]) -> dict[str, Any]:
-    """What a fetch --json said, without the long lists."""
-    return {k: v for k, v in result.items() if not isinstance(v, (list, dict)) or k in ("peers", "holders")}
+    """What a fetch --json said, without the long lists (but with who served what, who was dropped)."""
+    return {k: v for k, v in result.items()
+            if not isinstance(v, (list, dict)) or k in ("peers", "holders", "served", "dropped_peers")}
 
 
 # --- goals -------------------------------------------------------------------------------------

@@ -21,6 +21,14 @@ from store.layout import CODEC_RAW, CODEC_ZSTD
 
 BATCHES_IN_FLIGHT = 3
 """Batch requests per holder at once, so that it prepares one while we verify another."""
+GROUPS_PER_HOLDER = 128
+MIN_GROUP_BYTES = 256 << 10
+"""A session's missing lines are cut into at least GROUPS_PER_HOLDER groups per holder (of
+at least MIN_GROUP_BYTES raw bytes, at most `Limits.batch_target_bytes`): with groups as big
+as the target, a 16 MB session was four requests, so a second holder got one of them and
+the end game re-asked most of the rest, and a kill -9 lost every line still in flight
+(BATCHES_IN_FLIGHT whole groups).  Small groups share the lines out evenly among holders,
+keep the end game's re-asks short and what a kill loses small (about 3/128 of a session)."""
 DECODE_RUN = 1 << 20
 """Raw bytes of received blobs handed to a worker thread at a time for decoding."""
 
@@ -38,7 +46,10 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     """Every line of `missing` from the pool's peers, handed to `received` once verified: the
     lines are shared out among all holders (downloader.Share); a broken link or a dropped
     holder leaves its lines not received yet to the others."""
-    share = Share(pool, what, _groups([r for r in missing if not have(r.hash)], limits), BATCHES_IN_FLIGHT)
+    wanted = [r for r in missing if not have(r.hash)]
+    holders = sum(1 for p in pool.peers if not p.dropped)
+    groups = _groups(wanted, limits, group_bytes(wanted, holders, limits))
+    share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:
         await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received))
@@ -46,12 +57,20 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     await share.run(ask)
 
 
-def _groups(missing: list[LineRef], limits: wire.Limits) -> list[list[LineRef]]:
-    """The lines in batches of at most max_batch_hashes and about batch_target_bytes."""
+def group_bytes(missing: list[LineRef], holders: int, limits: wire.Limits) -> int:
+    """Raw bytes per batch request: GROUPS_PER_HOLDER groups per holder or more, each within
+    [MIN_GROUP_BYTES, batch_target_bytes] (a smaller configured target wins)."""
+    total = sum(r.length for r in missing)
+    even = total // (GROUPS_PER_HOLDER * max(1, holders))
+    return min(limits.batch_target_bytes, max(MIN_GROUP_BYTES, even))
+
+
+def _groups(missing: list[LineRef], limits: wire.Limits, target: int) -> list[list[LineRef]]:
+    """The lines in batches of at most max_batch_hashes and about `target` raw bytes."""
     groups: list[list[LineRef]] = [[]]
     size = 0
     for ref in missing:
-        if len(groups[-1]) >= limits.max_batch_hashes or size >= limits.batch_target_bytes:
+        if len(groups[-1]) >= limits.max_batch_hashes or size >= target:
             groups.append([])
             size = 0
         groups[-1].append(ref)

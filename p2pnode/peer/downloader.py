@@ -251,7 +251,7 @@ class Share:
     refusing, stalled), retried after a pause (a broken link), or not asked again for lines
     it does not serve; its unfinished groups go back to the queue either way.  A holder with
     requests outstanding that, for `stall_timeout` seconds, had no line verified and moved
-    fewer than `progress_bytes` bytes is dropped."""
+    fewer than `progress_bytes` bytes is dropped (the last holder left: `progress_timeout`)."""
 
     def __init__(self, pool: PeerPool, what: str, groups: list[list[LineRef]], in_flight: int) -> None:
         self.pool, self.what, self.in_flight = pool, what, in_flight
@@ -388,15 +388,20 @@ class Share:
         self._cancelled.add(task)
 
     def _check_stalls(self, now: float) -> None:
+        """Drop a holder stalled for `stall_timeout`, while another holder is left to take its
+        lines; the last one left gets `progress_timeout`, the bound of every other step (a
+        busy node that is slow to start an answer is not the end of the fetch)."""
         limits = self.pool.limits
-        for holder in self._live():
+        live = self._live()
+        bound = limits.stall_timeout if len(live) > 1 else limits.progress_timeout
+        for holder in live:
             if not holder.tasks:
                 continue
             moved = holder.peer.bytes_received - holder.progress_mark
             if moved >= limits.progress_bytes:
                 holder.progress_at, holder.progress_mark = now, holder.peer.bytes_received
-            elif now - holder.progress_at > limits.stall_timeout:
-                self._drop(holder, f"no verified progress for {limits.stall_timeout:g} s (no line verified, "
+            elif now - holder.progress_at > bound:
+                self._drop(holder, f"no verified progress for {bound:g} s (no line verified, "
                                    f"{moved} bytes, fewer than {limits.progress_bytes}); peer dropped",
                            PeerUnavailable)
 

@@ -22,12 +22,13 @@ import pytest
 from p2pnode.errors import NotFound
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import LineRef
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
@@ -66,10 +67,12 @@ class Relay:
     """A TCP relay on loopback in front of one holder.  `rate`: bytes per second toward the
     fetcher, per connection (None: as fast as it goes).  `cut_after`: once that many bytes
     went toward the fetcher in all, every connection is cut and new ones are refused (a
-    holder that goes away mid-transfer)."""
+    holder that goes away mid-transfer).  `hold`: seconds each connection's first bytes toward
+    the fetcher are held back (a busy node slow to start its answers)."""
 
-    def __init__(self, target_port: int, rate: int | None = None, cut_after: int | None = None) -> None:
-        self.target_port, self.rate, self.cut_after = target_port, rate, cut_after
+    def __init__(self, target_port: int, rate: int | None = None, cut_after: int | None = None,
+                 hold: float = 0.0) -> None:
+        self.target_port, self.rate, self.cut_after, self.hold = target_port, rate, cut_after, hold
         self.relayed = 0
         self.cut = False
         self.live: set[asyncio.StreamWriter] = set()
@@ -95,8 +98,12 @@ class Relay:
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, toward_fetcher: bool) -> None:
             piece = max(1, self.rate // 10) if self.rate and toward_fetcher else 65536
+            held = toward_fetcher and self.hold > 0
             with contextlib.suppress(ConnectionError):
                 while data := await r.read(piece):
+                    if held:
+                        await asyncio.sleep(self.hold)
+                        held = False
                     w.write(data)
                     await w.drain()
                     if not toward_fetcher:
@@ -156,8 +163,9 @@ class World:
     holders: list[Holder]
 
     async def serve(self, i: int, *, rate: int | None = None, cut_after: int | None = None,
-                    lie_on: bytes | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS) -> PeerAddress:
-        """Start holder i (behind a relay if `rate` or `cut_after`); its address."""
+                    lie_on: bytes | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
+                    hold: float = 0.0) -> PeerAddress:
+        """Start holder i (behind a relay if `rate`, `cut_after` or `hold`); its address."""
         h = self.holders[i]
         served = LyingLibrary(h.lib, lie_on) if lie_on is not None else h.lib
         trust = TrustStore(h.lib.paths.home / "trust-of-holder.json")
@@ -165,8 +173,8 @@ class World:
         h.server = PeerServer(served, h.identity, trust, limits)  # type: ignore[arg-type]
         await h.server.start("127.0.0.1", 0)
         port = h.port
-        if rate is not None or cut_after is not None:
-            h.relay = Relay(port, rate, cut_after)
+        if rate is not None or cut_after is not None or hold:
+            h.relay = Relay(port, rate, cut_after, hold)
             port = await h.relay.start()
         return PeerAddress(h.identity.node_id, "127.0.0.1", port)
 
@@ -348,3 +356,41 @@ async def test_a_line_no_holder_serves_fails_the_fetch_as_not_offered(world: Wor
         await world.fetch([addr])
     assert not world.lib.branches(include_unshared=True)
     assert not list(world.agent.rglob("*.jsonl"))
+
+
+async def test_default_limits_cut_a_small_session_into_groups_for_both_holders(world: World) -> None:
+    """With the default 4 MB batch target the 3 MB session would be one request: one holder
+    would serve it and the other only re-ask it.  Groups are sized per holder (batches.py),
+    so both serve a share and no line is counted twice."""
+    a, b = await world.serve(0), await world.serve(1)
+    result = await world.fetch([a, b], wire.DEFAULT_LIMITS)
+    assert placed(world, result) == world.data
+    assert result.dropped_peers == {}
+    assert all(result.served[str(h)]["lines"] > 0 for h in (a, b))
+    assert sum(s["lines"] for s in result.served.values()) == result.lines_fetched == len(set(world.lines()))
+
+
+def test_group_size_follows_the_session_and_the_holders() -> None:
+    """GROUPS_PER_HOLDER groups per holder, within [MIN_GROUP_BYTES, batch_target_bytes];
+    a smaller configured target wins; the groups keep the lines' order."""
+    limits = wire.DEFAULT_LIMITS
+    refs = [LineRef(blake3.blake3(b"%d" % i).digest(), 100_000) for i in range(640)]  # 64 MB
+    one, two = (batches.group_bytes(refs, n, limits) for n in (1, 2))
+    assert one == 64_000_000 // batches.GROUPS_PER_HOLDER and two == batches.MIN_GROUP_BYTES
+    assert batches.group_bytes(refs * 20, 1, limits) == limits.batch_target_bytes  # 1.28 GB
+    assert batches.group_bytes(refs, 1, FETCH_LIMITS) == FETCH_LIMITS.batch_target_bytes
+    groups = batches._groups(refs, limits, two)
+    assert [r for g in groups for r in g] == refs
+    assert len(groups) >= 64_000_000 // (batches.MIN_GROUP_BYTES + 100_000)
+
+
+async def test_the_only_holder_slow_to_answer_is_kept_to_the_progress_bound(world: World) -> None:
+    """A lone holder (a busy node) that holds back each connection's first answer for longer
+    than `stall_timeout` is not dropped by the stall clock, which is there to move lines to
+    another holder; with none left, `progress_timeout` applies (a holder dropped for a stall
+    while others are left: test_a_trickling_holder_is_dropped_at_the_stall_deadline)."""
+    limits = dataclasses.replace(FETCH_LIMITS, stall_timeout=0.5, progress_timeout=5.0)
+    slow = await world.serve(0, hold=1.5)
+    result = await world.fetch([slow], limits)
+    assert placed(world, result) == world.data
+    assert result.dropped_peers == {} and result.served[str(slow)]["lines"] == len(set(world.lines()))
