@@ -55,6 +55,9 @@ EVENTS_KEPT = 200
 EVENTS_WAIT = 20.0
 """The longest `/v1/follow-events` holds a request open waiting for something to report."""
 CATALOG_TIMEOUT = 5.0
+MIN_POLL_INTERVAL = 0.5
+"""Seconds at least between the starts of two catalog polls of one follow: a peer that answers
+every `?wait=` at once (ignoring it, or bumping its generation) is not polled in a busy loop."""
 """How long `fetch` waits for one peer's catalog when it looks for the newest version."""
 WORDS = 12
 _HEX = re.compile(r"[0-9a-f]{4,64}")
@@ -388,7 +391,11 @@ class Follows:
 
     async def _poll(self, f: Follow, link: PeerLink) -> None:
         generation: int | None = None
+        loop = asyncio.get_running_loop()
+        last = -MIN_POLL_INTERVAL
         while True:
+            await asyncio.sleep(max(0.0, last + MIN_POLL_INTERVAL - loop.time()))
+            last = loop.time()
             path = wire.PATH_CATALOG + ("" if generation is None else f"?wait={generation}")
             body = await link.get_small(path, link.limits.max_catalog_bytes, "catalog")
             catalog = wire.decode_catalog(body, link.limits)
