@@ -32,15 +32,22 @@ def entry(peer: LyingPeer, branch: str, **over: object) -> wire.CatalogEntry:
     return wire.CatalogEntry(**fields)  # type: ignore[arg-type]
 
 
-async def test_a_peer_answering_every_wait_at_once_is_not_polled_in_a_busy_loop(
-        tmp_path: Path, corpus_dir: Path) -> None:
+async def follower_and_liar(tmp_path: Path) -> tuple[Node, LyingPeer]:
+    """A real node (the follower) and a protocol server of the test's own, trusting each other."""
     agent = tmp_path / "agent"
     agent.mkdir()
-    node = Node(NodePaths(tmp_path / "home"), NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent))
+    config = NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)
+    node = Node(NodePaths(tmp_path / "home"), config)
     await node.start()
     liar = LyingPeer(load_or_create_identity(tmp_path / "liar"), TrustStore(tmp_path / "liar-trust.json"))
     liar.trust.trust(node.identity.node_id)
     node.trust.trust(liar.identity.node_id)
+    return node, liar
+
+
+async def test_a_peer_answering_every_wait_at_once_is_not_polled_in_a_busy_loop(
+        tmp_path: Path, corpus_dir: Path) -> None:
+    node, liar = await follower_and_liar(tmp_path)
     branch = liar.add((corpus_dir / A1).read_bytes())
     generations = itertools.count()
     polls: list[str] = []
@@ -69,17 +76,12 @@ async def test_a_peer_answering_every_wait_at_once_is_not_polled_in_a_busy_loop(
         await liar.close()
 
 
-async def test_a_newer_version_that_is_not_an_extension_is_not_placed(tmp_path: Path, corpus_dir: Path) -> None:
+async def test_a_newer_version_that_is_not_an_extension_is_not_placed(tmp_path: Path,
+                                                                     corpus_dir: Path) -> None:
     """The peer's catalog announces a version 2 of the followed session (its `previous` the
     version placed, larger) whose bytes do not start with version 1's: it is checked after the
     fetch and before placement, refused (a "waiting" event naming it), and the placed file stays."""
-    agent = tmp_path / "agent"
-    agent.mkdir()
-    node = Node(NodePaths(tmp_path / "home"), NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent))
-    await node.start()
-    liar = LyingPeer(load_or_create_identity(tmp_path / "liar"), TrustStore(tmp_path / "liar-trust.json"))
-    liar.trust.trust(node.identity.node_id)
-    node.trust.trust(liar.identity.node_id)
+    node, liar = await follower_and_liar(tmp_path)
     v1 = (corpus_dir / A1).read_bytes()
     lines = v1.splitlines(keepends=True)
     v2 = b"".join([lines[0], *lines[2:], lines[1], lines[-1]])  # reordered and longer: not a growth
