@@ -83,14 +83,18 @@ def _descends(entry: wire.CatalogEntry, start: wire.CatalogEntry,
 
 def newest_entry(entries: Sequence[wire.CatalogEntry], target: str) -> wire.CatalogEntry | None:
     """The newest version in a catalog of the session `target` names: a branch hash (that
-    version or a later one of the same session) or a Pi session id (any of its versions)."""
+    version or a later one of the same session) or a Pi session id (any of its versions).  A
+    branch hash the catalog does not list has none here, whatever header ids the catalog shows
+    (a peer's header `id` equal to a hash asked for does not make its branch a version of it)."""
     by_branch = {e.branch: e for e in entries}
     start = by_branch.get(target)
     if start is not None:
         same = [e for e in entries
                 if e.header.get("id") == start.header.get("id") and _descends(e, start, by_branch)]
-    else:
+    elif is_session_id(target):
         same = [e for e in entries if e.header.get("id") == target]
+    else:
+        return None
     return max(same, key=lambda e: (e.version or 0, e.size, e.lines), default=None)
 
 

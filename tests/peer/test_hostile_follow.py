@@ -16,6 +16,7 @@ from p2pnode.node import follow
 from p2pnode.node.daemon import Node, NodeConfig
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import load_or_create_identity
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.session import parse_header
@@ -117,3 +118,37 @@ async def test_a_newer_version_that_is_not_an_extension_is_not_placed(tmp_path: 
     finally:
         await node.close()
         await liar.close()
+
+
+async def test_a_catalog_cannot_pass_another_branch_off_as_the_one_asked_for(tmp_path: Path,
+                                                                           corpus_dir: Path) -> None:
+    """`fetch <branch hash>` looks for newer versions in the peers' catalogs.  A liar that does not
+    list the branch but lists another whose header `id` is that hash (a "version" of it, v99) is
+    not taken for one: the branch asked for is fetched as named (it was a RuntimeError from a
+    StopIteration, exit 1, and matching by id could have fetched the liar's branch instead)."""
+    me = load_or_create_identity(tmp_path / "me")
+    trust = TrustStore(tmp_path / "me-trust.json")
+    liar = LyingPeer(load_or_create_identity(tmp_path / "liar"), TrustStore(tmp_path / "liar-trust.json"))
+    liar.trust.trust(me.node_id)
+    trust.trust(liar.identity.node_id)
+    asked = "ab" * 32
+    other = liar.add((corpus_dir / A1).read_bytes())
+    lie = entry(liar, other, version=99)
+    lie = wire.CatalogEntry(**{**lie.__dict__, "header": dict(lie.header, id=asked)})
+
+    async def lying(request: web.Request) -> web.Response:
+        msg = wire.CatalogMessage(1, liar.identity.node_id, [lie])
+        return web.Response(body=wire.encode_catalog(msg), content_type="application/json")
+
+    liar.handlers["catalog"] = lying
+    address = await liar.start()
+
+    async def nobody(target: str) -> list[PeerAddress]:
+        return []
+
+    try:
+        newest = await follow.newest_to_fetch(asked, [address], me, trust, nobody)
+    finally:
+        await liar.close()
+    assert newest.branch == asked and newest.note is None
+    assert follow.newest_entry([lie], asked) is None
