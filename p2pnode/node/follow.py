@@ -55,6 +55,9 @@ EVENTS_KEPT = 200
 EVENTS_WAIT = 20.0
 """The longest `/v1/follow-events` holds a request open waiting for something to report."""
 CATALOG_TIMEOUT = 5.0
+POLL_TIMEOUT = wire.DEFAULT_LIMITS.catalog_wait + 20.0
+"""Seconds one catalog poll may take in all (the wait, then the body): a peer that trickles its
+answer, a byte now and then, is given up for the next one rather than followed forever."""
 MIN_POLL_INTERVAL = 0.5
 """Seconds at least between the starts of two catalog polls of one follow: a peer that answers
 every `?wait=` at once (ignoring it, or bumping its generation) is not polled in a busy loop."""
@@ -401,7 +404,12 @@ class Follows:
             await asyncio.sleep(max(0.0, last + MIN_POLL_INTERVAL - loop.time()))
             last = loop.time()
             path = wire.PATH_CATALOG + ("" if generation is None else f"?wait={generation}")
-            body = await link.get_small(path, link.limits.max_catalog_bytes, "catalog")
+            try:
+                body = await asyncio.wait_for(link.get_small(path, link.limits.max_catalog_bytes, "catalog"),
+                                              POLL_TIMEOUT)
+            except TimeoutError:
+                raise PeerUnavailable(f"peer {link.addr}: its catalog was not in within {POLL_TIMEOUT:g} s") \
+                    from None
             catalog = wire.decode_catalog(body, link.limits)
             offered = {e.branch for e in catalog.branches}
             newest = newest_entry(catalog.branches, f.branch if f.branch in offered else f.session or f.key)

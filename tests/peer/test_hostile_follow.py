@@ -9,6 +9,7 @@ import asyncio
 import itertools
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from test_hostile_peer import A1, LyingPeer
 
@@ -152,3 +153,36 @@ async def test_a_catalog_cannot_pass_another_branch_off_as_the_one_asked_for(tmp
         await liar.close()
     assert newest.branch == asked and newest.note is None
     assert follow.newest_entry([lie], asked) is None
+
+
+async def test_a_peer_trickling_its_catalog_is_given_up(tmp_path: Path, corpus_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalog answered one byte at a time (each within the read timeout) holds a poll no longer
+    than follow.POLL_TIMEOUT: the follow reports the peer and tries again later."""
+    monkeypatch.setattr(follow, "POLL_TIMEOUT", 1.5)
+    node, liar = await follower_and_liar(tmp_path)
+    branch = liar.add((corpus_dir / A1).read_bytes())
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        body = wire.encode_catalog(wire.CatalogMessage(1, liar.identity.node_id, [entry(liar, branch)]))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        for byte in body:
+            await response.write(bytes([byte]))
+            await asyncio.sleep(0.2)
+        return response
+
+    liar.handlers["catalog"] = trickle
+    address = await liar.start()
+    try:
+        await node.follows._c_follow({"target": branch, "peers": [str(address)]})
+        f = node.follows.follows[branch]
+        for _ in range(100):
+            if any("not in within" in e.get("message", "") for e in f.events):
+                break
+            await asyncio.sleep(0.1)
+        assert any("not in within 1.5 s" in e.get("message", "") for e in f.events), list(f.events)
+        assert f.branch is None
+    finally:
+        await node.close()
+        await liar.close()
