@@ -395,6 +395,7 @@ class PeerServer:
             hashes = wire.decode_batch_request(body, self.limits)
         except wire.WireError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        hashes = list(dict.fromkeys(hashes))  # each line once: a repeated hash is not 4096 copies of it
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         stream = None
         asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
