@@ -379,11 +379,29 @@ def _pi_dirs(body: dict[str, Any]) -> PiDirs | None:
         raise InvalidInput(f"control request: pi: {exc}") from None
 
 
+_CALLERS_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
+"""OSErrors that only a path the caller named can cause (a share of a 10,000-character name was a
+500 and a traceback): bad input, answered 400 with exit 4, as the CLI reports it without a node."""
+
+
+def _callers_path_error(exc: OSError) -> InvalidInput | None:
+    if exc.errno not in _CALLERS_PATH_ERRNOS:
+        return None
+    names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)
+    return InvalidInput(f"{(exc.strerror or 'system error').lower()}: {names[:300] or '(no file named)'}")
+
+
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure goes back as JSON with the CLI exit code, so the caller can report it."""
     try:
-        return await handler(request)
+        try:
+            return await handler(request)
+        except OSError as exc:
+            error = _callers_path_error(exc)
+            if error is None:
+                raise
+            raise error from None
     except P2PNodeError as exc:
         return web.json_response({"error": type(exc).__name__, "message": str(exc),
                                   "exit_code": exc.exit_code}, status=400)

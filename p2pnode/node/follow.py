@@ -55,6 +55,12 @@ EVENTS_KEPT = 200
 EVENTS_WAIT = 20.0
 """The longest `/v1/follow-events` holds a request open waiting for something to report."""
 CATALOG_TIMEOUT = 5.0
+POLL_TIMEOUT = wire.DEFAULT_LIMITS.catalog_wait + 20.0
+"""Seconds one catalog poll may take in all (the wait, then the body): a peer that trickles its
+answer, a byte now and then, is given up for the next one rather than followed forever."""
+MIN_POLL_INTERVAL = 0.5
+"""Seconds at least between the starts of two catalog polls of one follow: a peer that answers
+every `?wait=` at once (ignoring it, or bumping its generation) is not polled in a busy loop."""
 """How long `fetch` waits for one peer's catalog when it looks for the newest version."""
 WORDS = 12
 _HEX = re.compile(r"[0-9a-f]{4,64}")
@@ -80,14 +86,18 @@ def _descends(entry: wire.CatalogEntry, start: wire.CatalogEntry,
 
 def newest_entry(entries: Sequence[wire.CatalogEntry], target: str) -> wire.CatalogEntry | None:
     """The newest version in a catalog of the session `target` names: a branch hash (that
-    version or a later one of the same session) or a Pi session id (any of its versions)."""
+    version or a later one of the same session) or a Pi session id (any of its versions).  A
+    branch hash the catalog does not list has none here, whatever header ids the catalog shows
+    (a peer's header `id` equal to a hash asked for does not make its branch a version of it)."""
     by_branch = {e.branch: e for e in entries}
     start = by_branch.get(target)
     if start is not None:
         same = [e for e in entries
                 if e.header.get("id") == start.header.get("id") and _descends(e, start, by_branch)]
-    else:
+    elif is_session_id(target):
         same = [e for e in entries if e.header.get("id") == target]
+    else:
+        return None
     return max(same, key=lambda e: (e.version or 0, e.size, e.lines), default=None)
 
 
@@ -388,9 +398,18 @@ class Follows:
 
     async def _poll(self, f: Follow, link: PeerLink) -> None:
         generation: int | None = None
+        loop = asyncio.get_running_loop()
+        last = -MIN_POLL_INTERVAL
         while True:
+            await asyncio.sleep(max(0.0, last + MIN_POLL_INTERVAL - loop.time()))
+            last = loop.time()
             path = wire.PATH_CATALOG + ("" if generation is None else f"?wait={generation}")
-            body = await link.get_small(path, link.limits.max_catalog_bytes, "catalog")
+            try:
+                body = await asyncio.wait_for(link.get_small(path, link.limits.max_catalog_bytes, "catalog"),
+                                              POLL_TIMEOUT)
+            except TimeoutError:
+                raise PeerUnavailable(f"peer {link.addr}: its catalog was not in within {POLL_TIMEOUT:g} s") \
+                    from None
             catalog = wire.decode_catalog(body, link.limits)
             offered = {e.branch for e in catalog.branches}
             newest = newest_entry(catalog.branches, f.branch if f.branch in offered else f.session or f.key)

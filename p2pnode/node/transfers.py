@@ -132,6 +132,7 @@ class Transfers:
         return offers.offered_rows(answers, {p.node_id: p.name for p in self.node.trust.peers()})
 
     async def _start(self, body: dict[str, Any]) -> Transfer:
+        _peers(body)  # checked before anything iterates it: InvalidInput (400), never a 500
         branch = str(body.get("branch") or "")
         if offers.is_prefix(branch):  # which branch, from whom (a session id: node/follow.py)
             asked = _peers(body) or self.node.trusted_online()

@@ -286,10 +286,11 @@ class PeerServer:
         catalog = await self._call(self.lib.catalog, _peer(request))
         if "wait" in request.query:
             catalog = await self._wait_for_change(request, catalog)
+        listed = {b.branch for b in catalog.branches}
         msg = wire.CatalogMessage(
             generation=catalog.generation,
             node_id=self.identity.node_id,
-            branches=[_catalog_entry(b) for b in catalog.branches],
+            branches=[_catalog_entry(b, listed) for b in catalog.branches],
         )
         body = wire.encode_catalog(msg)
         return web.Response(body=body, content_type="application/json")
@@ -395,6 +396,7 @@ class PeerServer:
             hashes = wire.decode_batch_request(body, self.limits)
         except wire.WireError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        hashes = list(dict.fromkeys(hashes))  # each line once: a repeated hash is not 4096 copies of it
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         stream = None
         asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
@@ -639,7 +641,10 @@ def _peer(request: web.Request) -> str:
     return format_node_id(fp)
 
 
-def _catalog_entry(b: BranchInfo) -> wire.CatalogEntry:
+def _catalog_entry(b: BranchInfo, listed: set[str]) -> wire.CatalogEntry:
+    """`previous` only when that version is listed to this peer too: a version it may not have
+    (shared `--to` another peer, unshared, expired) is not named to it."""
     header = b.header.as_dict() if hasattr(b.header, "as_dict") else dict(b.header)
+    previous = b.previous if b.previous in listed else None
     return wire.CatalogEntry(branch=b.branch, src=b.src, parent=b.parent, size=b.size, lines=b.lines,
-                             header=header, title=b.title, previous=b.previous, version=b.version)
+                             header=header, title=b.title, previous=previous, version=b.version)

@@ -582,6 +582,12 @@ class RangeNotSatisfiable(Exception):
     pass
 
 
+def _range_number(digits: str) -> int:
+    """A Range position; one of more than 19 digits is past any object (and never handed to
+    int(), which refuses over 4,300 digits): 2**63."""
+    return int(digits) if len(digits) <= 19 else 1 << 63
+
+
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range → (start, end exclusive); None = whole."""
     if not header:
@@ -590,12 +596,12 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if not m or (not m.group(1) and not m.group(2)):
         raise RangeNotSatisfiable(header)
     if not m.group(1):
-        n = int(m.group(2))
+        n = _range_number(m.group(2))
         if n == 0 or size == 0:  # a suffix of zero bytes is unsatisfiable (RFC 9110, 14.1.1)
             raise RangeNotSatisfiable(header)
         return (max(0, size - n), size)
-    start = int(m.group(1))
-    end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+    start = _range_number(m.group(1))
+    end = min(size, _range_number(m.group(2)) + 1) if m.group(2) else size
     if start >= size or end <= start:
         raise RangeNotSatisfiable(header)
     return (start, end)

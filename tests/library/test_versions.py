@@ -89,7 +89,9 @@ def test_fetched_versions_link_to_the_held_older_one(lib: Library, agent: Path, 
 def test_catalog_says_previous_and_version_and_old_peers_still_decode(lib: Library, agent: Path) -> None:
     v1, v2, v3 = three_versions(lib, find(agent, B1))
     catalog = lib.catalog()
-    message = wire.CatalogMessage(catalog.generation, "node", [_catalog_entry(b) for b in catalog.branches])
+    listed = {b.branch for b in catalog.branches}
+    message = wire.CatalogMessage(catalog.generation, "node",
+                                  [_catalog_entry(b, listed) for b in catalog.branches])
     decoded = {e.branch: e for e in wire.decode_catalog(wire.encode_catalog(message)).branches}
     assert (decoded[v1].previous, decoded[v1].version) == (None, 1)
     assert (decoded[v3].previous, decoded[v3].version) == (v2, 3)

@@ -60,7 +60,7 @@ class LyingPeer:
         self.lines: dict[bytes, bytes] = {}
         self.manifests: dict[str, list[bytes]] = {}
         self.handlers: dict[str, Handler] = {"object": self.object, "lines": self.line_manifest,
-                                             "batch": self.batch}
+                                             "batch": self.batch, "catalog": self.catalog}
         self.runner: web.AppRunner | None = None
         self.port = 0
 
@@ -80,6 +80,7 @@ class LyingPeer:
         app.router.add_get(wire.PATH_OBJECT, self._dispatch("object"))
         app.router.add_get(wire.PATH_LINES, self._dispatch("lines"))
         app.router.add_post(wire.PATH_BATCH, self._dispatch("batch"))
+        app.router.add_get(wire.PATH_CATALOG, self._dispatch("catalog"))
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=server_context(self.identity, self.trust))
@@ -113,6 +114,9 @@ class LyingPeer:
             return web.Response(status=404)
         refs = [LineRef(b3(ln), len(ln)) for ln in self.manifests[src]]
         return web.Response(body=wire.encode_line_manifest(bytes.fromhex(src), refs))
+
+    async def catalog(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=404)  # a test that needs one swaps this handler
 
     def frames(self, hashes: list[bytes]) -> bytes:
         out = b""
