@@ -54,3 +54,35 @@ def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def shared(lock_path: Path) -> Iterator[None]:
+    """Hold a shared flock on `lock_path` (created if missing), waiting while another process
+    holds it exclusively: many holders at once, none while `exclusive_if_free` has it."""
+    if fcntl is None:
+        raise LockUnsupported(lock_path)
+    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_if_free(lock_path: Path) -> Iterator[bool]:
+    """Yield True holding an exclusive flock on `lock_path`, or False at once when any process
+    holds it (shared or not)."""
+    if fcntl is None:
+        raise LockUnsupported(lock_path)
+    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)

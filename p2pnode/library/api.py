@@ -41,6 +41,7 @@ from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
 from sysio.files import atomic_write
+from sysio.locks import exclusive_if_free
 
 log = logging.getLogger(__name__)
 
@@ -894,7 +895,9 @@ class Library:
         if not self.leases.begin_collecting():
             return space.GCReport([], [], 0, 0, 0, skipped="a fetch is in progress")
         try:
-            with self._lock:
+            with exclusive_if_free(space.fetching_lock(self.paths.home)) as alone, self._lock:
+                if not alone:
+                    return space.GCReport([], [], 0, 0, 0, skipped="a fetch runs in another process")
                 before = space.store_bytes(self.paths.store)
                 drop = space.garbage(self.sessions)
                 self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))
