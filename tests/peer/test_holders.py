@@ -18,6 +18,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from corpus import A1
 
 from p2pnode.errors import NotFound
 from p2pnode.library.api import Library
@@ -31,8 +32,6 @@ from p2pnode.peer.trust import TrustStore
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A1 = f"{ALPHA}/2026-11-21T19-26-27-092Z_01a1ff93-0313-7475-8d45-88a780e9fa37.jsonl"
 FETCH_LIMITS = wire.Limits(batch_target_bytes=64 << 10)
 """Small batches, so that a 3 MB session makes dozens of groups to share out."""
 WORDS = [f"w{i:03d}" for i in range(400)]

@@ -14,20 +14,13 @@ from pathlib import Path
 import blake3
 import pytest
 import zstandard
+from corpus import A3, B1, B2, B3, B5
 from procnode import PY, Node
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
 from p2pnode.peer.trust import TrustStore
-
-BETA = "sessions/--tmp-pi-harness-work-beta--"
-B1 = f"{BETA}/2026-11-21T19-26-46-592Z_01a1ff93-4f3f-74a0-8c1a-0b533764bed8.jsonl"
-B2 = f"{BETA}/2026-11-21T19-26-52-475Z_01a1ff93-663b-7434-a15c-ca966db56817.jsonl"
-B3 = f"{BETA}/2026-11-21T19-26-52-785Z_01a1ff93-6771-72be-be7a-758d028dc479.jsonl"
-B5 = f"{BETA}/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A3 = f"{ALPHA}/2026-11-21T19-26-32-251Z_01a1ff93-173a-7744-89ad-bbc16c12cc22.jsonl"
 
 
 @pytest.fixture
