@@ -5,55 +5,15 @@ the fetch is done.  Two real processes on one node home, a real peer over TLS on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 from pathlib import Path
 
 from procnode import PY, Node
+from relay import Relay
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer.trust import TrustStore
-
-
-class GatedRelay:
-    """A TCP relay on loopback toward a holder: full speed until `slow_at` bytes went toward
-    the fetcher (then `reached` is set), a trickle (16 KiB every 0.25 s: never a stall the
-    fetcher drops) until `open` is set, then full speed again."""
-
-    def __init__(self, target_port: int, slow_at: int) -> None:
-        self.target_port, self.slow_at = target_port, slow_at
-        self.relayed = 0
-        self.reached, self.open = asyncio.Event(), asyncio.Event()
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        assert self.server
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        sr, sw = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, toward_fetcher: bool) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await r.read(16384 if toward_fetcher else 65536):
-                    w.write(data)
-                    await w.drain()
-                    if toward_fetcher:
-                        self.relayed += len(data)
-                        if self.relayed >= self.slow_at:
-                            self.reached.set()
-                            if not self.open.is_set():
-                                await asyncio.sleep(0.25)
-            for writer in (cw, sw):
-                writer.transport.abort()
-
-        await asyncio.gather(pipe(cr, sw, False), pipe(sr, cw, True))
 
 
 async def gc_json(node: Node) -> dict:
@@ -84,7 +44,7 @@ async def test_gc_in_another_process_skips_while_a_one_shot_fetch_stages_lines(t
                                        + b'"}\n' for _ in range(80)))  # 8 MB, incompressible
     branch = a.run("share", str(path)).stdout.split()[0]
     with a.serving() as port:
-        relay = GatedRelay(port, slow_at=3_000_000)
+        relay = Relay(port, rate=64_000, slow_from=3_000_000)
         relay_port = await relay.start()
         try:
             fetch = await asyncio.create_subprocess_exec(
@@ -92,7 +52,7 @@ async def test_gc_in_another_process_skips_while_a_one_shot_fetch_stages_lines(t
                 env=b.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             await asyncio.wait_for(relay.reached.wait(), 60)
             during = await gc_json(b)  # lines are staged in b's store, not yet part of any session
-            relay.open.set()
+            relay.fast.set()
             out, err = await asyncio.wait_for(fetch.communicate(), 120)
         finally:
             await relay.close()
