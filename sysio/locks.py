@@ -26,16 +26,28 @@ class LockUnsupported(OSError):
 
 
 @contextlib.contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path` (created if missing) for a read-modify-write."""
+def _flocked(lock_path: Path, operation: int) -> Iterator[bool]:
+    """`flock(operation)` on `lock_path` (created if missing) for the block: True when taken,
+    False when a non-blocking one was refused.  Closing the fd releases the lock."""
     if fcntl is None:
         raise LockUnsupported(lock_path)
     fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, operation)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
     finally:
-        os.close(fd)  # closing releases the lock
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path` (created if missing) for a read-modify-write."""
+    with _flocked(lock_path, fcntl.LOCK_EX if fcntl else 0):
+        yield
 
 
 def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
@@ -54,3 +66,18 @@ def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(0.02)
+
+
+
+@contextlib.contextmanager
+def shared(lock_path: Path) -> Iterator[None]:
+    """Hold a shared flock on `lock_path` (created if missing), waiting while another process
+    holds it exclusively: many holders at once, none while `exclusive_if_free` has it."""
+    with _flocked(lock_path, fcntl.LOCK_SH if fcntl else 0):
+        yield
+
+
+def exclusive_if_free(lock_path: Path) -> contextlib.AbstractContextManager[bool]:
+    """True holding an exclusive flock on `lock_path`, or False at once when any process holds
+    it (shared or not)."""
+    return _flocked(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB if fcntl else 0)

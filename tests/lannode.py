@@ -110,6 +110,17 @@ class LanNode:
         return self.cli("fetch", branch, "--json", timeout=timeout)
 
 
+
+class Laptop(LanNode):
+    """A LanNode with its own HOME too, as on a laptop of its own."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        home = self.agent.parent / "home"
+        home.mkdir(exist_ok=True)
+        return dict(super().env, HOME=str(home))
+
+
 @contextlib.contextmanager
 def running(nodes: Iterable[LanNode]) -> Iterator[None]:
     """Start every node at once (each `serve` in its host), wait until all answer, stop them all."""

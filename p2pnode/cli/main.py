@@ -423,7 +423,8 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="p2pnode", description=__doc__)
+    parser = argparse.ArgumentParser(prog="p2pnode", description="Share Pi coding-agent sessions, with their "
+                                     "fork lineage, with teammates on the LAN; every byte verified by hash.")
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
     parser.add_argument("--home", help="node state directory (default: $P2PNODE_HOME or the user state dir)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")

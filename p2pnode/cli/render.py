@@ -65,6 +65,8 @@ def print_status(status: dict[str, Any]) -> None:
     print(f"shared     {len(status['shared'])} branch(es), catalog generation {status['catalog_generation']}")
     for b in status["shared"]:
         print(f"  {b['branch'][:16]}  {b['size']:>10}  {one_line(b['title'], 90)}")
+        if b.get("withheld"):
+            print(f"    {shown(b['withheld'])}")
     trusted = [p for p in status["peers"] if p["trusted"]]
     print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
           f"{len(status['peers']) - len(trusted)} untrusted seen")
@@ -98,6 +100,7 @@ def print_branches(infos: list[BranchInfo]) -> None:
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
         mark = access_note(i) + (" (secrets allowed)" if i.secrets_allowed else "")
+        mark += " (withheld: secrets found)" if i.withheld else ""
         print(f"{short(i.branch):16}  {when:16}  {i.versions:>4}  {i.lines:>5}  {i.size:>9}  "
               f"{short(i.parent):16}  {one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
 
@@ -150,6 +153,8 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
     print(f"offered     {'yes' if info.offered else 'no'}{access_note(info)}")
     if info.secrets_allowed:
         print("secrets     shared with --allow-secrets: the secret scan found some in it")
+    if info.withheld:
+        print(f"secrets     {shown(info.withheld)}")
     print("lineage")
     ancestors = list(reversed(lineage))
     if ancestors[0].parent is not None:

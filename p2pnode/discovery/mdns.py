@@ -32,7 +32,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -302,6 +302,18 @@ class Discovery:
         known = [p for p in self.peers.values() if branch_hex in p.branches] if from_table else []
         if known:
             return known
+
+        async def holder(name: str) -> tuple[str, Peer] | None:
+            peer = await self.resolve(name)
+            return (peer.node_id, peer) if peer is not None and peer.node_id != self.node_id else None
+
+        return await self._browse(subtype_name(branch_hex), holder, timeout, grace)
+
+    async def _browse(self, subtype: str, resolve: Callable[[str], Awaitable[tuple[str, Peer] | None]],
+                      timeout: float, grace: float) -> list[Peer]:
+        """Peers answering one subtype query, each name resolved by `resolve` to (key, peer) or
+        None: all found within `grace` s of the first one, none after `timeout`."""
+        assert self._azc is not None
         names: asyncio.Queue[str] = asyncio.Queue()
 
         def on_sub(zeroconf: Zeroconf, service_type: str, name: str,
@@ -309,8 +321,9 @@ class Discovery:
             if state_change is not ServiceStateChange.Removed:
                 names.put_nowait(name)
 
-        browser = AsyncServiceBrowser(self._azc.zeroconf, [subtype_name(branch_hex)], handlers=[on_sub])
+        browser = AsyncServiceBrowser(self._azc.zeroconf, [subtype], handlers=[on_sub])
         found: dict[str, Peer] = {}
+        seen: set[str] = set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -319,14 +332,14 @@ class Discovery:
                     name = await asyncio.wait_for(names.get(), left)
                 except TimeoutError:
                     break
-                peer = await self.resolve(name)
-                if peer is not None and peer.node_id != self.node_id:
-                    found[peer.node_id] = peer
+                got = None if name in seen else await resolve(name)
+                if got is not None:
+                    seen.add(name)
+                    found[got[0]] = got[1]
                     deadline = min(deadline, loop.time() + grace)
         finally:
             await browser.async_cancel()
         return list(found.values())
-
 
     # -- pairing ---------------------------------------------------------------------------
 
@@ -349,39 +362,22 @@ class Discovery:
     async def find_pairing(self, channel: int, timeout: float, grace: float = 0.5) -> list[Peer]:
         """Waiters announcing `channel`: all that answer within `grace` s of the first one."""
         assert self._azc is not None
-        names: asyncio.Queue[str] = asyncio.Queue()
+        zc = self._azc.zeroconf
 
-        def on_sub(zeroconf: Zeroconf, service_type: str, name: str,
-                   state_change: ServiceStateChange) -> None:
-            if state_change is not ServiceStateChange.Removed:
-                names.put_nowait(name)
+        async def waiter(name: str) -> tuple[str, Peer] | None:
+            info = AsyncServiceInfo(PAIR_SERVICE_TYPE, name)
+            if not await info.async_request(zc, RESOLVE_TIMEOUT_MS):
+                return None
+            try:
+                parse_pair_txt({k: v for k, v in info.decoded_properties.items() if k is not None},
+                               name, channel)
+            except BadAnnouncement as exc:
+                log.warning("ignoring pairing announcement: %s", exc)
+                return None
+            addresses = tuple(info.parsed_addresses(IPVersion.V4Only))
+            return (name, Peer("", name, addresses, info.port, 0, ())) if addresses and info.port else None
 
-        browser = AsyncServiceBrowser(self._azc.zeroconf, [pair_subtype(channel)], handlers=[on_sub])
-        found: dict[str, Peer] = {}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            while (left := deadline - loop.time()) > 0:
-                try:
-                    name = await asyncio.wait_for(names.get(), left)
-                except TimeoutError:
-                    break
-                info = AsyncServiceInfo(PAIR_SERVICE_TYPE, name)
-                if name in found or not await info.async_request(self._azc.zeroconf, RESOLVE_TIMEOUT_MS):
-                    continue
-                try:
-                    parse_pair_txt({k: v for k, v in info.decoded_properties.items() if k is not None},
-                                   name, channel)
-                except BadAnnouncement as exc:
-                    log.warning("ignoring pairing announcement: %s", exc)
-                    continue
-                addresses = tuple(info.parsed_addresses(IPVersion.V4Only))
-                if addresses and info.port:
-                    found[name] = Peer("", name, addresses, info.port, 0, ())
-                    deadline = min(deadline, loop.time() + grace)
-        finally:
-            await browser.async_cancel()
-        return list(found.values())
+        return await self._browse(pair_subtype(channel), waiter, timeout, grace)
 
 
 async def lan_peers(branch_hex: str, is_trusted: Callable[[str], bool],

@@ -27,7 +27,7 @@ from p2pnode.library import access, space
 from p2pnode.library.audit import AuditLog
 from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
-from p2pnode.library.versions import VersionIndex, build_index, previous_branch
+from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.pi import scanproc, secrets
@@ -41,6 +41,7 @@ from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
 from sysio.files import atomic_write
+from sysio.locks import exclusive_if_free
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class BranchInfo:
     """This version's place among the versions of its session held here (1 = the first)."""
     versions: int = 1
     """How many versions of this session this node holds."""
+    withheld: str | None = None
+    """Why an offered branch is not served: the secret scan of a branch shared before scans
+    were recorded (scan_unrecorded) found secrets in it."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +229,10 @@ class Library:
         self._fed: dict[str, tuple[_ScanningSink, Version | None]] = {}
         """What the secret scan saw of each version the import just read (and the version it
         grew from), until `_findings` records it."""
+        self._scan_record: dict[str, list[dict[str, Any]]] | None = None
+        links = unlinked_growths(self.sessions.all_versions(), self.sessions.line_hashes)
+        if links:  # versions stored before `previous` existed (library/versions.py)
+            self.sessions.link_previous(links)
 
     @classmethod
     def open(cls, paths: NodePaths, agent_dir: Path | None = None,
@@ -333,7 +341,7 @@ class Library:
         """The secret scan of a stored version, remembered per version (scanned.json): the scan
         the import ran on the bytes it read (a grown session: only what it grew by, with the
         findings of the version it grew from), else of the stored bytes."""
-        record = self._scanned()
+        record = dict(self._scanned())
         if src in record:
             return [secrets.Finding(**f) for f in record[src]]
         fed, base = self._fed.pop(src, (None, None))
@@ -349,15 +357,19 @@ class Library:
             found = secrets.scan(self.sessions.session_bytes(src))
         record[src] = [f.as_dict() for f in found]
         atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
+        self._scan_record = record
         return found
 
     def _scanned(self) -> dict[str, list[dict[str, Any]]]:
-        """Every version this node has scanned: its findings ([] when clean)."""
-        try:
-            record = json.loads((self.paths.home / "scanned.json").read_bytes())
-        except (OSError, ValueError):
-            return {}
-        return record if isinstance(record, dict) else {}
+        """Every version this node has scanned: its findings ([] when clean).  Read once (only
+        the process holding the store writes it), then kept up to date by _findings."""
+        if self._scan_record is None:
+            try:
+                record = json.loads((self.paths.home / "scanned.json").read_bytes())
+            except (OSError, ValueError):
+                record = {}
+            self._scan_record = record if isinstance(record, dict) else {}
+        return self._scan_record
 
     def _lineage(self, path: Path, pi: PiDirs, *, follow: bool
                  ) -> tuple[list[tuple[Path, pisession.SessionHeader]], str | None, str | None]:
@@ -562,7 +574,37 @@ class Library:
             previous=previous,
             version=index.number.get(record.src, 1),
             versions=counts.get(index.root.get(record.src, record.src), 1),
+            withheld=self._withheld(record),
         )
+
+    def _withheld(self, record: BranchRecord) -> str | None:
+        if not record.offered or record.secrets_allowed:
+            return None
+        found = self._scanned().get(record.src)
+        if found is None:  # offered before scans were recorded: scanned now, once
+            self.scan_unrecorded()
+            found = self._scanned().get(record.src)
+        if not found:
+            return None
+        return (f"not served: the secret scan found {len(found)} secret(s) in it (shared before scans were "
+                "recorded); share it again to see them, with --redact or --allow-secrets")
+
+    def scan_unrecorded(self) -> int:
+        """Scan each offered version that has no scan record and record the result: branches
+        offered before the scan existed are served again if clean, withheld (BranchInfo.withheld)
+        if not.  The node runs it once at start, off its event loop, before it serves peers;
+        without a node the first request waits for it (_visible).  Returns how many versions
+        were scanned."""
+        with self._lock:
+            todo = sorted({r.src for r in self.sessions.branches()
+                           if r.offered and not r.secrets_allowed} - self._scanned().keys())
+            for src in todo:
+                found = self._findings(src)
+                log.info("scanned %s, offered before scans were recorded: %s", src[:16],
+                         f"{len(found)} secret(s): withheld" if found else "clean")
+            if todo:
+                self._access.clear()
+        return len(todo)
 
     def _version_index(self) -> tuple[VersionIndex, dict[str, int]]:
         """The chains of versions (library/versions.py) and, per chain, how many of its versions
@@ -729,6 +771,7 @@ class Library:
             cached = self._access.get(peer)
             if cached is not None and cached[0] == generation:
                 return cached[1]
+            self.scan_unrecorded()  # branches offered before scans were recorded: once
             scanned = self._scanned()
 
             def servable(r: BranchRecord) -> bool:
@@ -894,7 +937,9 @@ class Library:
         if not self.leases.begin_collecting():
             return space.GCReport([], [], 0, 0, 0, skipped="a fetch is in progress")
         try:
-            with self._lock:
+            with exclusive_if_free(space.fetching_lock(self.paths.home)) as alone, self._lock:
+                if not alone:
+                    return space.GCReport([], [], 0, 0, 0, skipped="a fetch runs in another process")
                 before = space.store_bytes(self.paths.store)
                 drop = space.garbage(self.sessions)
                 self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))

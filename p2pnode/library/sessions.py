@@ -617,6 +617,13 @@ class SessionStore:
         self._save()
         return record
 
+    def link_previous(self, links: dict[str, str]) -> None:
+        """Record `previous` (src -> the src it grew from) for versions stored without it."""
+        for src, previous in links.items():
+            self._state.sessions[src] = replace(self.version(src), previous=previous)
+        self._state.generation += 1
+        self._save()
+
     def mark_secrets_allowed(self, branch: str) -> BranchRecord:
         """Remember that this branch was shared with the secrets the scan found in it."""
         record = replace(self.branch(branch), secrets_allowed=True)

@@ -28,6 +28,14 @@ GC_THRESHOLD_SHARE = 0.5
 GC_MIN_BYTES = 1 << 20
 GC_CHECK_SECONDS = 300.0
 """How often the running node estimates the garbage (the estimate walks every kept turn)."""
+FETCHING_LOCK = "fetching.lock"
+"""In the node's home: a one-shot fetch (no node running: it opens the store only for each
+step, so a `gc` in another process could open it in between) holds a shared flock on it for as
+long as it runs; GC takes it exclusively or is skipped.  Within the node, Library.leases."""
+
+
+def fetching_lock(home: Path) -> Path:
+    return home / FETCHING_LOCK
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ newer) names it in `Version.previous` (sessions.json).  Following those links ba
 any version reaches the session's first version held here: that is the session's key, and a
 version's number is its place in that chain (1 = the first version this node holds).
 
-Pure bookkeeping over the records in sessions.json; no store reads (docs/FORMAT.md,
-"Versions of a session").
+Pure bookkeeping over the records in sessions.json; no store reads but the line hashes
+`unlinked_growths` is given (docs/FORMAT.md, "Versions of a session").
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from p2pnode.library.sessions import BranchRecord, Version
@@ -70,3 +70,34 @@ def previous_branch(record: BranchRecord, index: VersionIndex,
         return None
     best = max(branches_of_src, key=lambda b: (b.parent == record.parent, b.offered, b.shared_at))
     return best.branch
+
+
+def unlinked_growths(versions: Iterable[Version],
+                     line_hashes: Callable[[str], list[bytes]]) -> dict[str, str]:
+    """Links for versions stored before `previous` existed: src -> the largest smaller version
+    of the same header id whose lines (hashes: turn records only, no line is read) are this
+    one's first lines, i.e. whose bytes are a prefix of its bytes.  Only a version with no
+    `previous` and a smaller one of its session is looked at, so a home linked once costs
+    nothing more (a session Pi rewrote, not a growth, is looked at again on each open)."""
+    by_id: dict[str, list[Version]] = {}
+    for v in versions:
+        by_id.setdefault(v.session_id, []).append(v)
+    hashes: dict[str, list[bytes]] = {}
+
+    def lines_of(src: str) -> list[bytes]:
+        if src not in hashes:
+            hashes[src] = line_hashes(src)
+        return hashes[src]
+
+    links: dict[str, str] = {}
+    for group in by_id.values():
+        group.sort(key=lambda v: v.size)
+        for i, v in enumerate(group):
+            if v.previous is not None or i == 0:
+                continue
+            for older in reversed(group[:i]):
+                before = lines_of(older.src) if older.size < v.size and older.lines <= v.lines else None
+                if before is not None and lines_of(v.src)[:len(before)] == before:
+                    links[v.src] = older.src
+                    break
+    return links

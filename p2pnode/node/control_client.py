@@ -14,7 +14,7 @@ import json
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from p2pnode.errors import Conflict, P2PNodeError, PeerUnavailable
 from p2pnode.paths import NodePaths
@@ -73,27 +73,39 @@ def node_running(paths: NodePaths) -> bool:
     return socket_answers(control_socket(paths))
 
 
-def call_node(paths: NodePaths, op: str, payload: dict[str, Any] | None = None,
-              timeout: float = CONTROL_TIMEOUT) -> dict[str, Any] | None:
-    """Ask the running node to do op; None when no node runs for these paths."""
+T = TypeVar("T")
+
+
+def _exchange(paths: NodePaths, op: str, payload: dict[str, Any], timeout: float, doing: str,
+              read: Callable[[http.client.HTTPResponse], T]) -> T | None:
+    """POST op to the running node and `read` its answer (status 200); None when no node runs.
+    An error the node reports is a NodeError; a node that fails to answer (`doing`: what it
+    did not do) is PeerUnavailable."""
     path = control_socket(paths)
     if not path.exists():
         return None
     conn = _UnixHTTPConnection(path, timeout)
     try:
-        conn.request("POST", f"/v1/{op}", body=json.dumps(payload or {}),
+        conn.request("POST", f"/v1/{op}", body=json.dumps(payload),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
-        data = json.loads(resp.read() or b"{}")
+        if resp.status != 200:
+            data = json.loads(resp.read() or b"{}")
+            raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
+        return read(resp)
     except (FileNotFoundError, ConnectionRefusedError):
         return None  # a socket file left by a killed node: nobody is listening
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise PeerUnavailable(f"the running node at {path} did not answer {op}: {exc}") from exc
+        raise PeerUnavailable(f"the running node at {path} did not {doing} {op}: {exc}") from exc
     finally:
         conn.close()
-    if resp.status != 200:
-        raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
-    return data
+
+
+def call_node(paths: NodePaths, op: str, payload: dict[str, Any] | None = None,
+              timeout: float = CONTROL_TIMEOUT) -> dict[str, Any] | None:
+    """Ask the running node to do op; None when no node runs for these paths."""
+    return _exchange(paths, op, payload or {}, timeout, "answer",
+                     lambda resp: dict(json.loads(resp.read() or b"{}")))
 
 
 def call_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
@@ -103,17 +115,8 @@ def call_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
     event goes to on_event, and the last one, a result or an error, ends the call.  None when no
     node runs.  The connection closes on any way out (Ctrl-C included): the node then stops
     what it was doing for this command."""
-    path = control_socket(paths)
-    if not path.exists():
-        return None
-    conn = _UnixHTTPConnection(path, timeout)
-    try:
-        conn.request("POST", f"/v1/{op}", body=json.dumps(dict(payload, stream=True)),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            data = json.loads(resp.read() or b"{}")
-            raise NodeError(str(data.get("message", data)), int(data.get("exit_code", 1)))
+
+    def events(resp: http.client.HTTPResponse) -> dict[str, Any]:
         while line := resp.readline(CONTROL_MAX_EVENT):
             event = json.loads(line)
             if event.get("event") == "result":
@@ -121,13 +124,9 @@ def call_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
             if event.get("event") == "error":
                 raise NodeError(str(event.get("message")), int(event.get("exit_code", 1)))
             on_event(event)
-    except (FileNotFoundError, ConnectionRefusedError):
-        return None  # a socket file left by a killed node: nobody is listening
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise PeerUnavailable(f"the running node at {path} did not finish {op}: {exc}") from exc
-    finally:
-        conn.close()
-    raise PeerUnavailable(f"the running node at {path} stopped before {op} ended")
+        raise PeerUnavailable(f"the running node at {control_socket(paths)} stopped before {op} ended")
+
+    return _exchange(paths, op, dict(payload, stream=True), timeout, "finish", events)
 
 
 def store_in_use(paths: NodePaths, doing: str) -> Conflict:

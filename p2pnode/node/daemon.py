@@ -120,6 +120,7 @@ class Node:
         store_server = StoreServer(self.lib.store, str(self.paths.store_socket))
         await store_server.start()
         self._stack.push_async_callback(store_server.close)
+        await asyncio.to_thread(self.lib.scan_unrecorded)  # shares from before scans were recorded
         peers = await self._listen()
         self._stack.push_async_callback(peers.close)
         self.port = peers.port

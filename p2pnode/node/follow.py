@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, VerificationFailed
+from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
@@ -41,7 +42,6 @@ from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import new_hasher
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import Sidecar
-from sysio.files import atomic_write
 
 if TYPE_CHECKING:
     from p2pnode.node.daemon import Node
@@ -242,8 +242,7 @@ class Follows:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.file = node.paths.home / FOLLOWS_FILE
-        self.follows: dict[str, Follow] = {}
+        self.follows: PersistedTasks[Follow] = PersistedTasks(node.paths.home / FOLLOWS_FILE, self._run)
         self.epoch = f"{os.getpid()}-{time.time_ns()}"
         """Changes when the node restarts: a `follow` printing events starts over from 0."""
         self._seq = 0
@@ -253,36 +252,16 @@ class Follows:
         return {"follow": self._c_follow, "follow-events": self._c_events, "unfollow": self._c_unfollow}
 
     async def start(self) -> None:
-        try:
-            saved = json.loads(self.file.read_bytes())
-        except FileNotFoundError:
-            return
-        except ValueError as exc:
-            log.warning("%s is not JSON (%s): following nothing until it is replaced", self.file, exc)
-            return
         fields = {f.name for f in dataclasses.fields(Follow)} - {"events", "task", "state"}
-        for entry in saved if isinstance(saved, list) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-                self._begin(Follow(**{k: v for k, v in entry.items() if k in fields}))
+        for entry in self.follows.load():
+            if isinstance(entry.get("key"), str):
+                self.follows.begin(entry["key"], Follow(**{k: v for k, v in entry.items() if k in fields}))
 
     async def close(self) -> None:
-        for f in self.follows.values():
-            if f.task is not None:
-                f.task.cancel()
-        for f in self.follows.values():
-            if f.task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await f.task
+        await self.follows.close()
 
     def status(self) -> list[dict[str, Any]]:
-        return [f.status() for f in self.follows.values()]
-
-    def _save(self) -> None:
-        atomic_write(self.file, json.dumps([f.saved() for f in self.follows.values()]).encode())
-
-    def _begin(self, f: Follow) -> None:
-        self.follows[f.key] = f
-        f.task = asyncio.ensure_future(self._run(f))
+        return self.follows.status()
 
     def _event(self, f: Follow, kind: str, **fields: Any) -> None:
         self._seq += 1
@@ -314,23 +293,16 @@ class Follows:
                 PiDirs.from_dict(pi if isinstance(pi, dict) else {})
             except ValueError as exc:
                 raise InvalidInput(f"follow: pi: {exc}") from None
-        if key not in self.follows:
-            self._begin(Follow(key, [str(p) for p in parsed], pi))
-            self._save()
-        return {"key": key, "epoch": self.epoch, **self.follows[key].status()}
+        f = self.follows.add(key, Follow(key, [str(p) for p in parsed], pi))
+        return {"key": key, "epoch": self.epoch, **f.status()}
 
     async def _c_unfollow(self, body: dict[str, Any]) -> dict[str, Any]:
         key = body.get("key")
         if isinstance(key, str) and wire.is_ticket(key):
             key = wire.decode_ticket(key).branch.hex()
-        f = self.follows.pop(key, None) if isinstance(key, str) else None
+        f = await self.follows.remove(key) if isinstance(key, str) else None
         if f is None:
             raise NotFound(f"not following {str(key)[:80]!r}")
-        if f.task is not None:
-            f.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await f.task
-        self._save()
         return f.status()
 
     async def _c_events(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -439,7 +411,7 @@ class Follows:
                                                for r in lib.line_manifest(info.src)[before:]])
         turns, words = summary(new)
         f.branch, f.size, f.session, f.path = entry.branch, info.size, info.header.get("id"), result.path
-        self._save()
+        self.follows.save()
         self._event(f, "version", branch=entry.branch, version=entry.version, lines=info.lines,
                     new_lines=info.lines - before, turns=turns, words=words, path=result.path,
                     written=result.written, conflict=result.conflict, from_peer=str(address))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import InvalidInput, NotFound
+from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
-from sysio.files import atomic_write
 
 if TYPE_CHECKING:
     from p2pnode.node.daemon import Node
@@ -63,8 +62,7 @@ class LiveShares:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.file = node.paths.home / LIVE_FILE
-        self.live: dict[str, Live] = {}
+        self.live: PersistedTasks[Live] = PersistedTasks(node.paths.home / LIVE_FILE, self._watch)
         self._dirty = False
         self._announcer: asyncio.Task[None] | None = None
 
@@ -72,33 +70,20 @@ class LiveShares:
         return {"live": self._c_live, "unlive": self._c_unlive}
 
     async def start(self) -> None:
-        try:
-            saved = json.loads(self.file.read_bytes())
-        except FileNotFoundError:
-            return
-        except ValueError as exc:
-            log.warning("%s is not JSON (%s): no live shares until it is replaced", self.file, exc)
-            return
-        for entry in saved if isinstance(saved, list) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-                self._begin(Live(entry["path"], entry.get("pi"), entry.get("cwd"),
-                                 bool(entry.get("allow_secrets")), entry.get("branch")))
+        for entry in self.live.load():
+            if isinstance(entry.get("path"), str):
+                self.live.begin(entry["path"], Live(entry["path"], entry.get("pi"), entry.get("cwd"),
+                                                    bool(entry.get("allow_secrets")), entry.get("branch")))
 
     async def close(self) -> None:
         if self._announcer is not None:
             self._announcer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._announcer
-        for live in self.live.values():
-            if live.task is not None:
-                live.task.cancel()
-        for live in self.live.values():
-            if live.task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await live.task
+        await self.live.close()
 
     def status(self) -> list[dict[str, Any]]:
-        return [live.status() for live in self.live.values()]
+        return self.live.status()
 
     def changed(self) -> None:
         """The catalog changed: peers waiting for a change are answered now, the mDNS records
@@ -117,13 +102,6 @@ class LiveShares:
                 log.warning("announcing the catalog failed: %s", exc)
             await asyncio.sleep(ANNOUNCE_EVERY)
 
-    def _save(self) -> None:
-        atomic_write(self.file, json.dumps([live.saved() for live in self.live.values()]).encode())
-
-    def _begin(self, live: Live) -> None:
-        self.live[live.path] = live
-        live.task = asyncio.ensure_future(self._watch(live))
-
     async def _c_live(self, body: dict[str, Any]) -> dict[str, Any]:
         path, pi, cwd = body.get("path"), body.get("pi"), body.get("cwd")
         if not isinstance(path, str) or not os.path.isabs(path):
@@ -135,23 +113,16 @@ class LiveShares:
                 PiDirs.from_dict(pi if isinstance(pi, dict) else {})
             except ValueError as exc:
                 raise InvalidInput(f"live: pi: {exc}") from None
-        if path not in self.live:
-            self._begin(Live(path, pi, cwd if isinstance(cwd, str) else None,
-                             body.get("allow_secrets") is True, body.get("branch") if isinstance(
-                                 body.get("branch"), str) else None))
-            self._save()
-        return self.live[path].status()
+        branch = body.get("branch")
+        return self.live.add(path, Live(path, pi, cwd if isinstance(cwd, str) else None,
+                                        body.get("allow_secrets") is True,
+                                        branch if isinstance(branch, str) else None)).status()
 
     async def _c_unlive(self, body: dict[str, Any]) -> dict[str, Any]:
         path = body.get("path")
-        live = self.live.pop(os.path.abspath(path), None) if isinstance(path, str) else None
+        live = await self.live.remove(os.path.abspath(path)) if isinstance(path, str) else None
         if live is None:
             raise NotFound(f"{str(path)[:200]} is not shared live")
-        if live.task is not None:
-            live.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await live.task
-        self._save()
         return live.status()
 
     async def _watch(self, live: Live) -> None:
@@ -181,6 +152,6 @@ class LiveShares:
         live.error = None
         if result.branch != live.branch:
             live.branch = result.branch
-            self._save()
+            self.live.save()
             log.info("live: shared %s again (%s, %d lines)", live.path, result.branch[:16], result.lines)
             self.changed()

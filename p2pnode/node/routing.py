@@ -57,7 +57,8 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     """A one-shot fetch with no node running: the peers given, else the trusted holders found
     on the LAN; a hash prefix resolved against the given peers' catalogs; the latest version of
     the session unless `exact` (node/follow.py); the store is opened only for each local step
-    (OpenPerUse), never while a peer is awaited."""
+    (OpenPerUse), never while a peer is awaited; a `gc` in another process is skipped meanwhile
+    (library/space.py, FETCHING_LOCK)."""
     import asyncio
     from dataclasses import replace
 
@@ -83,4 +84,8 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
                                     agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)
         return dict(result.as_dict(), note=newest.note)
 
-    return asyncio.run(fetch())
+    from p2pnode.library.space import fetching_lock
+    from sysio.locks import shared
+
+    with shared(fetching_lock(paths.ensure().home)):  # no `gc` in another process while lines are staged
+        return asyncio.run(fetch())

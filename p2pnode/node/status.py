@@ -36,7 +36,8 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
         "home": home,
         "mdns": mdns,
         "catalog_generation": catalog.generation,
-        "shared": [{"branch": b.branch, "title": b.title, "size": b.size} for b in branches],
+        "shared": [{"branch": b.branch, "title": b.title, "size": b.size, "withheld": b.withheld}
+                   for b in branches],
         "peers": peers,
         "transfers": transfers or [],
         "store_bytes": (space or {}).get("store_bytes"),

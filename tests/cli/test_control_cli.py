@@ -7,15 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from corpus import A3, B5
 from procnode import Node
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer.trust import TrustStore
-
-BETA = "sessions/--tmp-pi-harness-work-beta--"
-B5 = f"{BETA}/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A3 = f"{ALPHA}/2026-11-21T19-26-32-251Z_01a1ff93-173a-7744-89ad-bbc16c12cc22.jsonl"
 
 
 @pytest.fixture

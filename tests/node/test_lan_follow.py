@@ -13,18 +13,10 @@ from pathlib import Path
 
 import pytest
 from lab import Lab
-from lannode import LanNode, place, running, wait_for
+from lannode import LanNode, Laptop, place, running, wait_for
 from pifork import ROOT_FORK
 
 pytestmark = pytest.mark.lab
-
-
-class Laptop(LanNode):
-    @property
-    def env(self) -> dict[str, str]:
-        home = self.agent.parent / "home"
-        home.mkdir(exist_ok=True)
-        return dict(super().env, HOME=str(home))
 
 
 @pytest.fixture

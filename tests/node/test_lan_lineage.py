@@ -16,22 +16,12 @@ from typing import Any
 
 import pytest
 from lab import Lab
-from lannode import LanNode, place, running, wait_for
+from lannode import LanNode, Laptop, place, running, wait_for
 from pifork import ROOT_FORK, pi_fork
 
 from p2pnode.paths import NodePaths
 
 pytestmark = pytest.mark.lab
-
-
-class Laptop(LanNode):
-    """A LanNode with its own HOME too, as on a laptop of its own."""
-
-    @property
-    def env(self) -> dict[str, str]:
-        home = self.agent.parent / "home"
-        home.mkdir(exist_ok=True)
-        return dict(super().env, HOME=str(home))
 
 
 def fetched(node: LanNode, branch: str) -> dict[str, Any]:

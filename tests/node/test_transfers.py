@@ -5,7 +5,6 @@ runs `serve-peers` behind a relay that throttles what it sends (a slow peer), th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from procnode import PY, Node
+from relay import Relay
 
 from p2pnode.node.control_client import call_node
 from p2pnode.paths import NodePaths
@@ -21,48 +21,6 @@ from p2pnode.peer.trust import TrustStore
 
 HEADER = (b'{"type":"session","version":3,"id":"slow","timestamp":"2026-11-21T20:00:00.000Z",'
           b'"cwd":"/w/slowproj"}\n')
-
-
-class SlowRelay:
-    """A TCP relay on loopback that sends toward the client at most `rate` bytes/s (a slow peer);
-    it counts what it relayed and the connections still open."""
-
-    def __init__(self, target_port: int, rate: int) -> None:
-        self.target_port = target_port
-        self.rate = rate
-        self.relayed = 0
-        self.open = 0
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server
-        self.server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.server.wait_closed(), 5)
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        self.open += 1
-        sr, sw = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, slow: bool) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await r.read(8192 if slow else 65536):
-                    w.write(data)
-                    await w.drain()
-                    if slow:
-                        self.relayed += len(data)
-                        await asyncio.sleep(len(data) / self.rate)
-            for writer in (cw, sw):
-                writer.transport.abort()
-
-        try:
-            await asyncio.gather(pipe(cr, sw, False), pipe(sr, cw, True))
-        finally:
-            self.open -= 1
 
 
 @pytest.fixture
@@ -94,7 +52,7 @@ def _status(node: Node) -> dict:
 async def test_ctrl_c_on_the_waiting_cli_stops_the_nodes_transfer(pair) -> None:
     a, b, branch = pair
     with a.serving() as port, b.node_running():
-        async with (relay := SlowRelay(port, rate=150_000)) as slow_port:
+        async with (relay := Relay(port, rate=150_000)) as slow_port:
             cli = await asyncio.create_subprocess_exec(
                 PY, "-m", "p2pnode", "fetch", branch[:12], "--from", f"127.0.0.1:{slow_port}", env=b.env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -121,7 +79,7 @@ async def test_ctrl_c_on_the_waiting_cli_stops_the_nodes_transfer(pair) -> None:
 async def test_background_fetch_returns_at_once_and_status_shows_it(pair) -> None:
     a, b, branch = pair
     with a.serving() as port, b.node_running():
-        async with (relay := SlowRelay(port, rate=600_000)) as slow_port:
+        async with (relay := Relay(port, rate=600_000)) as slow_port:
             started = json.loads(b.run("fetch", branch, "--from", f"127.0.0.1:{slow_port}", "--background",
                                        "--json").stdout)
             assert started["branch"] == branch and started["background"] is True

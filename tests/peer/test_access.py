@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from corpus import A6
 
 from p2pnode.library import access
 from p2pnode.library.api import Library, ShareResult
@@ -22,8 +23,6 @@ from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.tls import client_context
 from p2pnode.peer.trust import TrustStore
 
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A6 = f"{ALPHA}/2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl"
 NOWHERE = "e" * 64
 
 

@@ -12,6 +12,7 @@ import aiohttp
 import blake3
 import pytest
 import zstandard
+from corpus import A1
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,8 +38,6 @@ STREAM_VECTOR = (
     "740000" "402c226e223a327d0a0100364f20"  # compressed block of 14 bytes (a match into line 1)
     + "00" * 32 + "ffff" "02000000" "00000000"  # end frame: 2 blobs
 )
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A1 = f"{ALPHA}/2026-11-21T19-26-27-092Z_01a1ff93-0313-7475-8d45-88a780e9fa37.jsonl"
 
 
 def h(data: bytes) -> bytes:

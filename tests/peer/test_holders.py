@@ -5,9 +5,7 @@ did (served lines, or dropped and why).  No assertion on wall time: the stall de
 checked through the reason the result gives."""
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import dataclasses
 import json
 import logging
@@ -18,6 +16,8 @@ from pathlib import Path
 
 import blake3
 import pytest
+from corpus import A1
+from relay import Relay
 
 from p2pnode.errors import NotFound
 from p2pnode.library.api import Library
@@ -32,8 +32,6 @@ from p2pnode.pi.lines import LineRef
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A1 = f"{ALPHA}/2026-11-21T19-26-27-092Z_01a1ff93-0313-7475-8d45-88a780e9fa37.jsonl"
 FETCH_LIMITS = wire.Limits(batch_target_bytes=64 << 10)
 """Small batches, so that a 3 MB session makes dozens of groups to share out."""
 WORDS = [f"w{i:03d}" for i in range(400)]
@@ -61,66 +59,6 @@ def big_session(corpus: Path, lines: int = 120, seed: int = 7) -> bytes:
         out.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
         parent = entry["id"]
     return b"".join(out)
-
-
-class Relay:
-    """A TCP relay on loopback in front of one holder.  `rate`: bytes per second toward the
-    fetcher, per connection (None: as fast as it goes).  `cut_after`: once that many bytes
-    went toward the fetcher in all, every connection is cut and new ones are refused (a
-    holder that goes away mid-transfer).  `hold`: seconds each connection's first bytes toward
-    the fetcher are held back (a busy node slow to start its answers)."""
-
-    def __init__(self, target_port: int, rate: int | None = None, cut_after: int | None = None,
-                 hold: float = 0.0) -> None:
-        self.target_port, self.rate, self.cut_after, self.hold = target_port, rate, cut_after, hold
-        self.relayed = 0
-        self.cut = False
-        self.live: set[asyncio.StreamWriter] = set()
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        assert self.server
-        self.server.close()
-        for w in list(self.live):
-            w.transport.abort()
-        await self.server.wait_closed()
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        if self.cut:
-            cw.transport.abort()
-            return
-        sr, sw = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.live.update((cw, sw))
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, toward_fetcher: bool) -> None:
-            piece = max(1, self.rate // 10) if self.rate and toward_fetcher else 65536
-            held = toward_fetcher and self.hold > 0
-            with contextlib.suppress(ConnectionError):
-                while data := await r.read(piece):
-                    if held:
-                        await asyncio.sleep(self.hold)
-                        held = False
-                    w.write(data)
-                    await w.drain()
-                    if not toward_fetcher:
-                        continue
-                    self.relayed += len(data)
-                    if self.cut_after is not None and self.relayed >= self.cut_after:
-                        self.cut = True
-                        for live in list(self.live):
-                            live.transport.abort()
-                        break
-                    if self.rate:
-                        await asyncio.sleep(len(data) / self.rate)
-            for writer in (cw, sw):
-                writer.transport.abort()
-                self.live.discard(writer)
-
-        await asyncio.gather(pipe(cr, sw, False), pipe(sr, cw, True))
 
 
 class LyingLibrary:
@@ -174,7 +112,7 @@ class World:
         await h.server.start("127.0.0.1", 0)
         port = h.port
         if rate is not None or cut_after is not None or hold:
-            h.relay = Relay(port, rate, cut_after, hold)
+            h.relay = Relay(port, rate=rate, cut_after=cut_after, hold=hold)
             port = await h.relay.start()
         return PeerAddress(h.identity.node_id, "127.0.0.1", port)
 

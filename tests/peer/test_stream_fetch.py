@@ -4,7 +4,7 @@ with only what was not yet verified crossing the wire.
 
 Real processes on loopback (tests/procnode.py), real Pi-shaped sessions with base64 image lines
 as pi writes them (docs: /work/shared/notes/pi-session-format.md), a TCP relay that tells when
-a share of the transfer has gone through (test_transfer.CuttingProxy).
+a share of the transfer has gone through (tests/relay.py).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import blake3
 import pytest
 from procnode import PY, Node
+from relay import Relay
 from skips import KERNEL_LIMITATION
-from test_transfer import CuttingProxy
 
 from p2pnode.library.api import Library
 from p2pnode.node.control_client import control_socket
@@ -84,7 +84,7 @@ async def fetch_killed_at(node: Node, branch: str, port: int, at_bytes: int, *, 
     fetcher's store has taken in that many bytes of lines: what the fetch has verified, not what
     waits in socket buffers (on a loaded machine the relay runs megabytes ahead of the fetch).
     Returns the bytes relayed toward the fetcher when it was killed."""
-    proxy = CuttingProxy(port, cut_after=None, notify_at=0 if staged else at_bytes)
+    proxy = Relay(port, notify_at=0 if staged else at_bytes)
     proxy_port = await proxy.start()
     pack = NodePaths(node.home).store / "blobs.pack"
     start = pack.stat().st_size if pack.exists() else 0

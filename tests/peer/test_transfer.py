@@ -6,7 +6,6 @@ sharer runs `p2pnode serve-peers`.  Sessions are the real Pi files from the corp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -14,20 +13,14 @@ from pathlib import Path
 import blake3
 import pytest
 import zstandard
+from corpus import A3, B1, B2, B3, B5
 from procnode import PY, Node
+from relay import Relay
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.identity import load_or_create_identity, parse_node_id
 from p2pnode.peer.trust import TrustStore
-
-BETA = "sessions/--tmp-pi-harness-work-beta--"
-B1 = f"{BETA}/2026-11-21T19-26-46-592Z_01a1ff93-4f3f-74a0-8c1a-0b533764bed8.jsonl"
-B2 = f"{BETA}/2026-11-21T19-26-52-475Z_01a1ff93-663b-7434-a15c-ca966db56817.jsonl"
-B3 = f"{BETA}/2026-11-21T19-26-52-785Z_01a1ff93-6771-72be-be7a-758d028dc479.jsonl"
-B5 = f"{BETA}/2026-11-21T19-26-53-423Z_01a1ff93-69ef-76bb-aaf0-d291c98d9fe0.jsonl"
-ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
-A3 = f"{ALPHA}/2026-11-21T19-26-32-251Z_01a1ff93-173a-7744-89ad-bbc16c12cc22.jsonl"
 
 
 @pytest.fixture
@@ -148,60 +141,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class CuttingProxy:
-    """A TCP relay on loopback that cuts its first connection after `cut_after` bytes toward the
-    client (a link that drops mid-transfer); later connections are relayed whole.  `reached`
-    is set once `notify_at` bytes went toward the client."""
-
-    def __init__(self, target_port: int, cut_after: int | None, notify_at: int = 0) -> None:
-        self.target_port = target_port
-        self.cut_after = cut_after
-        self.notify_at = notify_at
-        self.relayed = 0
-        self.reached = asyncio.Event()
-        self.connections = 0
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        assert self.server
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        limit = self.cut_after if self.connections == 1 else None
-        sr, sw = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, budget: int | None) -> None:
-            sent = 0
-            with contextlib.suppress(ConnectionError):
-                while data := await r.read(65536):
-                    if budget is not None and sent + len(data) > budget:
-                        w.write(data[: budget - sent])
-                        break
-                    w.write(data)
-                    sent += len(data)
-                    if w is cw:
-                        self.relayed += len(data)
-                        if self.notify_at and self.relayed >= self.notify_at:
-                            self.reached.set()
-                    await w.drain()
-            for writer in (cw, sw):
-                writer.transport.abort()
-
-        await asyncio.gather(pipe(cr, sw, None), pipe(sr, cw, limit))
-
-
 async def test_cut_link_resumes_without_starting_over(nodes) -> None:
     a, b, c = nodes
     branch = a.run("share", str(a.agent / A3)).stdout.split()[0]
     with a.serving() as port:
         clean = c.fetch_json(branch, "--from", f"127.0.0.1:{port}")
-        proxy = CuttingProxy(port, cut_after=clean["bytes_received"] // 2)
+        proxy = Relay(port, drop_first_after=clean["bytes_received"] // 2)
         proxy_port = await proxy.start()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -250,7 +195,7 @@ async def test_fetch_killed_mid_transfer_leaves_nothing(nodes, tmp_path: Path) -
                                        + b'"}\n' for _ in range(60)))  # 24 MB, incompressible
     branch = a.run("share", str(path)).stdout.split()[0]
     with a.serving() as port:
-        proxy = CuttingProxy(port, cut_after=None, notify_at=8_000_000)
+        proxy = Relay(port, notify_at=8_000_000)
         proxy_port = await proxy.start()
         try:
             proc = await asyncio.create_subprocess_exec(
