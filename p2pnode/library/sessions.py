@@ -38,8 +38,8 @@ from p2pnode.pi.session import (
     SessionHeader,
     find_header,
     is_header_candidate,
-    line_title,
     parse_header,
+    titles_after,
 )
 from store.api import Store
 from store.errors import StoreError
@@ -252,12 +252,7 @@ class _Importer:
             self._offset += len(line)
         if self.check_json and not _is_json(line):
             self.warnings.append(f"{self.where}: line {self.lines_seen} is not JSON (shared verbatim anyway)")
-        if b'"session_info"' in line or (self.first_user is None and b'"role":"user"' in line):
-            found = line_title(line)
-            if found and found[0] == "name":
-                self.name = found[1]
-            elif found and self.first_user is None:
-                self.first_user = found[1]
+        self.name, self.first_user = titles_after(line, self.name, self.first_user)
         if self.header is None:
             self.header = line
             return

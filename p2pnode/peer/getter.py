@@ -29,9 +29,9 @@ from p2pnode.pi.session import (
     SessionHeader,
     header_index,
     is_header_candidate,
-    line_title,
     parse_header,
     placed_names,
+    titles_after,
 )
 
 AHEAD_LIMIT = 32 << 20
@@ -263,12 +263,7 @@ class SessionGetter:
                     self._placed = new_hasher()
                     parts = [line if line.endswith(b"\n") else line + b"\n", *before]
         check_nesting(line, number, self.src)
-        if b'"session_info"' in line or (self.first_user is None and b'"role":"user"' in line):
-            found = line_title(line)
-            if found and found[0] == "name":
-                self.name = found[1]
-            elif found and self.first_user is None:
-                self.first_user = found[1]
+        self.name, self.first_user = titles_after(line, self.name, self.first_user)
         return self._out(parts)
 
     def _out(self, parts: list[bytes]) -> list[bytes]:

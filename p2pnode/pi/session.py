@@ -316,6 +316,18 @@ def has_system_prompt(path: Path) -> bool:
 # --- what `ls` shows ----------------------------------------------------------------------
 
 
+def titles_after(line: bytes, name: str | None, first_user: str | None) -> tuple[str | None, str | None]:
+    """(session name, first user message) once `line` is read too: the last session_info
+    names the session; the first user message is kept."""
+    if b'"session_info"' in line or (first_user is None and b'"role":"user"' in line):
+        found = line_title(line)
+        if found and found[0] == "name":
+            return found[1], first_user
+        if found and first_user is None:
+            return name, found[1]
+    return name, first_user
+
+
 def line_title(line: bytes) -> tuple[str, str] | None:
     """("name", text) for a session_info line, ("user", text) for a user message, else None.
 
