@@ -63,7 +63,7 @@ async def test_a_peer_answering_every_wait_at_once_is_not_polled_in_a_busy_loop(
     address = await liar.start()
     try:
         await node.follows._c_follow({"target": branch, "peers": [str(address)]})
-        f = node.follows.follows[branch]
+        f = node.follows.follows.items[branch]
         for _ in range(100):  # the first version arrives (a correctness bound, not a speed one)
             if f.branch == branch:
                 break
@@ -101,7 +101,7 @@ async def test_a_newer_version_that_is_not_an_extension_is_not_placed(tmp_path: 
     address = await liar.start()
     try:
         await node.follows._c_follow({"target": first, "peers": [str(address)]})
-        f = node.follows.follows[first]
+        f = node.follows.follows.items[first]
         for _ in range(100):
             if f.path is not None:
                 break
@@ -176,7 +176,7 @@ async def test_a_peer_trickling_its_catalog_is_given_up(tmp_path: Path, corpus_d
     address = await liar.start()
     try:
         await node.follows._c_follow({"target": branch, "peers": [str(address)]})
-        f = node.follows.follows[branch]
+        f = node.follows.follows.items[branch]
         for _ in range(100):
             if any("not in within" in e.get("message", "") for e in f.events):
                 break
