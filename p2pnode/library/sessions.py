@@ -635,7 +635,6 @@ class SessionStore:
             self._save()
         return record
 
-
     def withdraw(self, branch: str, why: str) -> BranchRecord:
         """Stop offering a branch and remember why ("unshared" or "expired"); a branch that is
         not offered (fetched and never shared here, or withdrawn already) stays as it is."""
