@@ -73,6 +73,9 @@ DEFAULT_PORT = 47470
 LIVENESS_INTERVAL = 5.0
 LIVENESS_TIMEOUT = 4.0
 HOLDER_QUERY_SECONDS = 2.0
+ANNOUNCE_EVERY = 5.0
+"""Versions come fast while Pi writes a live file: peers waiting for a change hear of each at
+once, mDNS (three multicasts per record) of the latest at most this often."""
 CONTROL_MAX_BODY = 1 << 20
 """Largest control request body (bytes); more is answered 413.  Real ones are under 1 KiB."""
 FETCH_LIMITS = dataclasses.replace(DEFAULT_LIMITS, slow_reader_timeout=8.0)
@@ -99,6 +102,8 @@ class Node:
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
         self._announce_lock = asyncio.Lock()
+        self._announcer: asyncio.Task[None] | None = None
+        self._announce_again = False
         self.discovery: Discovery | None = None
 
     async def start(self) -> None:
@@ -203,6 +208,28 @@ class Node:
             newest = sorted(catalog.branches, key=lambda b: b.shared_at or 0, reverse=True)
             recent = [b.branch for b in newest]
             await self.discovery.announce(self.port, catalog.generation, recent)
+
+    def announce_soon(self) -> None:
+        """Answer the peers waiting for a change now; announce the catalog over mDNS in the
+        background.  A registration is three broadcasts 225 ms apart (a new branch's subtype is
+        probed first, ~1 s), so no control answer waits for it; changes that come while one is
+        sent (a live file Pi is writing) coalesce into one more, at most every ANNOUNCE_EVERY s."""
+        self.peer_server.notify_changed()
+        self._announce_again = True
+        if self._announcer is None or self._announcer.done():
+            self._announcer = asyncio.ensure_future(self._announce_pending())
+            self._tasks.append(self._announcer)
+
+    async def _announce_pending(self) -> None:
+        while self._announce_again:
+            self._announce_again = False
+            try:
+                await self.announce()
+            except Exception as exc:  # mDNS trouble must not fail what was already shared
+                log.warning("announcing the catalog failed: %s", exc)
+            if self._announce_again:
+                await asyncio.sleep(ANNOUNCE_EVERY)
+        self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]
 
     def is_trusted(self, node_id: str) -> bool:
         try:
@@ -314,14 +341,14 @@ class Node:
                                          expires=_field(body, "expires", str),
                                          to=_field(body, "to", list, str))
         log.info("shared %s (%s)", result.branch, result.path)
-        await self.announce()
+        self.announce_soon()
         return result.as_dict()
 
     async def _c_unshare(self, body: dict[str, Any]) -> dict[str, Any]:
         branch = _field(body, "branch", str) or ""
         await asyncio.to_thread(self.lib.unshare, branch)
         log.info("unshared %s", branch)
-        await self.announce()
+        self.announce_soon()
         return {"branch": branch}
 
     def trusted_online(self) -> list[PeerAddress]:
@@ -357,7 +384,7 @@ class Node:
         finally:
             self.lib.leases.release()
         log.info("fetched %s", newest.branch)
-        await self.announce()
+        self.announce_soon()
         return dict(result.as_dict(), note=newest.note)
 
     async def _candidates(self, target: str) -> list[PeerAddress]:

@@ -417,7 +417,7 @@ class Follows:
                     written=result.written, conflict=result.conflict, from_peer=str(address))
         log.info("follow %s: version %s (%d lines, +%d) from %s", f.key[:16], entry.branch[:16], info.lines,
                  info.lines - before, address)
-        self.node.live.changed()  # the catalog's generation moved (the fetched branch is not offered)
+        self.node.announce_soon()  # the catalog's generation moved (the fetched branch is not offered)
 
 
 def lan_peers(node: Node) -> list[PeerAddress]:

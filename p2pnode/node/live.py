@@ -6,13 +6,12 @@ hasher (pi/hashing.py) reads only the bytes added since the last share and the s
 only the new lines, so an update costs O(new bytes).  A line Pi is still writing is left for
 the next share, as always.  A new version changes the catalog: the peers waiting for a
 change are answered at once (node/follow.py, docs/PROTOCOL.md), and the mDNS records are
-announced again at most every ANNOUNCE_EVERY seconds (each is three multicasts).  Live files
+announced again at most every daemon.ANNOUNCE_EVERY seconds (`Node.announce_soon`).  Live files
 are kept in `<home>/live.json` and watched again when the node restarts.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -32,9 +31,6 @@ log = logging.getLogger(__name__)
 LIVE_FILE = "live.json"
 POLL_SECONDS = 0.5
 """How often a live file is stat'ed: a new line is shared within this long of being written."""
-ANNOUNCE_EVERY = 5.0
-"""Live versions come fast while Pi writes; peers waiting for a change hear of each at once,
-mDNS (three multicasts per record) of the latest at most this often."""
 
 
 @dataclass
@@ -63,8 +59,6 @@ class LiveShares:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.live: PersistedTasks[Live] = PersistedTasks(node.paths.home / LIVE_FILE, self._watch)
-        self._dirty = False
-        self._announcer: asyncio.Task[None] | None = None
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         return {"live": self._c_live, "unlive": self._c_unlive}
@@ -76,31 +70,10 @@ class LiveShares:
                                                     bool(entry.get("allow_secrets")), entry.get("branch")))
 
     async def close(self) -> None:
-        if self._announcer is not None:
-            self._announcer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._announcer
         await self.live.close()
 
     def status(self) -> list[dict[str, Any]]:
         return self.live.status()
-
-    def changed(self) -> None:
-        """The catalog changed: peers waiting for a change are answered now, the mDNS records
-        are announced again soon (at most every ANNOUNCE_EVERY s)."""
-        self.node.peer_server.notify_changed()
-        self._dirty = True
-        if self._announcer is None or self._announcer.done():
-            self._announcer = asyncio.ensure_future(self._announce())
-
-    async def _announce(self) -> None:
-        while self._dirty:
-            self._dirty = False
-            try:
-                await self.node.announce()
-            except Exception as exc:  # mDNS trouble must not end live sharing
-                log.warning("announcing the catalog failed: %s", exc)
-            await asyncio.sleep(ANNOUNCE_EVERY)
 
     async def _c_live(self, body: dict[str, Any]) -> dict[str, Any]:
         path, pi, cwd = body.get("path"), body.get("pi"), body.get("cwd")
@@ -154,4 +127,4 @@ class LiveShares:
             live.branch = result.branch
             self.live.save()
             log.info("live: shared %s again (%s, %d lines)", live.path, result.branch[:16], result.lines)
-            self.changed()
+            self.node.announce_soon()

@@ -52,18 +52,9 @@ def announce_on_change(node: Node) -> None:
 
     def changed() -> None:
         if not loop.is_closed():  # a GC thread may finish after the node stopped
-            loop.call_soon_threadsafe(_spawn, node)
+            loop.call_soon_threadsafe(node.announce_soon)
 
     node.lib.add_listener(changed)
-
-
-_pending: set[asyncio.Task[None]] = set()
-
-
-def _spawn(node: Node) -> None:
-    task = asyncio.ensure_future(node.announce())
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
 
 
 async def background_gc(lib: Library, every: float = space.GC_CHECK_SECONDS) -> None:
