@@ -27,6 +27,7 @@ from store import (
     UnknownContext,
     UnknownTurn,
 )
+from store.fsck import fsck
 from store.layout import (
     CODEC_RAW,
     CODEC_ZSTD,
@@ -355,3 +356,51 @@ def test_put_stored_blobs_checks_all_then_commits_once(tmp_path: Path) -> None:
         assert b.put_stored_blobs(sent) == [s.hash for s in sent]
         assert len(syncs) == 1 and b.payloads([]) == []
         assert [b.get_blob(s.hash, verify=True) for s in sent] == payloads
+
+
+def test_a_big_batch_writes_its_new_blobs_in_one_write_once_each(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from store.files import blobpack
+
+    payloads = [text(500 + i, 12_000) for i in range(60)]  # big enough for the prepare threads
+    batch = payloads + payloads[:10] + [payloads[0]]  # repeats inside the batch, and of held blobs
+    writes: list[int] = []
+    real_write = blobpack.write_at
+    monkeypatch.setattr(blobpack, "write_at", lambda fd, data, off: (writes.append(len(data)),
+                                                                     real_write(fd, data, off))[1])
+    with Store.open(tmp_path / "s") as s:
+        ctx = s.create_context().context_id
+        s.append_turn(ctx, payloads[5])
+        s.pack_pending()
+        writes.clear()
+        end = s._pack.end
+        s.append_turns(ctx, [TurnInput(p) for p in batch])
+        assert writes == [s._pack.end - end]  # the 59 new records, in one write
+        assert len(s.blob_hashes()) == 60
+    with Store.open(tmp_path / "s") as s:
+        assert s.payloads(s.get_last(ctx, len(batch))) == batch
+    report = fsck(tmp_path / "s", full=True)  # re-hashes every blob in the pack
+    assert report.ok, report.summary()
+
+
+def test_concurrent_big_batches_of_shared_lines_store_each_once(tmp_path: Path) -> None:
+    payloads = [text(700 + i, 12_000) for i in range(80)]
+    barrier = threading.Barrier(4)
+    with Store.open(tmp_path / "s") as s:
+        ctxs = [s.create_context().context_id for _ in range(4)]
+
+        def append(k: int) -> None:
+            barrier.wait()
+            rnd = random.Random(k)
+            s.append_turns(ctxs[k], [TurnInput(p) for p in rnd.sample(payloads, 60)])
+
+        threads = [threading.Thread(target=append, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)  # shard locks taken in order: no deadlock
+        picked = [random.Random(k).sample(payloads, 60) for k in range(4)]
+        assert len(s.blob_hashes()) == len({p for chosen in picked for p in chosen})
+        for k in range(4):
+            assert s.payloads(s.get_last(ctxs[k], 60)) == picked[k]
