@@ -267,7 +267,7 @@ class Store:
                     # stored is None only for a blob found when prepared; GC cannot have dropped
                     # it since: callers hold the gate from packer.prepare through here
                     assert p.stored is not None
-                    rec = p.record or encode_blob(p.hash, p.codec, p.raw_len, p.stored)
+                    rec = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
                     if p.deferred:
                         with self._pending_lock:
                             self._pending[p.hash] = p.stored
@@ -295,7 +295,7 @@ class Store:
                 new = p.hash not in written and p.hash not in self._pending
                 if new and self._pack.locate(p.hash) is None:
                     assert p.stored is not None
-                    written[p.hash] = p.record or encode_blob(p.hash, p.codec, p.raw_len, p.stored)
+                    written[p.hash] = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
             self._pack.append_many(list(written.values()))
         return [self._copy_or_sync(written[p.hash]) if p.hash in written else self._ensure_blob(p)
                 for p in prepared]
@@ -456,16 +456,14 @@ class Store:
             raise BlobMismatch(h, f"its stored bytes do not decode: {exc}") from None
         if blob_hash(data) != h:
             raise BlobMismatch(h, "its bytes hash to a different BLAKE3")
-        return packer.with_record(h, blob.raw_len, blob.codec, bytes(blob.stored))
+        return packer.Prepared(h, blob.raw_len, blob.codec, bytes(blob.stored))
 
     def _trusted(self, blob: StoredBlob) -> packer.Prepared:
         if blob.raw_len > self.config.max_payload:
             raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
-        if self._pack.locate(blob.hash) is not None:
-            return packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored))
-        if blob.codec == CODEC_RAW:
+        if blob.codec == CODEC_RAW and self._pack.locate(blob.hash) is None:
             return packer.compress(self, blob.hash, bytes(blob.stored))
-        return packer.with_record(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored))
+        return packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored))
 
     def raw_lengths(self, hashes: Sequence[bytes]) -> list[int]:
         """Each blob's raw length, from the index alone (no blob is read or decoded): what a

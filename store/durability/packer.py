@@ -38,13 +38,6 @@ class Prepared:
     stored: bytes | None = None
     deferred: bool = False
     """Raw for now: the WAL carries it and the packer compresses it later."""
-    record: bytes | None = None
-    """Its BlobRecord, encoded where it was compressed or checked (a big batch's on the
-    prepare threads: the CRC and the copy stay off the write path); None: encoded when stored."""
-
-
-def with_record(h: bytes, raw_len: int, codec: int, stored: bytes) -> Prepared:
-    return Prepared(h, raw_len, codec, stored, record=encode_blob(h, codec, raw_len, stored))
 
 
 def prepare(store: Store, payload: bytes | TurnBlobRef, defer: bool = False) -> Prepared:
@@ -79,11 +72,11 @@ def compress(store: Store, h: bytes, payload: bytes) -> Prepared:
     cctx = compressor(store.config.zstd_level)
     n = len(payload)
     if n > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97:
-        return with_record(h, n, CODEC_RAW, payload)
+        return Prepared(h, n, CODEC_RAW, payload)
     packed = cctx.compress(payload)
     if len(packed) >= n:
-        return with_record(h, n, CODEC_RAW, payload)
-    return with_record(h, n, CODEC_ZSTD, packed)
+        return Prepared(h, n, CODEC_RAW, payload)
+    return Prepared(h, n, CODEC_ZSTD, packed)
 
 
 def pack_pending(store: Store) -> None:
@@ -95,8 +88,8 @@ def pack_pending(store: Store) -> None:
             if data is None:  # another packer was first
                 continue
             p = compress(store, h, data)
-            assert p.record is not None
-            store._pack.append(p.record)
+            assert p.stored is not None
+            store._pack.append(encode_blob(h, p.codec, p.raw_len, p.stored))
             with store._pending_lock:
                 del store._pending[h]
                 store._pending_bytes -= p.raw_len
@@ -108,5 +101,5 @@ def repacked(store: Store, rec: bytes) -> bytes:
     if hdr is None or hdr.codec != CODEC_RAW:
         return rec
     p = compress(store, hdr.hash, rec[BLOB_HEADER.size : BLOB_HEADER.size + hdr.stored_len])
-    assert p.record is not None
-    return rec if p.codec == CODEC_RAW else p.record
+    assert p.stored is not None
+    return rec if p.codec == CODEC_RAW else encode_blob(hdr.hash, p.codec, p.raw_len, p.stored)
