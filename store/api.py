@@ -639,6 +639,11 @@ class Store:
             run: list[Turn] = []
             jumps: list[int] = []
             size = 0
+            fresh: dict[int, Turn] = {}  # this batch's turns: most jump lookups land here, not in the LRU
+
+            def get(turn_id: int) -> Turn:
+                return fresh.get(turn_id) or self._read_turn(turn_id)
+
             for p, i, copy in zip(prepared, inputs, copies, strict=True):
                 parent = head.head_turn_id
                 depth = head.head_depth + 1 if parent != NO_TURN else 0
@@ -651,7 +656,8 @@ class Store:
                 wal.append(rec)
                 size += len(rec)
                 self._turn_cache.put(t.turn_id, t)
-                jump = self._turns.compute_jump(t, self._read_turn)
+                fresh[t.turn_id] = t
+                jump = self._turns.compute_jump(t, get)
                 self._turns.remember_jump(t.turn_id, jump)
                 run.append(t)
                 jumps.append(jump)

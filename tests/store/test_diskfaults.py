@@ -1,6 +1,7 @@
 """A failing disk, injected at the os-call layer: EIO and ENOSPC at every step.
 
-For each operation (a single append, a batch, an append with a big blob, a new context, a
+For each operation (a single append, a batch, a batch big enough for one pack write of all
+its new blobs, a fetch's staged blobs, an append with a big blob, a new context, a
 patch, a checkpoint that also rewrites blobs.idx, a GC), a clean run counts the calls it
 makes to os.write, os.pwrite, os.fdatasync, os.fsync, os.replace and os.rename; then each
 call in turn fails once with EIO and once with ENOSPC, and each write is also cut short
@@ -26,10 +27,12 @@ from typing import Any
 
 import pytest
 
-from store import Store, TurnInput
+from store import Store, StoredBlob, TurnInput
+from store.codec import blob_hash
 from store.durability import checkpoint
 from store.errors import StoreFailed, StoreFull
 from store.fsck import fsck
+from store.layout import CODEC_RAW
 from store.service.client import StoreClient
 from store.service.server import StoreServer
 from store.types import NO_TURN
@@ -120,6 +123,27 @@ def _big(s: Store, acked: Acked) -> None:
     s.append_turn(ctx, random.Random(3).randbytes(100_000))
 
 
+def _big_batch(s: Store, acked: Acked) -> None:
+    """A batch big enough for the prepare threads: its new blobs go to the pack in one write
+    (BlobPack.append_many), one of them too big for the WAL copy, one stored already.  The
+    rest compress well: the WAL stays under a quarter full (no checkpointer thread's writes)."""
+    rng = random.Random(5)
+    ctx = list(acked.heads)[1]
+    payloads = [_payload(rng, 200) * 80 for _ in range(18)]
+    payloads += [_payload(rng, 100_000), next(iter(acked.turns.values()))]
+    s.append_turns(ctx, [TurnInput(p) for p in payloads])
+
+
+def _staged(s: Store, acked: Acked) -> None:
+    """A fetch's lines staged in stored form, many at once: one pack write, one commit."""
+    rng = random.Random(6)
+    s.put_stored_blobs([_stored(_payload(rng, 20_000)) for _ in range(20)])
+
+
+def _stored(payload: bytes) -> StoredBlob:
+    return StoredBlob(blob_hash(payload), CODEC_RAW, len(payload), payload)
+
+
 def _context(s: Store, acked: Acked) -> None:
     s.create_context()
 
@@ -137,7 +161,8 @@ def _gc(s: Store, acked: Acked) -> None:
 
 
 OPERATIONS: dict[str, Callable[[Store, Acked], None]] = {
-    "append": _append, "batch": _batch, "big-blob": _big, "create-context": _context,
+    "append": _append, "batch": _batch, "big-batch": _big_batch, "staged-blobs": _staged,
+    "big-blob": _big, "create-context": _context,
     "patch": _patch, "checkpoint+index": _checkpoint, "gc": _gc,
 }
 
