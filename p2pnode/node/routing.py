@@ -4,6 +4,7 @@ command acts on the store itself (a fetch with no node: fetch_here).  Used by th
 only parses and prints."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
@@ -30,19 +31,19 @@ def open_library(paths: NodePaths) -> Any:
     return Library.open(paths)  # held by another process: StoreLocked, reported by main
 
 
-def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
-    """A ticket for `branch_hex` if this node has an identity and a running node with known
-    addresses (`share` prints it); None otherwise."""
+def share_handoff(branch_hex: str, held: Iterable[str], fingerprint: bytes | None,
+                  addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    """What `share` ends with: "fetch", the command a teammate on the LAN types (the shortest
+    prefix, at least SHARE_PREFIX hex, unique among the branches `held` here), and "ticket" for
+    off the LAN (None without an identity or an address to name).  The running node answers it
+    with the share itself (one control round trip for the CLI); with no node the CLI computes it."""
     from p2pnode.peer import wire
-    from p2pnode.peer.identity import has_identity, load_identity
+    from p2pnode.peer.offers import SHARE_PREFIX, unique_prefix
 
-    if not has_identity(paths.identity):
-        return None
-    addresses = ticket_addresses(call_node(paths, "status", {}, timeout=5.0) or {})
-    if not addresses:
-        return None
-    ident = load_identity(paths.identity)
-    return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+    ticket = None
+    if fingerprint is not None and addresses:
+        ticket = wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), fingerprint, tuple(addresses)))
+    return {"fetch": f"p2pnode fetch {unique_prefix(branch_hex, held, SHARE_PREFIX)}", "ticket": ticket}
 
 
 def ticket_addresses(status: dict[str, Any]) -> list[tuple[str, int]]:
@@ -62,7 +63,6 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     import asyncio
     from dataclasses import replace
 
-    from p2pnode.discovery.mdns import lan_peers
     from p2pnode.node.follow import fetch_newest, newest_to_fetch
     from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse
@@ -72,6 +72,8 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     async def on_lan(target: str) -> list[PeerAddress]:
         if is_session_id(target):  # mDNS is asked for branches: only a node knows who is around
             return []
+        from p2pnode.discovery.mdns import lan_peers  # here: a fetch --from never starts mDNS
+
         return await lan_peers(target, lambda n: trust.is_trusted(parse_node_id(n)))
 
     async def fetch() -> dict[str, Any]:
