@@ -11,6 +11,7 @@ from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, n
 from p2pnode.paths import NodePaths, PiDirs
 
 if TYPE_CHECKING:
+    from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.get import Progress
     from p2pnode.peer.identity import Identity
@@ -78,9 +79,10 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
 
     async def fetch() -> dict[str, Any]:
         target, given = branch, peers
-        if offers.is_prefix(target):  # which branch, from whom
-            target, given = await offers.resolve_prefix(target, given, identity, trust)
-        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact)
+        seen: dict[PeerAddress, wire.CatalogMessage] = {}
+        if offers.is_prefix(target):  # which branch, from whom (their catalogs are not asked twice)
+            target, given = await offers.resolve_prefix(target, given, identity, trust, seen)
+        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen)
         holders = newest.peers or await on_lan(newest.branch)
         result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
                                     agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)

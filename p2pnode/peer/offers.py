@@ -89,12 +89,18 @@ def is_prefix(t: str) -> bool:
     return MIN_PREFIX <= len(t) < 64 and set(t) <= _HEX
 
 
-async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity,
-                         trust: TrustStore) -> tuple[str, list[PeerAddress]]:
-    """The branch a hash prefix names among what `peers` offer, and the peers offering it."""
+async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
+                         seen: dict[PeerAddress, wire.CatalogMessage] | None = None,
+                         ) -> tuple[str, list[PeerAddress]]:
+    """The branch a hash prefix names among what `peers` offer, and the peers offering it.
+    `seen` gets each answering node's catalog under each of its addresses (so that the fetch
+    does not ask for it again: follow.newest_to_fetch's `known`)."""
     if not peers:
         raise no_peers(text)
-    return resolve(text, await ask_catalogs(by_node(peers), identity, trust))
+    answers = await ask_catalogs(by_node(peers), identity, trust)
+    if seen is not None:
+        seen.update((a, o.catalog) for o in answers if o.catalog is not None for a in o.addresses)
+    return resolve(text, answers)
 
 
 def resolve(text: str, offers: list[PeerOffer]) -> tuple[str, list[PeerAddress]]:

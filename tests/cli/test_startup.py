@@ -15,8 +15,13 @@ import pytest
 from corpus import B5
 from procnode import PY, Node
 
+from p2pnode.node.follow import newest_to_fetch
 from p2pnode.paths import NodePaths
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.identity import load_or_create_identity
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.sidecar import Sidecar
 
 HEAVY = ("aiohttp", "cryptography", "rich", "zeroconf", "store", "asyncio")
 
@@ -71,3 +76,24 @@ def test_the_progress_bar_loads_rich_only_when_it_may_draw(env: dict[str, str], 
     proc = subprocess.run([sys.executable, "-c", script], env=dict(clean, **env), capture_output=True,
                           text=True, timeout=60, check=True)
     assert proc.stdout.split() == [str(drawn), str(drawn)]
+
+
+async def test_a_fetch_by_prefix_does_not_ask_for_the_catalogs_it_resolved_with(tmp_path: Path) -> None:
+    """offers.resolve_prefix hands the catalogs it read to newest_to_fetch (`known`): the newest
+    version is found in them, with no second connection (nobody listens at the address)."""
+    nobody = PeerAddress(None, "127.0.0.1", 9)
+    first, grown = Sidecar("cd" * 32, None), Sidecar("ef" * 32, None)
+    header = {"id": "01a1ff93-0000-0000-0000-000000000001", "timestamp": None, "cwd": "/p",
+              "parent_session": None}
+    catalog = wire.CatalogMessage(1, "n", [
+        wire.CatalogEntry(first.branch, first.src, None, 100, 2, header, version=1),
+        wire.CatalogEntry(grown.branch, grown.src, None, 200, 4, header, previous=first.branch, version=2)])
+
+    async def no_lan(target: str) -> list[PeerAddress]:
+        return []
+
+    ident, trust = load_or_create_identity(tmp_path / "me"), TrustStore(tmp_path / "trust.json")
+    newest = await newest_to_fetch(first.branch, [nobody], ident, trust, no_lan, known={nobody: catalog})
+    assert (newest.branch, newest.peers, newest.extends) == (grown.branch, [nobody], (first.src, 100))
+    unknown = await newest_to_fetch(first.branch, [nobody], ident, trust, no_lan)  # asked: no answer
+    assert (unknown.branch, unknown.extends) == (first.branch, None)
