@@ -5,7 +5,6 @@ goes through render.shown / one_line before it reaches the terminal."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from datetime import datetime
@@ -13,7 +12,7 @@ from typing import Any
 
 from p2pnode.cli.render import one_line, print_json, shown
 from p2pnode.errors import PeerUnavailable
-from p2pnode.node.routing import open_library, via_node
+from p2pnode.node.routing import via_node
 from p2pnode.paths import NodePaths
 
 
@@ -40,6 +39,8 @@ def cmd_browse(args: argparse.Namespace) -> int:
 
 def _browse_here(paths: NodePaths, given: list[Any]) -> dict[str, Any]:
     """No node runs: ask the --from peers ourselves."""
+    import asyncio
+
     from p2pnode.peer.identity import load_or_create_identity
     from p2pnode.peer.offers import ask_catalogs, by_node, offered_rows
     from p2pnode.peer.trust import TrustStore
@@ -88,16 +89,6 @@ def size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
-
-
-def fetch_line(paths: NodePaths, branch: str) -> str:
-    """What a teammate types to fetch `branch`: the shortest prefix (at least SHARE_PREFIX hex)
-    unique among the branches this node holds."""
-    from p2pnode.peer.offers import SHARE_PREFIX, unique_prefix
-
-    with open_library(paths) as lib:
-        held = [b.branch for b in lib.branches(include_unshared=True)]
-    return f"p2pnode fetch {unique_prefix(branch, held, SHARE_PREFIX)}"
 
 
 def print_handoff(command: str, ticket: str | None) -> None:

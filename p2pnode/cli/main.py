@@ -39,7 +39,7 @@ from p2pnode.cli.render import (
 )
 from p2pnode.cli.space import add_space_commands
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
-from p2pnode.node.routing import open_library, ticket_for, via_node
+from p2pnode.node.routing import open_library, share_handoff, via_node
 from p2pnode.paths import NodePaths
 
 Command = Callable[[argparse.Namespace], int]
@@ -138,12 +138,15 @@ def cmd_share(args: argparse.Namespace) -> int:
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
                "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
-    result = via_node(node_paths(args), "share", payload)
+    result = via_node(node_paths(args), "share", payload)  # with "fetch" and "ticket" (share_handoff)
     if result is None:
         with open_library(node_paths(args)) as lib:
             result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
                                allow_secrets=args.allow_secrets, redact=args.redact,
                                expires=payload["expires"], to=payload["to"]).as_dict()
+            held = [b.branch for b in lib.branches(include_unshared=True)]
+        result.update(share_handoff(result["branch"], held, None, []))  # no node: no address for a ticket
+    ticket, command = result.pop("ticket"), result.pop("fetch")
     print_share_notes(result)
     for warning in result.get("warnings", []):
         print(f"p2pnode: warning: {shown(warning)}", file=sys.stderr)
@@ -151,8 +154,6 @@ def cmd_share(args: argparse.Namespace) -> int:
         print(f"p2pnode: note: {shown(notice)}", file=sys.stderr)
     if args.live:
         start_live(node_paths(args), result, pi, os.getcwd(), args.allow_secrets)
-    ticket = ticket_for(node_paths(args), result["branch"])  # peers' addition: None without identity+address
-    command = browse.fetch_line(node_paths(args), result["branch"])
     if args.json:
         print_json(dict(result, ticket=ticket, fetch=command) if ticket else dict(result, fetch=command))
     else:

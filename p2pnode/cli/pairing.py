@@ -3,7 +3,6 @@ printing only (the work is node/pairing.py's and node/names.py's)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,8 @@ def _show_code(args: argparse.Namespace, info: dict[str, Any]) -> None:
 
 
 def cmd_pair(args: argparse.Namespace) -> int:
+    import asyncio
+
     from p2pnode.node import pairing
     from p2pnode.peer.address import PeerAddress
 

@@ -2,16 +2,20 @@
 verified, the same for a one-shot fetch (fed by get.py's progress callback through a
 ProgressMeter) and for one the running node does (fed by its streamed events).  Nothing is
 drawn when stderr is not a terminal, nor for a transfer under MIN_BYTES that ends before
-anything would be worth seeing; stdout (the result, `--json`) is never touched."""
+anything would be worth seeing; stdout (the result, `--json`) is never touched.  rich is
+imported only when stderr may be a terminal: a scripted fetch does not pay for it."""
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
+import os
+import sys
+from typing import TYPE_CHECKING, Any
 
 from p2pnode.cli.render import transfer_detail
 from p2pnode.peer.progress import ProgressInfo, ProgressMeter, TransferProgress
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 MIN_BYTES = 1 << 20
 
@@ -21,8 +25,12 @@ class FetchProgress:
     `view.show(TransferProgress)` for the node's events; the bar is removed at the end."""
 
     def __init__(self, peers: list[str] | None = None, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
-        self.enabled = self.console.is_terminal
+        if console is None and _may_be_terminal():
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console
+        self.enabled = console is not None and console.is_terminal
         self.meter = ProgressMeter(peers, on_change=self.show)
         self._bar: Progress | None = None
         self._task: TaskID | None = None
@@ -46,6 +54,8 @@ class FetchProgress:
         if not self.enabled or not p.bytes_total or p.bytes_total < MIN_BYTES:
             return
         if self._bar is None:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
             self._bar = Progress(TextColumn("fetch"), BarColumn(), DownloadColumn(),
                                  TextColumn("{task.fields[detail]}"), console=self.console, transient=True,
                                  auto_refresh=False)  # drawn at each report: the node sends 5 a second
@@ -55,3 +65,9 @@ class FetchProgress:
         self._bar.update(self._task, completed=p.bytes_done, total=p.bytes_total,
                          detail=transfer_detail(p.as_dict()))
         self._bar.refresh()
+
+
+def _may_be_terminal() -> bool:
+    """False when rich's Console(stderr=True).is_terminal would be False for sure (stderr not a
+    tty, and neither FORCE_COLOR nor TTY_COMPATIBLE=1 says otherwise); True: ask rich."""
+    return sys.stderr.isatty() or "FORCE_COLOR" in os.environ or os.environ.get("TTY_COMPATIBLE") == "1"

@@ -14,7 +14,7 @@ browses mDNS itself with `discovery.lan_peers`).  Control endpoints (all POST, J
 out; errors carry the CLI exit code):
     /v1/status {}                                     -> await Node.status()
     /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact", "expires", "to"}
-                                                      -> ShareResult.as_dict()
+                                                      -> ShareResult.as_dict() + "fetch", "ticket"
     /v1/unshare {"branch"}                            -> {"branch"}
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi", "exact"} -> FetchResult.as_dict() + "note"
                                 (streamed, in the background, cancelled: node/transfers.py)
@@ -54,6 +54,7 @@ from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answe
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
 from p2pnode.node.live import LiveShares
 from p2pnode.node.pairing import NodePairing
+from p2pnode.node.routing import share_handoff, ticket_addresses
 from p2pnode.node.status import build_status, trusted_peer
 from p2pnode.node.transfers import Transfers
 from p2pnode.paths import NodePaths, PiDirs
@@ -342,7 +343,14 @@ class Node:
                                          to=_field(body, "to", list, str))
         log.info("shared %s (%s)", result.branch, result.path)
         self.announce_soon()
-        return result.as_dict()
+        return dict(result.as_dict(), **await asyncio.to_thread(self._share_handoff, result.branch))
+
+    def _share_handoff(self, branch: str) -> dict[str, Any]:
+        """The fetch command and ticket `share` prints (node/routing.share_handoff), answered
+        with the share: the CLI then needs no second round trip, no identity and no library."""
+        held = [b.branch for b in self.lib.branches(include_unshared=True)]
+        addresses = ticket_addresses({"port": self.port, "addresses": listen_addresses(self.config.host)})
+        return share_handoff(branch, held, self.identity.fingerprint, addresses)
 
     async def _c_unshare(self, body: dict[str, Any]) -> dict[str, Any]:
         branch = _field(body, "branch", str) or ""

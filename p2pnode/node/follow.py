@@ -118,17 +118,19 @@ FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
 
 
 async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
-                          find_peers: FindPeers, *, exact: bool = False) -> Newest:
+                          find_peers: FindPeers, *, exact: bool = False,
+                          known: dict[PeerAddress, wire.CatalogMessage] | None = None) -> Newest:
     """What `fetch <target>` fetches: with `exact` and a branch hash, that branch; else the newest
     version of its session among the catalogs of `peers` (or of `find_peers(target)`).  A hash
     no catalog lists is fetched as it is (the fetch then says who has it); a session id nobody
-    offers is NotFound."""
+    offers is NotFound.  `known`: catalogs this fetch already read (offers.resolve_prefix's),
+    not asked again."""
     session = is_session_id(target)
     if exact and not session:
         return Newest(target, peers, None)
     candidates = peers or await find_peers(target)
-    catalogs = await asyncio.gather(*(asyncio.wait_for(get_catalog(p, identity, trust), CATALOG_TIMEOUT)
-                                      for p in candidates), return_exceptions=True)
+    catalogs = await asyncio.gather(*(_catalog(p, identity, trust, known or {}) for p in candidates),
+                                    return_exceptions=True)
     answered = [(p, c) for p, c in zip(candidates, catalogs, strict=True)
                 if isinstance(c, wire.CatalogMessage)]
     found = [(p, e) for p, c in answered if (e := newest_entry(c.branches, target)) is not None]
@@ -152,6 +154,13 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
     note = (f"{what} latest version{f' (v{best.version})' if best.version else ''} is {best.branch}: "
             f"fetching that{'' if session else ' (--exact fetches the one asked for)'}")
     return Newest(best.branch, offering, note, target if session else None, extends)
+
+
+async def _catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,
+                   known: dict[PeerAddress, wire.CatalogMessage]) -> wire.CatalogMessage:
+    if peer in known:
+        return known[peer]
+    return await asyncio.wait_for(get_catalog(peer, identity, trust), CATALOG_TIMEOUT)
 
 
 async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: Identity, trust: TrustStore,

@@ -4,12 +4,14 @@ command acts on the store itself (a fetch with no node: fetch_here).  Used by th
 only parses and prints."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
 from p2pnode.paths import NodePaths, PiDirs
 
 if TYPE_CHECKING:
+    from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.get import Progress
     from p2pnode.peer.identity import Identity
@@ -30,19 +32,19 @@ def open_library(paths: NodePaths) -> Any:
     return Library.open(paths)  # held by another process: StoreLocked, reported by main
 
 
-def ticket_for(paths: NodePaths, branch_hex: str) -> str | None:
-    """A ticket for `branch_hex` if this node has an identity and a running node with known
-    addresses (`share` prints it); None otherwise."""
+def share_handoff(branch_hex: str, held: Iterable[str], fingerprint: bytes | None,
+                  addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    """What `share` ends with: "fetch", the command a teammate on the LAN types (the shortest
+    prefix, at least SHARE_PREFIX hex, unique among the branches `held` here), and "ticket" for
+    off the LAN (None without an identity or an address to name).  The running node answers it
+    with the share itself (one control round trip for the CLI); with no node the CLI computes it."""
     from p2pnode.peer import wire
-    from p2pnode.peer.identity import has_identity, load_identity
+    from p2pnode.peer.offers import SHARE_PREFIX, unique_prefix
 
-    if not has_identity(paths.identity):
-        return None
-    addresses = ticket_addresses(call_node(paths, "status", {}, timeout=5.0) or {})
-    if not addresses:
-        return None
-    ident = load_identity(paths.identity)
-    return wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), ident.fingerprint, tuple(addresses)))
+    ticket = None
+    if fingerprint is not None and addresses:
+        ticket = wire.encode_ticket(wire.Ticket(bytes.fromhex(branch_hex), fingerprint, tuple(addresses)))
+    return {"fetch": f"p2pnode fetch {unique_prefix(branch_hex, held, SHARE_PREFIX)}", "ticket": ticket}
 
 
 def ticket_addresses(status: dict[str, Any]) -> list[tuple[str, int]]:
@@ -62,7 +64,6 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     import asyncio
     from dataclasses import replace
 
-    from p2pnode.discovery.mdns import lan_peers
     from p2pnode.node.follow import fetch_newest, newest_to_fetch
     from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse
@@ -72,13 +73,16 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     async def on_lan(target: str) -> list[PeerAddress]:
         if is_session_id(target):  # mDNS is asked for branches: only a node knows who is around
             return []
+        from p2pnode.discovery.mdns import lan_peers  # here: a fetch --from never starts mDNS
+
         return await lan_peers(target, lambda n: trust.is_trusted(parse_node_id(n)))
 
     async def fetch() -> dict[str, Any]:
         target, given = branch, peers
-        if offers.is_prefix(target):  # which branch, from whom
-            target, given = await offers.resolve_prefix(target, given, identity, trust)
-        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact)
+        seen: dict[PeerAddress, wire.CatalogMessage] = {}
+        if offers.is_prefix(target):  # which branch, from whom (their catalogs are not asked twice)
+            target, given = await offers.resolve_prefix(target, given, identity, trust, seen)
+        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen)
         holders = newest.peers or await on_lan(newest.branch)
         result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
                                     agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)

@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
 from p2pnode.peer import wire
-from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.downloader import PeerPool
-from p2pnode.peer.identity import Identity
-from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import is_hash_hex
+
+if TYPE_CHECKING:  # the HTTPS side (aiohttp) is imported only by what asks peers
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.identity import Identity
+    from p2pnode.peer.trust import TrustStore
 
 CATALOG_TIMEOUT = 5.0
 MIN_PREFIX = 4
@@ -50,6 +51,8 @@ async def ask_catalogs(nodes: list[list[PeerAddress]], identity: Identity, trust
                        limits: wire.Limits = wire.DEFAULT_LIMITS,
                        timeout: float = CATALOG_TIMEOUT) -> list[PeerOffer]:
     """Every node's catalog at once, each node asked at its addresses in turn."""
+    from p2pnode.peer.downloader import PeerPool
+
     async def ask(addresses: list[PeerAddress]) -> PeerOffer:
         try:
             pool = PeerPool(addresses, identity, trust, limits)
@@ -86,12 +89,18 @@ def is_prefix(t: str) -> bool:
     return MIN_PREFIX <= len(t) < 64 and set(t) <= _HEX
 
 
-async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity,
-                         trust: TrustStore) -> tuple[str, list[PeerAddress]]:
-    """The branch a hash prefix names among what `peers` offer, and the peers offering it."""
+async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
+                         seen: dict[PeerAddress, wire.CatalogMessage] | None = None,
+                         ) -> tuple[str, list[PeerAddress]]:
+    """The branch a hash prefix names among what `peers` offer, and the peers offering it.
+    `seen` gets each answering node's catalog under each of its addresses (so that the fetch
+    does not ask for it again: follow.newest_to_fetch's `known`)."""
     if not peers:
         raise no_peers(text)
-    return resolve(text, await ask_catalogs(by_node(peers), identity, trust))
+    answers = await ask_catalogs(by_node(peers), identity, trust)
+    if seen is not None:
+        seen.update((a, o.catalog) for o in answers if o.catalog is not None for a in o.addresses)
+    return resolve(text, answers)
 
 
 def resolve(text: str, offers: list[PeerOffer]) -> tuple[str, list[PeerAddress]]:

@@ -11,6 +11,8 @@ from corpus import A3, B5
 from procnode import Node
 
 from p2pnode.paths import NodePaths
+from p2pnode.peer import wire
+from p2pnode.peer.identity import format_node_id
 from p2pnode.peer.trust import TrustStore
 
 
@@ -126,3 +128,23 @@ async def test_unshare_from_the_command_line_stops_a_running_nodes_transfer(node
                 await asyncio.wait_for(r.read(), 20)  # far below the node's 30 s slow-reader timeout
         log = json.loads(a.run("log", "--json").stdout)
     assert [e["event"] for e in log if e["event"] != "served"] == ["shared", "unshared"]
+
+
+def test_share_through_a_running_node_answers_the_fetch_line_and_a_ticket(nodes, corpus_dir: Path) -> None:
+    """The node answers `share` with the hand-off (what the CLI prints last): the fetch command
+    and a ticket for its real address, and the ticket fetches what was shared."""
+    a, b, _ = nodes
+    with a.node_running():
+        shared = json.loads(a.run("share", str(a.agent / B5), "--json").stdout)
+        port = json.loads(a.run("status", "--json").stdout)["port"]
+        text = a.run("share", str(a.agent / B5))
+        ticket = wire.decode_ticket(shared["ticket"])
+        assert shared["fetch"] == f"p2pnode fetch {shared['branch'][:12]}"
+        assert ticket.branch.hex() == shared["branch"] and format_node_id(ticket.node) == a.id
+        assert ticket.addresses == (("127.0.0.1", port),)
+        assert text.stdout.split() == [shared["branch"], shared["ticket"]]
+        assert f"teammates on the LAN run:  {shared['fetch']}" in text.stderr
+        fetched = b.fetch_json(shared["ticket"])
+    assert Path(fetched["path"]).read_bytes() == (corpus_dir / B5).read_bytes()
+    alone = json.loads(a.run("share", str(a.agent / B5), "--json").stdout)  # no node: no address to name
+    assert "ticket" not in alone and alone["fetch"] == shared["fetch"]

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The fixed costs of the +1 % path on loopback (no lab, no root): each CLI's own start included.
+
+    .venv/bin/python scripts/bench_cli.py [--repo DIR] [--mb 16] [--rounds 5]
+
+Node "a" runs `p2pnode serve` (no mDNS, 127.0.0.1); "b" has no node.  A generated Pi-shaped
+session (bench_share.py's generator) is shared by a (`p2pnode share FILE --json`, through its
+node) and fetched one-shot by b (`p2pnode fetch BRANCH --from 127.0.0.1:PORT --json`), then
+grown by 1 % and shared and fetched again, `--rounds` times.  `--repo`: the tree whose p2pnode
+runs (PYTHONPATH), to compare a base checkout against this one back to back.  Reports medians of
+wall seconds and CPU seconds (user+sys of the CLI process; the node's CPU during each share
+from /proc), and `status --json` alone, as one JSON object on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _benchlib import median  # noqa: E402
+from bench_share import SessionWriter  # noqa: E402
+
+MB = 1_000_000
+
+
+class Home:
+    """One node's state dir and Pi agent dir, and running `p2pnode` as that node."""
+
+    def __init__(self, root: Path, name: str, repo: Path) -> None:
+        self.env = dict(os.environ, P2PNODE_HOME=str(root / name / "node"),
+                        PI_CODING_AGENT_DIR=str(root / name / "agent"), PYTHONPATH=str(repo))
+        (root / name / "agent").mkdir(parents=True)
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "p2pnode", *args]
+
+    def run(self, *args: str) -> tuple[str, float, float]:
+        """stdout, wall seconds, CPU seconds of the command."""
+        before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        proc = subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=600)
+        wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if proc.returncode:
+            raise SystemExit(f"p2pnode {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return proc.stdout, wall, cpu
+
+
+def proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--mb", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench_cli-"))
+    a, b = Home(root, "a", args.repo), Home(root, "b", args.repo)
+    ids = [json.loads(h.run("id", "--json")[0])["node_id"] for h in (a, b)]
+    a.run("trust", ids[1])
+    b.run("trust", ids[0])
+    port = 40000 + os.getpid() % 20000
+    with open(root / "serve.log", "w") as log:
+        node = subprocess.Popen(a.argv("serve", "--no-mdns", "--host", "127.0.0.1", "--port", str(port)),
+                                env=a.env, stdout=log, stderr=log)
+    try:
+        for _ in range(300):
+            if (root / "a" / "node" / "control.sock").exists():
+                break
+            time.sleep(0.1)
+        writer, session_id = SessionWriter(7), str(uuid.UUID(int=(0x01A1FF93 << 96) | 7))
+        path = root / f"2026-11-21T19-00-00-000Z_{session_id}.jsonl"
+        with open(path, "wb") as f:
+            f.write(writer.session(session_id, min(args.mb * MB, 4 * MB)))
+            while f.tell() < args.mb * MB:
+                f.write(writer.growth(min(64 * MB, args.mb * MB - f.tell())))
+        status = [a.run("status", "--json")[1:] for _ in range(3)]
+        rows: list[dict[str, float]] = []
+        for n in range(args.rounds + 1):  # the first is the first transfer, not counted
+            if n:
+                with open(path, "ab") as f:
+                    f.write(writer.growth(path.stat().st_size // 100))
+            node0 = proc_cpu(node.pid)
+            out, share_s, share_cpu = a.run("share", str(path), "--json")
+            node_cpu = proc_cpu(node.pid) - node0
+            _, fetch_s, fetch_cpu = b.run("fetch", json.loads(out)["branch"], "--from", f"127.0.0.1:{port}",
+                                          "--json")
+            rows.append({"share_s": share_s, "share_cpu": share_cpu, "node_cpu": node_cpu,
+                         "fetch_s": fetch_s, "fetch_cpu": fetch_cpu})
+    finally:
+        node.terminate()
+        node.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
+    grown = rows[1:]
+    result = {"repo": str(args.repo), "mb": args.mb, "rounds": args.rounds,
+              "loadavg": round(os.getloadavg()[0], 2),
+              "status_s": median([s for s, _ in status]), "status_cpu": median([c for _, c in status]),
+              "first": rows[0], **{k: round(median([r[k] for r in grown]), 4) for k in grown[0]}}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
