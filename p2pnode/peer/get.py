@@ -43,7 +43,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -300,13 +300,16 @@ class _Stream:
                 return
             self.getter.read_back(wanted, lib.line(wanted))
 
-    def _write(self, parts: list[bytes], lib: FetchTarget, force: bool = False) -> None:
-        if (not parts and not force) or self.place is None:
-            return
-        if self.out is None:
-            self.out = self._open_out(lib)
+    def _write(self, parts: Iterable[bytes], lib: FetchTarget, force: bool = False) -> None:
+        """The getter's parts to the temp file (opened at the first one, or when `force`d);
+        all of them consumed, also where nothing is placed."""
         for part in parts:
-            self.out.file.write(part)
+            if self.place is not None:
+                if self.out is None:
+                    self.out = self._open_out(lib)
+                self.out.file.write(part)
+        if force and self.place is not None and self.out is None:
+            self.out = self._open_out(lib)
 
     def _open_out(self, lib: FetchTarget) -> Output:
         """The temp file, once the header is known.  An incremental fetch appends to the older
@@ -525,8 +528,7 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     if hasher is None and place is not None and size == version.size:
         target = target_path(place.agent_dir, header, place.session_dir)
         if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
-            hasher = new_hasher()
-            hasher.update_mmap(target)
+            hasher = _hash_file(target)
             if hasher.hexdigest() != base:  # changed under us after all: the store's copy
                 hasher = None
     if hasher is None:
@@ -535,6 +537,21 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
             hasher.update(lib.line(ref.hash))
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
     return held, _Prefix(base, version.size, refs, size)
+
+
+HASH_READ = 8 << 20
+"""Bytes of a placed file read (into one buffer) and hashed at a time: not memory-mapped,
+whose pages would count in the fetch's resident memory, the whole file's worth."""
+
+
+def _hash_file(path: Path) -> blake3.blake3:
+    """The hasher state after the whole file at `path`."""
+    hasher = new_hasher()
+    buf = bytearray(HASH_READ)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            hasher.update(memoryview(buf)[:n])
+    return hasher
 
 
 def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:
