@@ -154,7 +154,7 @@ def _opener(lib: FetchTarget | OpenPerUse) -> LibraryOpener:
 
 LINGER = 0.5
 """Seconds a one-shot fetch keeps the store open after staging a run, waiting for the next."""
-STAGE_MIN, STAGE_MAX = 256 << 10, 8 << 20
+STAGE_MIN, STAGE_MAX = 256 << 10, 4 << 20
 STAGE_RUNS = 128
 """Verified lines are staged in the store in runs of 1/STAGE_RUNS of what is missing, within
 [STAGE_MIN, STAGE_MAX] raw bytes: one durable commit (and for a one-shot fetch one opening of
@@ -211,7 +211,9 @@ class _Stream:
         self.place = place
         self.prefix = prefix
         self.out: Output | None = None
-        self.got: set[bytes] = set()
+        self._pending_hashes: set[bytes] = set()
+        """The hashes of `_pending` (and of the run being taken): with the getter's
+        `outstanding`, what was received already, in memory that shrinks as lines are taken."""
         self._pending: list[tuple[wire.BatchBlob, bytes]] = []
         self._pending_bytes = 0
         self._lock = asyncio.Lock()
@@ -225,13 +227,17 @@ class _Stream:
     async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
         """batches.py's callback: verified blobs (each decoded and hashed once, there)."""
         for blob, raw in zip(blobs, raws, strict=True):
-            if blob.hash not in self.got:
-                self.got.add(blob.hash)
+            if not self.have(blob.hash):
+                self._pending_hashes.add(blob.hash)
                 self._pending.append((blob, raw))
                 self._pending_bytes += len(raw)
                 self.job.note(len(raw))
         if self._pending_bytes >= self.stage_bytes:
             await self.flush()
+
+    def have(self, line_hash: bytes) -> bool:
+        """True once a line was received (it is not asked for, nor taken, again)."""
+        return line_hash in self._pending_hashes or line_hash not in self.getter.outstanding
 
     async def flush(self) -> None:
         """Stage what is pending and hand out what the cursor can reach (store reads included)."""
@@ -291,6 +297,7 @@ class _Stream:
             lib.stage_lines([blob for blob, _ in run])
         for blob, raw in run:
             self.getter.arrived(blob.hash, raw)
+        self._pending_hashes.difference_update(blob.hash for blob, _ in run)
         while True:
             self._write(self.getter.ready(), lib)
             wanted = self.getter.from_store()
@@ -419,7 +426,7 @@ class _Fetch:
                         self._total = sum(r.length for r in missing)
                         self._done = 0
                         await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
-                                                stream.got.__contains__, stream.received)
+                                                stream.have, stream.received)
                     await stream.flush()
                     assembled = stream.getter.finish()
                 finally:

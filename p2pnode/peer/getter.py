@@ -34,7 +34,7 @@ from p2pnode.pi.session import (
     titles_after,
 )
 
-AHEAD_LIMIT = 32 << 20
+AHEAD_LIMIT = 16 << 20
 """Raw bytes of verified lines kept in memory ahead of the in-order cursor."""
 READY_PART = 1 << 20
 """Bytes of consecutive lines handed out (and hashed into the session) as one part."""
