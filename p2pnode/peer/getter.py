@@ -16,7 +16,7 @@ Pi's header (under HEADER_SCAN_BYTES, see `_HeaderScan`) and the one line being 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import blake3
@@ -34,8 +34,10 @@ from p2pnode.pi.session import (
     titles_after,
 )
 
-AHEAD_LIMIT = 32 << 20
+AHEAD_LIMIT = 16 << 20
 """Raw bytes of verified lines kept in memory ahead of the in-order cursor."""
+READY_PART = 1 << 20
+"""Bytes of consecutive lines handed out (and hashed into the session) as one part."""
 
 MAX_JSON_DEPTH = 512
 """Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
@@ -57,9 +59,30 @@ def json_depth(line: bytes) -> int:
 def check_nesting(line: bytes, number: int, src: str) -> None:
     """InvalidInput for a line nested deeper than MAX_JSON_DEPTH, before anything is committed
     (only lines with more opening brackets than that are looked at)."""
-    if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
+    if _openings_over(line, MAX_JSON_DEPTH) and json_depth(line) > MAX_JSON_DEPTH:
         raise InvalidInput(f"fetched session {src}: line {number} nests JSON deeper than "
                            f"{MAX_JSON_DEPTH} levels; refused")
+
+
+COUNT_BELOW = 64 << 10
+"""Lines shorter than this have their opening brackets counted (bytes.count, a byte at a time);
+longer ones (images: one long base64 string) are searched for them (memchr), stopping after
+`limit`: at most 2 x (limit + 1) searches, cheaper than counting a long line twice."""
+
+
+def _openings_over(line: bytes, limit: int) -> bool:
+    """More than `limit` opening brackets ('[' and '{') in `line`."""
+    if len(line) < COUNT_BELOW:
+        return line.count(b"[") + line.count(b"{") > limit
+    seen = 0
+    for bracket in (b"[", b"{"):
+        at = line.find(bracket)
+        while at >= 0:
+            seen += 1
+            if seen > limit:
+                return True
+            at = line.find(bracket, at + 1)
+    return False
 
 
 class ManifestLied(VerificationFailed):
@@ -216,15 +239,47 @@ class SessionGetter:
         self.ahead[line_hash] = raw
         self.ahead_bytes += len(raw)
 
-    def ready(self) -> list[bytes]:
-        """The bytes that can be handed out now, in file order (empty while the cursor waits)."""
-        out: list[bytes] = []
-        while not self.done and (raw := self.ahead.pop(self.refs[self.cursor].hash, None)) is not None:
+    def ready(self) -> Iterator[bytes]:
+        """The bytes that can be handed out now, in file order (nothing while the cursor
+        waits), in parts of about READY_PART bytes: whole lines joined, each part hashed into
+        the session as one update and written by the driver as one write (not one per line).
+        Made as they are consumed (consume them all): one part in memory at a time."""
+        while taken_parts := self._take(READY_PART):
+            yield from self._hashed(*taken_parts)
+
+    def _take(self, limit: int) -> tuple[list[bytes], list[bytes]] | None:
+        """Lines at the cursor, checked, up to about `limit` bytes, and what of them is handed
+        out; None when the cursor waits."""
+        taken: list[bytes] = []
+        parts: list[bytes] = []
+        size = 0
+        while size < limit and not self.done and (
+                (raw := self.ahead.pop(self.refs[self.cursor].hash, None)) is not None):
             self.ahead_bytes -= len(raw)
-            out += self._line(raw)
-        return out
+            taken.append(raw)
+            size += len(raw)
+            parts += self._line(raw)
+        return (taken, parts) if taken else None
+
+    def _hashed(self, taken: list[bytes], parts: list[bytes]) -> list[bytes]:
+        """`taken` hashed into the session (the state before the session's last line kept);
+        `parts` as they go out: joined, when they are the taken lines themselves (the rule;
+        not around a moved header or in a refused session)."""
+        same = len(parts) == len(taken) and all(p is t for p, t in zip(parts, taken, strict=True))
+        if self.done:
+            *head, last = taken
+            joined = b"".join(head)
+            self.hasher.update(joined)
+            self._before_last = self.hasher.copy()
+            self.hasher.update(last)
+            return [part for part in (joined, last) if part] if same else parts
+        joined = b"".join(taken)
+        self.hasher.update(joined)
+        return [joined] if same else parts
 
     def _line(self, line: bytes) -> list[bytes]:
+        """The checks of the line at the cursor, and what of it can be handed out now (its
+        hash into the session's is `_hashed`'s, a run of lines at a time)."""
         ref = self.refs[self.cursor]
         number = self.cursor + 1
         self.cursor += 1
@@ -234,10 +289,7 @@ class SessionGetter:
                                "newlines (or its length is not the line's)")
         self._last_line_start = self.size
         self._ends_with_newline = end >= 0
-        if self.done:
-            self._before_last = self.hasher.copy()
         self.size += len(line)
-        self.hasher.update(line)
         if self.refused is not None:
             return []
         try:

@@ -1,0 +1,103 @@
+"""The getter's assembly without a network (sans-IO): what `ready` hands out in joined parts,
+the session hash over them, the bracket pre-check of long lines, and the placed file's hash
+read in pieces (get._hash_file)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import blake3
+import pytest
+from test_stream_fetch import pi_session
+
+from p2pnode.errors import InvalidInput
+from p2pnode.peer import get
+from p2pnode.peer.getter import (
+    COUNT_BELOW,
+    MAX_JSON_DEPTH,
+    READY_PART,
+    SessionGetter,
+    _openings_over,
+    check_nesting,
+)
+from p2pnode.pi.lines import LineRef, split_lines
+
+
+def _assemble(data: bytes, seed: int) -> tuple[SessionGetter, list[bytes]]:
+    """Every line of `data` handed to a getter in a shuffled order, in runs, as a fetch does;
+    the parts `ready` handed out."""
+    lines = split_lines(data)
+    refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
+    getter = SessionGetter(blake3.blake3(data).hexdigest(), refs, [r.hash for r in refs])
+    order = list(zip(refs, lines, strict=True))
+    random.Random(seed).shuffle(order)
+    parts: list[bytes] = []
+    for at, (ref, line) in enumerate(order):
+        getter.arrived(ref.hash, line)
+        if at % 7 == 0:
+            parts += getter.ready()
+    parts += getter.ready()
+    return getter, parts
+
+
+@pytest.mark.parametrize("newline_at_end", [True, False])
+def test_ready_hands_out_the_file_in_joined_parts(newline_at_end: bool) -> None:
+    data = pi_session(3_000_000, seed=11, image_bytes=100_000)
+    data = data if newline_at_end else data.rstrip(b"\n")
+    getter, parts = _assemble(data, seed=1)
+    done = getter.finish()
+    assert b"".join(parts) == data and done.placed_hex == done.src
+    lines = split_lines(data)
+    assert len(parts) < len(lines) / 3  # lines joined, not one part (one write) each
+    assert max(map(len, parts)) < READY_PART + max(map(len, lines))
+    size, hasher = done.complete  # where a later version continues: after the last whole line
+    last_start = len(data) - len(lines[-1])
+    assert size == (len(data) if newline_at_end else last_start)
+    assert hasher.hexdigest() == blake3.blake3(data[:size]).hexdigest()
+
+
+def test_lines_before_the_header_are_handed_out_after_it() -> None:
+    """Pi's header is not the first line: it is handed out first (every Pi reads it there), the
+    session's hash stays that of the lines in their order."""
+    session = pi_session(1_000_000, seed=12, image_bytes=50_000)
+    header, rest = session.split(b"\n", 1)
+    before = b"not json\n# nor this\n"
+    getter, parts = _assemble(before + header + b"\n" + rest, seed=2)
+    done = getter.finish()
+    assert b"".join(parts) == header + b"\n" + before + rest
+    assert done.placed_hex == blake3.blake3(b"".join(parts)).hexdigest() != done.src
+
+
+def test_opening_brackets_are_counted_alike_in_short_and_long_lines() -> None:
+    rnd = random.Random(3)
+    for size in (10, 1000, COUNT_BELOW - 1, COUNT_BELOW, 3 * COUNT_BELOW):
+        for brackets in (0, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 3000):
+            if brackets > size:
+                continue
+            chars = [rnd.choice(b"[{") for _ in range(brackets)]
+            chars += [rnd.choice(b"ab]}\"") for _ in range(size - brackets)]
+            rnd.shuffle(chars)
+            line = bytes(chars)
+            for limit in (MAX_JSON_DEPTH, 0):
+                assert _openings_over(line, limit) == (line.count(b"[") + line.count(b"{") > limit)
+
+
+def test_a_long_line_nested_too_deep_is_refused_a_long_shallow_one_is_not() -> None:
+    image = "A" * (2 * COUNT_BELOW)
+    deep: object = image
+    for _ in range(MAX_JSON_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(InvalidInput, match="nests JSON deeper"):
+        check_nesting(json.dumps(deep).encode(), 7, "src")
+    shallow = json.dumps({"text": "[{" * 2000, "data": image, "list": [[1], [2]] * 300}).encode()
+    assert len(shallow) >= COUNT_BELOW
+    check_nesting(shallow, 8, "src")  # brackets in strings are text; a flat list of lists is 2 deep
+
+
+def test_a_placed_file_is_hashed_in_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = random.Random(4).randbytes(100_003)
+    path = tmp_path / "placed.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setattr(get, "HASH_READ", 4096)
+    assert get._hash_file(path).hexdigest() == blake3.blake3(data).hexdigest()
