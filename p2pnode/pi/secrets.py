@@ -90,6 +90,9 @@ def _hidden(lit: bytes, own: int) -> tuple[tuple[int, bytes, int], ...]:
 
 _HIDDEN = tuple(_hidden(lit, j) for j, (lit, _) in enumerate(_LITERALS))
 
+Bytes = bytes | bytearray
+"""What the scan reads: a session's bytes, or `Scanner`'s buffer of whole lines fed."""
+
 _KEYLIKE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
 """Characters a finding must not be glued to: base64 (both alphabets) and hex runs."""
 _PLACEHOLDERS = re.compile(rb"(?i)^(?:password|passwd|pass|pw|secret|changeme|x+|\.+|_+|-+)$")
@@ -124,7 +127,7 @@ def mask(value: bytes, shown: int) -> str:
     return f"{head}…{tail}"
 
 
-def _glued(data: bytes, start: int, end: int, limit: int, pattern: Pattern) -> bool:
+def _glued(data: Bytes, start: int, end: int, limit: int, pattern: Pattern) -> bool:
     """Whether a candidate is part of a longer key-like run (base64, hashes): not a finding."""
     if pattern.group:  # labelled values and URL passwords are anchored by their label
         return False
@@ -135,10 +138,12 @@ def _glued(data: bytes, start: int, end: int, limit: int, pattern: Pattern) -> b
     return pattern.kind != "private-key" and after in _KEYLIKE
 
 
-def _candidates(data: bytes, limit: int) -> list[list[int]]:
+def _candidates(data: Bytes, limit: int) -> list[list[int]]:
     """Per pattern, every position in data[:limit] where one of its literals starts, in order."""
     found: list[list[int]] = [[] for _ in PATTERNS]
-    for j, start, _ in _PREFILTER.find_matches_as_indexes(memoryview(data)[:limit]):
+    with memoryview(data) as view:
+        hits = _PREFILTER.find_matches_as_indexes(view[:limit])  # the GIL released meanwhile
+    for j, start, _ in hits:
         found[_LITERALS[j][1]].append(start)
         for k, other, i in _HIDDEN[j]:
             if data.startswith(other, start + k, limit):
@@ -146,7 +151,7 @@ def _candidates(data: bytes, limit: int) -> list[list[int]]:
     return [sorted(set(positions)) for positions in found]
 
 
-def _matches(data: bytes, limit: int) -> list[tuple[Pattern, int, int]]:
+def _matches(data: Bytes, limit: int) -> list[tuple[Pattern, int, int]]:
     """(pattern, start, end) of every finding in data[:limit], in file order: each pattern's
     matches as `finditer` finds them (each starts after the previous one ends), the patterns
     taken in order, a match overlapping an earlier-taken finding dropped (one secret, one
@@ -172,7 +177,7 @@ def _matches(data: bytes, limit: int) -> list[tuple[Pattern, int, int]]:
     return [(pattern, start, end) for start, end, pattern in taken]
 
 
-def _newlines(data: bytes, lo: int, hi: int) -> int:
+def _newlines(data: Bytes, lo: int, hi: int) -> int:
     """How many newlines data[lo:hi] holds.  `bytes.count` runs at ~1.8 GB/s while `find`
     hops with memchr at several GB/s: hop over long lines (Pi's are KBs, images MBs), and
     count a window where the lines are short (a bounded number of hops per window)."""
@@ -199,7 +204,7 @@ def scan(data: bytes) -> list[Finding]:
     return _scan(data, len(data))
 
 
-def _scan(data: bytes, limit: int) -> list[Finding]:
+def _scan(data: Bytes, limit: int) -> list[Finding]:
     """`scan` of data[:limit] (no copy of the bytes to look at)."""
     findings: list[Finding] = []
     line_no, counted_to = 1, 0
@@ -208,10 +213,11 @@ def _scan(data: bytes, limit: int) -> list[Finding]:
         counted_to = start
         line_start = data.rfind(b"\n", 0, start) + 1
         line_end = data.find(b"\n", start, limit)
-        line = data[line_start:line_end if line_end >= 0 else limit]
-        entry, where = _locate(line, data[start:end])
-        kind, shown = pattern.kind_of(data[start:end])
-        findings.append(Finding(kind, mask(data[start:end], shown), line_no, entry, where, start, end))
+        line = bytes(data[line_start:line_end if line_end >= 0 else limit])
+        value = bytes(data[start:end])
+        entry, where = _locate(line, value)
+        kind, shown = pattern.kind_of(value)
+        findings.append(Finding(kind, mask(value, shown), line_no, entry, where, start, end))
     return findings
 
 
@@ -219,34 +225,35 @@ class Scanner:
     """The scan of bytes that arrive in pieces (a file as it is read): whole lines are scanned
     as they complete, so a key is never cut in two; findings count lines and offsets from the
     first byte fed.  The same findings as `scan` of all the bytes at once.  Each byte fed is
-    copied once (the caller may reuse its buffer)."""
+    copied once, into a buffer the scan reads in place (the caller may reuse its own)."""
 
     def __init__(self) -> None:
         self.findings: list[Finding] = []
-        self._pending = b""
-        """The start of a line still being fed."""
+        self._pending = bytearray()
+        """What was fed and not scanned yet: the start of a line still being fed."""
         self._offset = 0
         self._lines = 0
 
     def feed(self, data: bytes | memoryview) -> None:
-        piece = b"".join((self._pending, data)) if self._pending else bytes(data)
-        cut = piece.rfind(b"\n") + 1
-        self._scan(piece, cut)
-        self._pending = piece[cut:] if cut < len(piece) else b""
+        fed = len(self._pending)
+        self._pending += data
+        cut = self._pending.rfind(b"\n", fed) + 1  # the new bytes only: a long line costs O(its size)
+        if cut:
+            self._scan(cut)
 
     def finish(self) -> list[Finding]:
         """The findings of everything fed (a last line without a newline included)."""
-        self._scan(self._pending, len(self._pending))
-        self._pending = b""
+        self._scan(len(self._pending))
         return self.findings
 
-    def _scan(self, data: bytes, limit: int) -> None:
-        if not limit:
-            return
+    def _scan(self, limit: int) -> None:
+        """Scan the first `limit` bytes pending (whole lines) and drop them."""
+        data = self._pending
         self.findings += [replace(f, line=f.line + self._lines, start=f.start + self._offset,
                                   end=f.end + self._offset) for f in _scan(data, limit)]
         self._offset += limit
         self._lines += _newlines(data, 0, limit)
+        del data[:limit]
 
 
 def _locate(line: bytes, secret: bytes) -> tuple[str, str]:
