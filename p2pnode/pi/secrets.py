@@ -77,7 +77,7 @@ _LITERALS: tuple[tuple[bytes, int], ...] = tuple(
 """(literal, index of its pattern), in the prefilter's order."""
 _PREFILTER = BytesAhoCorasick([lit for lit, _ in _LITERALS], matchkind=MatchKind.LeftmostFirst)
 """Leftmost-first and non-overlapping: 6x faster than reporting every overlapping match, but
-blind to a literal that starts inside (or at) one it reported, e.g. sk----BEGIN, xoxb------BEGIN,
+blind to a literal that starts inside (or at) one it reported, e.g. sk-----BEGIN, xoxb-----BEGIN,
 AKIASIA: `_HIDDEN` lists those, and each is checked where it could be."""
 
 
