@@ -30,11 +30,10 @@ from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
-from p2pnode.pi import scanproc, secrets
+from p2pnode.pi import secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
 from p2pnode.pi.lines import LineRef
-from p2pnode.pi.scanproc import ScanProcess
 from p2pnode.pi.session import HostileHeader, LineageCycle
 from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
@@ -161,48 +160,34 @@ def write_redacted_copy(path: Path) -> Path:
 
 
 class _ScanningSink:
-    """The import's sink, with the secret scan of the same bytes as they pass: no second read.
-    A big file is scanned by a child process on another core (`re` holds the GIL, so a scan
-    here would add its whole time to the import's); a small one here, as it is fed."""
+    """The import's sink, with the secret scan of the same bytes as they pass: no second read,
+    and the findings are of exactly the bytes imported.  The scan runs here, in the importing
+    thread: its one pass (pi/secrets.py) costs ~0.1 CPU-s per 256 MB."""
 
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self) -> None:
         self.inner: Sink | None = None
         self.start = 0
         """The file offset the fed bytes start at (where the version it grew from ends)."""
         self.findings: list[secrets.Finding] = []
         self.vouched = False
-        """After finish(): whether `findings` is the scan of exactly the bytes fed (else the
-        caller scans the stored version)."""
-        self._path, self._size = path, size
-        self._here: secrets.Scanner | None = None
-        self._child: ScanProcess | None = None
+        """After finish(): whether `findings` is the scan of the bytes fed (else nothing was fed
+        through this sink and the caller scans the stored version)."""
+        self._scanner: secrets.Scanner | None = None
 
     def begin(self, appended: bool) -> int:
         assert self.inner is not None
         self.start = self.inner.begin(appended)
-        if self._size - self.start >= scanproc.MIN_BYTES:
-            self._child = ScanProcess(self._path, self.start)
-        else:
-            self._here = secrets.Scanner()
+        self._scanner = secrets.Scanner()
         return self.start
 
     def feed(self, data: memoryview) -> None:
-        assert self.inner is not None
+        assert self.inner is not None and self._scanner is not None
         self.inner.feed(data)
-        if self._child is not None:
-            self._child.fed(data)
-        elif self._here is not None:
-            self._here.feed(data)
+        self._scanner.feed(data)
 
     def finish(self) -> None:
-        found = self._child.result() if self._child is not None else None
-        if found is None and self._here is not None:
-            found = self._here.finish()
-        self.findings, self.vouched = found or [], found is not None
-
-    def close(self) -> None:
-        if self._child is not None:
-            self._child.close()
+        if self._scanner is not None:
+            self.findings, self.vouched = self._scanner.finish(), True
 
 
 class Library:
@@ -516,18 +501,15 @@ class Library:
         else:
             base = self.sessions.latest_version_of(header.id, size)
 
-        fed = _ScanningSink(path, size)
+        fed = _ScanningSink()
 
         def scan(prefix: Prefix | None, sink: Sink) -> Scan:
             fed.inner = sink
             return self.hasher.scan(path, prefix=prefix, sink=fed)
 
-        try:
-            result = self.sessions.import_file(path, scan, header, base, like)
-            self.hasher.save()
-            fed.finish()
-        finally:
-            fed.close()
+        result = self.sessions.import_file(path, scan, header, base, like)
+        self.hasher.save()
+        fed.finish()
         if result.scan.rewritten:
             log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
         if fed.vouched:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from secretkeys import PLANTED, plant
 
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.pi import scanproc, secrets
+from p2pnode.pi import secrets
 from p2pnode.pi.hashing import hash_file
 from p2pnode.pi.session import read_header, session_file_name
 
@@ -39,25 +38,6 @@ def agent(tmp_path: Path) -> Path:
     return copy_corpus("pi-corpus-0.73.1", tmp_path)
 
 
-@pytest.fixture(params=["in process", "child process"])
-def scan_where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run a test with the scan in the importing process, and in a child (pi/scanproc.py: big
-    files), which must find exactly the same; the child's runs check that it answered (its
-    findings were used, not the fallback scan of the stored bytes)."""
-    answers: list[list[secrets.Finding] | None] = []
-
-    class Recorded(scanproc.ScanProcess):
-        def result(self) -> list[secrets.Finding] | None:
-            answers.append(super().result())
-            return answers[-1]
-
-    if request.param == "child process":
-        monkeypatch.setattr(scanproc, "MIN_BYTES", 0)
-        monkeypatch.setattr("p2pnode.library.api.ScanProcess", Recorded)
-    yield request.param
-    assert (request.param == "child process") == bool(answers) and None not in answers
-
-
 def plant_all(path: Path) -> None:
     """Every kind of key, spread over the tool results, user messages and bash commands."""
     data = path.read_bytes()
@@ -78,12 +58,16 @@ def test_every_file_of_both_corpora_shares_with_no_finding(corpus: str, tmp_path
         assert {b.path for b in lib.branches()} >= {str(p) for p in files}
 
 
-def test_refused_when_the_session_holds_keys_and_nothing_is_offered(tmp_path: Path, scan_where: str) -> None:
+def test_refused_when_the_session_holds_keys_and_nothing_is_offered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import's scan of the bytes as it reads them is what refuses (the stored bytes are
+    not read again for it)."""
     agent = copy_corpus("pi-corpus-1.5.2", tmp_path)
     path = find(agent, TOOLRESULT_FILE)
     plant_all(path)
     with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
         generation = lib.catalog().generation
+        monkeypatch.setattr(lib.sessions, "session_bytes", lambda src: pytest.fail("read again to scan"))
         with pytest.raises(secrets.SecretsFound) as refused:
             lib.share(str(path))
         assert sorted(f.kind for _, f in refused.value.found) == sorted(k for k, _ in PLANTED)
@@ -122,7 +106,7 @@ def test_refused_when_a_known_ancestor_offered_again_holds_a_key(agent: Path, tm
 
 
 def test_a_refused_session_stays_refused_and_a_grown_one_is_scanned_from_where_it_grew(
-        lib: Library, agent: Path, scan_where: str) -> None:
+        lib: Library, agent: Path) -> None:
     """The store keeps what a refused share imported, which must not make the next share skip
     the scan; a re-share scans only the new lines (scanned.json), with the right line numbers."""
     path = find(agent, B1)

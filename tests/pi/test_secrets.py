@@ -87,3 +87,42 @@ def test_redact_changes_only_the_secrets() -> None:
             json.loads(new)  # still valid JSON
         else:
             assert new == old
+
+
+def planted_session() -> bytes:
+    data = REAL.read_bytes()
+    for i, (_, value) in enumerate(PLANTED):
+        data = plant(data, ("toolResult", "user", "bash")[i % 3], value)[0]
+    return data
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20])
+def test_scanner_in_pieces_finds_what_one_scan_finds(size: int) -> None:
+    data = planted_session()
+    whole = secrets.scan(data)
+    assert sorted(f.kind for f in whole) == sorted(k for k, _ in PLANTED)
+    scanner = secrets.Scanner()
+    view = memoryview(data)
+    for i in range(0, len(data), size):
+        scanner.feed(view[i:i + size])
+    assert scanner.finish() == whole
+
+
+def test_scanner_counts_from_the_first_byte_fed_and_scans_a_last_line_without_newline() -> None:
+    data = planted_session()
+    cut = data.index(b"\n", len(data) // 2) + 1
+    scanner = secrets.Scanner()
+    scanner.feed(data[cut:].rstrip(b"\n"))
+    tail = secrets.scan(data[cut:].rstrip(b"\n"))
+    assert tail and scanner.finish() == tail
+
+
+def test_scanner_copies_what_it_keeps() -> None:
+    """The import reuses its read buffer: a piece fed and then overwritten is scanned as fed."""
+    value = PLANTED[2][1].encode()
+    buf = bytearray(b"one line\nk " + value)  # the key's line is not complete yet
+    scanner = secrets.Scanner()
+    scanner.feed(memoryview(buf))
+    buf[:] = b"x" * len(buf)
+    scanner.feed(memoryview(b" tail\n"))
+    assert [(f.kind, f.line, f.start) for f in scanner.finish()] == [("openai-key", 2, 11)]
