@@ -25,6 +25,7 @@ from typing import Protocol
 import blake3
 
 from p2pnode.errors import Conflict
+from p2pnode.pi.lines import count_newlines
 from sysio.files import atomic_write
 from sysio.locks import locked
 
@@ -139,7 +140,7 @@ class _Counter:
 
     def add(self, buf: bytearray, lo: int, hi: int, offset: int) -> None:
         """Count buf[lo:hi], the bytes at `offset` in the file (in place: no copy of the chunk)."""
-        n = buf.count(b"\n", lo, hi)
+        n = count_newlines(buf, lo, hi)
         if n:
             self.newlines += n
             self.last_line_start = offset + buf.rfind(b"\n", lo, hi) - lo + 1

@@ -67,3 +67,25 @@ class LineRef:
     hash: bytes
     """32-byte BLAKE3 of the line's bytes (newline included)."""
     length: int
+
+
+def count_newlines(data: bytes | bytearray, lo: int, hi: int) -> int:
+    """How many newlines data[lo:hi] holds.  `bytes.count` runs at ~1.8 GB/s while `find`
+    hops with memchr at several GB/s: hop over long lines (Pi's are KBs, images MBs), and
+    count a window where the lines are short (a bounded number of hops per window)."""
+    n = 0
+    while lo < hi:
+        window = min(hi, lo + _WINDOW)
+        for _ in range(_HOPS):
+            at = data.find(b"\n", lo, window)
+            if at < 0:
+                break
+            n, lo = n + 1, at + 1
+        else:
+            n += data.count(b"\n", lo, window)
+        lo = window
+    return n
+
+
+_WINDOW, _HOPS = 1 << 20, 512
+"""Up to 512 hops per MiB (lines of 2 KiB on average), else `count` for the rest of it."""

@@ -2,10 +2,13 @@
 accepts exactly its cuts."""
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.pi.lines import LineSplitter, is_split, split_lines
+from p2pnode.pi.lines import LineSplitter, count_newlines, is_split, split_lines
 
 DATA = st.binary(max_size=200).map(lambda b: b.replace(b"\x00", b"\n"))
 
@@ -28,3 +31,14 @@ def test_other_cuts_are_refused() -> None:
     assert not is_split([b"a", b"\n"])
     assert not is_split([b"a\nb\n"])
     assert split_lines(b"a\r\nb\rc") == [b"a\r\n", b"b\rc"]
+
+
+@pytest.mark.parametrize("line_bytes", [1, 7, 300, 5000, 3 << 20])
+def test_count_newlines_agrees_with_count_for_short_and_long_lines(line_bytes: int):
+    rng = random.Random(line_bytes)
+    data = bytearray()
+    while len(data) < 6 << 20:
+        data += b"x" * rng.randint(0, 2 * line_bytes) + b"\n"
+    for lo, hi in [(0, len(data)), (1, len(data) - 1), (12345, 4 << 20), (5, 5), (len(data) - 1, len(data))]:
+        assert count_newlines(data, lo, hi) == data.count(b"\n", lo, hi)
+        assert count_newlines(bytes(data), lo, hi) == data.count(b"\n", lo, hi)
