@@ -51,6 +51,7 @@ from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.peer import wire
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.interfaces import ServedLibrary
+from p2pnode.peer.pace import LinkPace
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.sidecar import is_hash_hex
@@ -102,6 +103,8 @@ class PeerServer:
         self._serving: dict[asyncio.BaseTransport, tuple[str, list[str]]] = {}
         """Responses being written: the peer and the hashes each one carries."""
         self._rechecks: set[asyncio.Task[None]] = set()
+        self._pace: dict[str, LinkPace] = {}
+        """Per peer: its link as batch responses saw it (which batch format it gets)."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -398,38 +401,60 @@ class PeerServer:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         hashes = list(dict.fromkeys(hashes))  # each line once: a repeated hash is not 4096 copies of it
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
-        stream = None
-        asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
-        if self.limits.serve_stream_batches and asked == wire.BATCH_FORMAT_STREAM:
-            stream = wire.BatchStreamEncoder()
+        peer = _peer(request)
+        pace = self._pace.setdefault(peer, LinkPace())
+        stream = self._batch_format(request, pace)
+        if stream is not None:
             response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
         await response.prepare(request)
-        peer = _peer(request)
         sent = nbytes = 0
         served: list[str] = []
         reading: asyncio.Future[tuple[bytes, list[str], int]] | None
         reading = self._read_group(hashes, 0, peer, stream)
         complete = False
+        making = 0.0  # seconds waiting on its own lines (the server's CPU, not the link)
         try:
             with self._carrying(request, peer, served):
                 while reading is not None:
+                    if not reading.done():
+                        t = self._loop.time()
+                        await asyncio.wait([reading])
+                        making += self._loop.time() - t
                     frames, group, pos = await reading
                     more = pos < len(hashes)
                     reading = self._read_group(hashes, pos, peer, stream) if more else None  # while we send
                     sent += len(group)
                     nbytes += len(frames)
                     served += group
-                    await self._send(response, frames)
+                    pace.link.waiting()
+                    try:
+                        await self._send(response, frames)
+                    finally:
+                        pace.link.moved(len(frames))
                 await self._finish(response, wire.encode_batch_end(sent))
                 complete = True
         except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
             log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
+            pace.sent(nbytes, making)
             if reading is not None:
                 reading.cancel()
             if served:  # a batch of nothing this peer may have served nothing
                 await self._served(peer, "batch", served, nbytes, complete)
         return response
+
+    def _batch_format(self, request: web.Request, pace: LinkPace) -> wire.BatchStreamEncoder | None:
+        """A zstd stream encoder where the fetcher offered the stream and peer/pace.py's rule
+        calls for one (a small transfer, a slow link); else None: the stored per-line frames."""
+        if not self.limits.serve_stream_batches:
+            return None
+        if request.headers.get(wire.BATCH_FORMAT_HEADER) != wire.BATCH_FORMAT_STREAM:
+            return None
+        choice = pace.choose(self.limits.stream_burst_bytes, self.limits.stream_link_rate,
+                             wire.parse_link_rate(request.headers.get(wire.LINK_RATE_HEADER)))
+        log.debug("batch format for %s: %s (%s)", _peer(request),
+                  "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
+        return None if choice.level is None else wire.BatchStreamEncoder(choice.level)
 
     def _read_group(self, hashes: list[bytes], pos: int, peer: str,
                     stream: wire.BatchStreamEncoder | None) -> asyncio.Future[tuple[bytes, list[str], int]]:

@@ -1,0 +1,112 @@
+"""The adaptive batch format (peer/pace.py): a real PeerServer behind a real loopback relay
+that paces it, asked for batches the way the fetcher asks (FetchPace's offer and link
+meter).  The format is read from the response header, never from timing assertions: the
+slow link (100 KB/s per connection) and loopback are two orders of magnitude either side of
+the threshold the server is given."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import blake3
+import pytest
+import test_holders
+from test_holders import World
+
+from p2pnode.peer import wire
+from p2pnode.peer.pace import BACKLOG_RUNS, FetchPace, LinkPace
+from p2pnode.peer.tls import client_context
+
+THRESHOLD = 4_000_000
+"""The server's `stream_link_rate` in these tests: far above the relay's 100-300 KB/s, far
+below what loopback TLS moves even on a loaded machine."""
+
+
+@pytest.fixture
+async def world(tmp_path: Path, corpus_dir: Path) -> AsyncIterator[World]:
+    """test_holders' holders of one 3 MB session (a real Pi session with generated lines)."""
+    async for w in test_holders.world.__wrapped__(tmp_path, corpus_dir):  # type: ignore[attr-defined]
+        yield w
+
+
+async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits) -> list[str | None]:
+    """Serve the session from `holder` (behind a relay at `rate` if given), ask for its lines in
+    batches of 12 one after the other, as the fetcher does, and return each answer's format
+    header; every answer is decoded and verified."""
+    addr = await w.serve(holder, rate=rate, limits=limits)
+    tls = client_context(w.me, w.trust, w.holders[holder].identity.fingerprint)
+    hashes = list(dict.fromkeys(blake3.blake3(ln).digest() for ln in w.lines()))
+    pace, seen = FetchPace(), []
+    link = pace.link(addr)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
+        for i in range(0, min(len(hashes), 60), 12):
+            group = hashes[i : i + 12]
+            async with s.post(f"https://127.0.0.1:{addr.port}{wire.PATH_BATCH}", data=b"".join(group),
+                              headers=pace.offer(addr, wire.Limits())) as r:
+                seen.append(r.headers.get(wire.BATCH_FORMAT_HEADER))
+                decoder, body = wire.BatchDecoder(group, stream=True), bytearray()
+                while True:
+                    link.waiting()
+                    chunk = await r.content.readany()
+                    link.moved(len(chunk))
+                    if not chunk:
+                        break
+                    body += chunk
+                link.fold()
+            blobs = decoder.feed(bytes(body))
+            decoder.finish()
+            stream = wire.BatchStreamDecoder()
+            assert [blake3.blake3(wire.decode_blob(b, stream)).digest() for b in blobs] == group
+    return seen
+
+
+async def test_a_slow_link_gets_stream_batches_and_a_fast_one_per_line_frames(world: World) -> None:
+    """Past the small-transfer allowance (0 here), the first answer is per-line (nothing is
+    known of the link yet); once the fetcher reports what its reads saw, the paced link gets
+    the stream and loopback keeps the stored frames."""
+    limits = wire.Limits(stream_burst_bytes=0, stream_link_rate=THRESHOLD)
+    slow = await formats(world, 0, 100_000, limits)
+    fast = await formats(world, 1, None, limits)
+    assert slow[0] is None and slow[1:] == [wire.BATCH_FORMAT_STREAM] * (len(slow) - 1)
+    assert fast == [None] * len(fast)
+
+
+async def test_a_small_transfer_takes_the_stream_on_any_link(world: World) -> None:
+    """The first `stream_burst_bytes` of a transfer (a +1 % append is a few MB) go as a stream
+    even over loopback; after them, loopback gets per-line frames again."""
+    limits = wire.Limits(stream_burst_bytes=150_000, stream_link_rate=THRESHOLD)
+    got = await formats(world, 1, None, limits)
+    assert got[0] == wire.BATCH_FORMAT_STREAM and got[-1] is None
+
+
+async def test_no_stream_unless_offered_or_served(world: World) -> None:
+    """A server with the stream off answers per-line frames even to an offer."""
+    assert set(await formats(world, 0, None, wire.Limits(serve_stream_batches=False))) == {None}
+
+
+def test_a_cpu_bound_fetcher_does_not_offer_the_stream() -> None:
+    pace = FetchPace()
+    assert pace.offer("a", wire.Limits()) == {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM}
+    assert pace.offer("a", wire.Limits(stream_batches=False)) == {}
+    pace.backlog = BACKLOG_RUNS + 1
+    assert pace.offer("a", wire.Limits()) == {}
+
+
+def test_a_cpu_bound_server_keeps_per_line_frames() -> None:
+    """A slow link reported by the fetcher is a stream, unless the server's responses wait
+    mostly on its own reading and encoding of lines (then the fetcher's slow reads are the
+    server's doing)."""
+    pace = LinkPace()
+    assert pace.choose(0, THRESHOLD, 100_000.0).level == 6
+    assert pace.choose(0, THRESHOLD, 2_000_000.0).level == 3
+    assert pace.choose(0, THRESHOLD, 50_000_000.0).level is None
+    for _ in range(10):
+        pace.sent(100_000, making=1.0)  # a second to make what the link carries in one
+    assert pace.choose(0, THRESHOLD, 100_000.0).level is None
+
+
+def test_a_bad_link_rate_header_is_ignored() -> None:
+    for text in (None, "", "abc", "-5", "0", "1e9", "12.5", "٣", "9" * 16, " 5"):
+        assert wire.parse_link_rate(text) is None, text
+    assert wire.parse_link_rate("12500000") == 12_500_000.0
