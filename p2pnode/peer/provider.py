@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections import defaultdict
@@ -49,7 +50,7 @@ from aiohttp import web, web_protocol
 
 from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.peer import wire
-from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
+from p2pnode.peer.identity import Identity, format_node_id, parse_node_id, spki_sha256
 from p2pnode.peer.interfaces import ServedLibrary
 from p2pnode.peer.pace import LinkPace
 from p2pnode.peer.tls import peer_fingerprint, server_context
@@ -203,7 +204,7 @@ class PeerServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
         transport = request.transport
-        fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+        fp = _fingerprint(transport)
         if fp is None or not self.trust.is_trusted(fp):  # the handshake pin already refused these
             raise web.HTTPForbidden(text="not trusted\n")
         if self._active[fp] >= self.limits.max_concurrent_requests:
@@ -347,7 +348,7 @@ class PeerServer:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         if catalog.generation != seen:
             return catalog
-        fp = peer_fingerprint(request.transport.get_extra_info("ssl_object") if request.transport else None)
+        fp = _fingerprint(request.transport)
         assert fp is not None  # _guard let only trusted peers in
         if self._waiting[fp] >= self.limits.max_waiting_per_peer:
             raise web.HTTPTooManyRequests(text="too many catalog requests waiting\n")
@@ -452,7 +453,7 @@ class PeerServer:
             return None
         choice = pace.choose(self.limits.stream_burst_bytes, self.limits.stream_link_rate,
                              wire.parse_link_rate(request.headers.get(wire.LINK_RATE_HEADER)))
-        log.debug("batch format for %s: %s (%s)", _peer(request),
+        log.debug("batch format: %s (%s)",
                   "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
         return None if choice.level is None else wire.BatchStreamEncoder(choice.level)
 
@@ -660,10 +661,24 @@ class _DeadlineSite(web.TCPSite):
 
 def _peer(request: web.Request) -> str:
     """The node id of the peer that sent the request (the guard let only trusted ones in)."""
-    transport = request.transport
-    fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+    fp = _fingerprint(request.transport)
     assert fp is not None
     return format_node_id(fp)
+
+
+def _fingerprint(transport: asyncio.BaseTransport | None) -> bytes | None:
+    """The SPKI SHA-256 of the certificate the connection's peer presented, if any."""
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return _spki_sha256(der) if der else None
+
+
+@functools.lru_cache(maxsize=256)
+def _spki_sha256(cert_der: bytes) -> bytes:
+    """identity.spki_sha256, remembered: every request asks it of its connection's certificate
+    (twice or more), and parsing the certificate each time was a tenth of the server's Python
+    time serving a batch (docs/BENCHMARKS.md).  Only certificates that passed the pin reach it."""
+    return spki_sha256(cert_der)
 
 
 def _catalog_entry(b: BranchInfo, listed: set[str]) -> wire.CatalogEntry:
