@@ -51,7 +51,7 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     holders = sum(1 for p in pool.peers if not p.dropped)
     groups = _groups(wanted, limits, group_bytes(wanted, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
-    pace = FetchPace()
+    pace = FetchPace(sum(r.length for r in wanted))
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:
         await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received), pace)
@@ -118,8 +118,7 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     def verify_run() -> None:
         after = decoding[-1] if decoding and stream is not None else None
         decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified)))
-        pace.backlog += 1
-        decoding[-1].add_done_callback(lambda _: setattr(pace, "backlog", pace.backlog - 1))
+        pace.track(decoding[-1])
 
     try:
         async with peer.request("POST", wire.PATH_BATCH, data=body, headers=headers) as resp:

@@ -1,19 +1,19 @@
-"""Which batch format a response takes (docs/PROTOCOL.md, "Adaptive batch format"): decided by
-the server, where the facts are, per response, as `zstd --adapt` decides its level.
+"""Which batch format a response takes (docs/PROTOCOL.md, "Adaptive batch format"): decided per
+response, as `zstd --adapt` decides its level, by the server, from what both sides measure.
 
 Stored per-line frames cost neither side's CPU anything (the store's bytes go out as they
 are); a zstd stream costs the server a decode and a compression of every line and the
 fetcher a compression for its store (about 0.01 CPU-s per MB in all) and saves a quarter of
 the bytes.  So the stream is used where the bytes cost more than that CPU:
 
-- a small transfer (the first `Limits.stream_burst_bytes` a peer is sent after being idle
-  for BURST_IDLE seconds, e.g. a +1 % append): its CPU cost is negligible;
+- a small transfer (at most `Limits.stream_small_bytes` of raw lines in all, as the fetcher
+  declares in FETCH_BYTES_HEADER, e.g. a +1 % append): its CPU cost is negligible;
 - a link slower than `Limits.stream_link_rate` bytes per second, by the slower of two
   measures of it: the server's (bytes written over the time its writes waited on the socket:
   the write buffer above its high-water mark) and the fetcher's (bytes received over the time
   its reads waited, sent in LINK_RATE_HEADER).  The server's alone is blind to a response
-  that fits in the socket buffers (the kernel takes 500 KB at once on loopback, more on a
-  LAN: such a response never waits, however slow the link); the fetcher's alone would read a
+  that fits in the socket buffers (behind a 300 KB/s loopback relay, 500 KB responses never
+  waited: the kernel took them at once); the fetcher's alone would read a
   server that is itself slow as a slow link, so the server keeps the cheap frames while it is
   CPU-bound (BUSY_SHARE).  The level grows with how far behind the link is (LEVELS).
 
@@ -22,13 +22,12 @@ A fetcher whose own CPU limits it (its socket fills too) does not offer the stre
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 from p2pnode.peer import wire
 
-BURST_IDLE = 5.0
-"""Seconds without a batch response to a peer after which its next transfer is a new one."""
 RATE_WEIGHT = 0.3
 """Weight of the newest sample in the moving averages."""
 MIN_SAMPLE = 0.02
@@ -37,11 +36,13 @@ BACKLOG_RUNS = 4
 """A fetcher with more received runs of lines than this waiting to be decoded and verified is
 CPU-bound: it does not offer the stream (which would cost it a decode and a compression more
 per line) until it catches up."""
-BUSY_SHARE = 0.5
+BUSY_SHARE = 0.8
 """A server that takes more than this share of the link's time for a response's bytes to read
-and encode its lines is (nearly) CPU-bound: per-line frames, whatever the link (the stream
-would only slow it further, and the fetcher's slow reads are then the server's doing)."""
-LEVELS = ((4.0, 6), (1.0, 3))
+and encode its lines is CPU-bound, or nearly: per-line frames, whatever the link (the stream
+would only slow it further).  When the server is what the fetcher waits on, the fetcher's
+measured rate is the server's own pace and the share comes out near 1; a link-bound server
+with CPU to spare stays well under it."""
+LEVELS = ((4.0, 6), (1.0, wire.STREAM_LEVEL))
 """(how many times slower than `stream_link_rate` the link is, at least; zstd level): level 6
 costs 0.0077 CPU-s per MB where level 3 costs 0.0034 (docs/BENCHMARKS.md), affordable when
 the link is four times slower than the rate at which level 3 is."""
@@ -103,31 +104,25 @@ class LinkPace:
     def __init__(self) -> None:
         self.link = WaitMeter()
         self.reported: float | None = None
-        self.burst = 0
-        """Bytes sent in the current transfer (since the last BURST_IDLE pause)."""
         self.busy = 0.0
-        self.last = float("-inf")
 
     def rate(self) -> float | None:
         """The link's rate: the slower of the server's and the fetcher's measures of it."""
         rates = [r for r in (self.link.rate, self.reported) if r is not None and r > 0]
         return min(rates) if rates else None
 
-    def choose(self, burst_bytes: int, link_rate: int, reported: float | None) -> Choice:
-        """The format of the next response to this peer (the fetcher offered the stream and
-        said what rate it receives at, `reported`, if it measured one)."""
-        now = time.monotonic()
-        if now - self.last > BURST_IDLE:
-            self.burst = 0
-        self.last = now
+    def choose(self, limits: wire.Limits, fetch_bytes: int | None, reported: float | None) -> Choice:
+        """The format of the next response to this peer: the fetcher offered the stream, said
+        how many raw bytes it fetches in all (`fetch_bytes`) and what rate it receives at
+        (`reported`), where it knows."""
         self.reported = reported if reported is not None else self.reported
-        if self.burst < burst_bytes:
+        if fetch_bytes is not None and fetch_bytes <= limits.stream_small_bytes:
             return Choice(LEVELS[-1][1], "small transfer")
         if self.busy > BUSY_SHARE:
             return Choice(None, f"server CPU-bound (lines made at {self.busy:.1f}x the link's time)")
         rate = self.rate()
         if rate is not None:
-            behind = link_rate / rate
+            behind = limits.stream_link_rate / rate
             for factor, level in LEVELS:
                 if behind >= factor:
                     return Choice(level, f"link at {rate / 1e6:.2f} MB/s")
@@ -136,8 +131,6 @@ class LinkPace:
     def sent(self, nbytes: int, making: float) -> None:
         """A response ended: `nbytes` written, `making` seconds of it spent waiting for its
         own lines to be read and encoded."""
-        self.burst += nbytes
-        self.last = time.monotonic()
         self.link.fold()
         rate = self.rate()
         if rate is not None and nbytes > 0:
@@ -149,20 +142,31 @@ class FetchPace:
     """The fetcher's side, for one fetch: each holder's link as its reads saw it, and its own
     backlog of received lines not yet verified (its CPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fetch_bytes: int) -> None:
+        self.fetch_bytes = fetch_bytes
+        """Raw bytes of the lines this fetch asks for, from all holders."""
         self.links: dict[object, WaitMeter] = {}
         self.backlog = 0
+
+    def track(self, run: asyncio.Future[None]) -> None:
+        """A received run of lines waits to be decoded and verified until `run` is done."""
+        self.backlog += 1
+        run.add_done_callback(self._ran)
+
+    def _ran(self, _run: asyncio.Future[None]) -> None:
+        self.backlog -= 1
 
     def link(self, holder: object) -> WaitMeter:
         return self.links.setdefault(holder, WaitMeter())
 
     def offer(self, holder: object, limits: wire.Limits) -> dict[str, str]:
-        """The headers of a batch request to `holder`: the stream offered (with the rate this
-        fetcher receives at, once measured) unless the stream is off or the fetcher's CPU is
-        what limits it."""
+        """The headers of a batch request to `holder`: the stream offered (with the size of the
+        fetch and the rate this fetcher receives at, once measured) unless the stream is off
+        or the fetcher's CPU is what limits it."""
         if not limits.stream_batches or self.backlog > BACKLOG_RUNS:
             return {}
-        headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM}
+        headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
+                   wire.FETCH_BYTES_HEADER: str(self.fetch_bytes)}
         rate = self.link(holder).rate
         if rate is not None:
             headers[wire.LINK_RATE_HEADER] = str(max(1, int(rate)))

@@ -55,6 +55,8 @@ that uses them answers with the same header.  An old peer ignores it: per-line f
 LINK_RATE_HEADER = "X-P2P-Link-Rate"
 """Sent by a fetcher that offers the stream: the bytes per second it receives from this peer
 while its reads wait on the socket (a decimal integer; peer/pace.py)."""
+FETCH_BYTES_HEADER = "X-P2P-Fetch-Bytes"
+"""Sent with the offer: the raw bytes of the lines the fetch asks for in all (a decimal integer)."""
 STREAM_LEVEL = 3
 """zstd level of a batch stream (docs/BENCHMARKS.md: ratio and CPU per MB of levels 1-6)."""
 ZSTD_BLOCK_MAX = 128 << 10
@@ -112,12 +114,13 @@ class Limits:
     serve_stream_batches: bool = True
     """Server: make stream batches, where the fetcher offered them and peer/pace.py's rule
     calls for them (a small transfer, or a link slower than `stream_link_rate`)."""
-    stream_burst_bytes: int = 4 << 20
-    """Server: the first bytes of a transfer to a peer (after BURST_IDLE seconds idle) go as a
-    stream when it was offered: a small transfer (a +1 % append) pays next to no CPU for it."""
+    stream_small_bytes: int = 8 << 20
+    """Server: a fetch of at most this many raw bytes in all (FETCH_BYTES_HEADER) gets stream
+    batches when it offers them: a small transfer (a +1 % append) pays next to no CPU for it."""
     stream_link_rate: int = 20_000_000
-    """Server: a link slower than this many bytes per second (of the server's writes waiting
-    on it) gets stream batches, at zstd level 3; four times slower, level 6 (peer/pace.py)."""
+    """Server: a link slower than this many bytes per second (the slower of the server's and
+    the fetcher's measures) gets stream batches, at zstd level 3; four times slower, level 6
+    (peer/pace.py)."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0
@@ -273,12 +276,12 @@ def _optional_version(v: object) -> int | None:
     return n
 
 
-def parse_link_rate(text: str | None) -> float | None:
-    """LINK_RATE_HEADER's value, or None when absent or not a positive decimal integer (it
-    only steers the batch format: a bad one is ignored, not refused)."""
-    if text is None or not text.isascii() or not text.isdigit() or len(text) > 15 or int(text) <= 0:
+def parse_count_header(text: str | None) -> int | None:
+    """LINK_RATE_HEADER's or FETCH_BYTES_HEADER's value, or None when absent or not a decimal
+    integer below 10**15 (they only steer the batch format: a bad one is ignored, not refused)."""
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 15:
         return None
-    return float(int(text))
+    return int(text)
 
 
 def parse_wait(text: str) -> int:

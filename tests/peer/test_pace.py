@@ -30,14 +30,15 @@ async def world(tmp_path: Path, corpus_dir: Path) -> AsyncIterator[World]:
         yield w
 
 
-async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits) -> list[str | None]:
+async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits,
+                  fetch_bytes: int = 1 << 30) -> list[str | None]:
     """Serve the session from `holder` (behind a relay at `rate` if given), ask for its lines in
-    batches of 12 one after the other, as the fetcher does, and return each answer's format
-    header; every answer is decoded and verified."""
+    batches of 12 one after the other, as the fetcher does (declaring a fetch of `fetch_bytes`),
+    and return each answer's format header; every answer is decoded and verified."""
     addr = await w.serve(holder, rate=rate, limits=limits)
     tls = client_context(w.me, w.trust, w.holders[holder].identity.fingerprint)
     hashes = list(dict.fromkeys(blake3.blake3(ln).digest() for ln in w.lines()))
-    pace, seen = FetchPace(), []
+    pace, seen = FetchPace(fetch_bytes), []
     link = pace.link(addr)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
         for i in range(0, min(len(hashes), 60), 12):
@@ -62,10 +63,10 @@ async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits) 
 
 
 async def test_a_slow_link_gets_stream_batches_and_a_fast_one_per_line_frames(world: World) -> None:
-    """Past the small-transfer allowance (0 here), the first answer is per-line (nothing is
-    known of the link yet); once the fetcher reports what its reads saw, the paced link gets
-    the stream and loopback keeps the stored frames."""
-    limits = wire.Limits(stream_burst_bytes=0, stream_link_rate=THRESHOLD)
+    """A big fetch: the first answer is per-line (nothing is known of the link yet); once the
+    fetcher reports what its reads saw, the paced link gets the stream and loopback keeps the
+    stored frames."""
+    limits = wire.Limits(stream_link_rate=THRESHOLD)
     slow = await formats(world, 0, 100_000, limits)
     fast = await formats(world, 1, None, limits)
     assert slow[0] is None and slow[1:] == [wire.BATCH_FORMAT_STREAM] * (len(slow) - 1)
@@ -73,11 +74,11 @@ async def test_a_slow_link_gets_stream_batches_and_a_fast_one_per_line_frames(wo
 
 
 async def test_a_small_transfer_takes_the_stream_on_any_link(world: World) -> None:
-    """The first `stream_burst_bytes` of a transfer (a +1 % append is a few MB) go as a stream
-    even over loopback; after them, loopback gets per-line frames again."""
-    limits = wire.Limits(stream_burst_bytes=150_000, stream_link_rate=THRESHOLD)
-    got = await formats(world, 1, None, limits)
-    assert got[0] == wire.BATCH_FORMAT_STREAM and got[-1] is None
+    """A fetch of at most `stream_small_bytes` (a +1 % append is a few MB) gets the stream even
+    over loopback, from its first answer on."""
+    limits = wire.Limits(stream_link_rate=THRESHOLD)
+    got = await formats(world, 1, None, limits, fetch_bytes=limits.stream_small_bytes)
+    assert got == [wire.BATCH_FORMAT_STREAM] * len(got)
 
 
 async def test_no_stream_unless_offered_or_served(world: World) -> None:
@@ -86,8 +87,9 @@ async def test_no_stream_unless_offered_or_served(world: World) -> None:
 
 
 def test_a_cpu_bound_fetcher_does_not_offer_the_stream() -> None:
-    pace = FetchPace()
-    assert pace.offer("a", wire.Limits()) == {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM}
+    pace = FetchPace(5 << 20)
+    assert pace.offer("a", wire.Limits()) == {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
+                                              wire.FETCH_BYTES_HEADER: str(5 << 20)}
     assert pace.offer("a", wire.Limits(stream_batches=False)) == {}
     pace.backlog = BACKLOG_RUNS + 1
     assert pace.offer("a", wire.Limits()) == {}
@@ -97,16 +99,20 @@ def test_a_cpu_bound_server_keeps_per_line_frames() -> None:
     """A slow link reported by the fetcher is a stream, unless the server's responses wait
     mostly on its own reading and encoding of lines (then the fetcher's slow reads are the
     server's doing)."""
-    pace = LinkPace()
-    assert pace.choose(0, THRESHOLD, 100_000.0).level == 6
-    assert pace.choose(0, THRESHOLD, 2_000_000.0).level == 3
-    assert pace.choose(0, THRESHOLD, 50_000_000.0).level is None
+    pace, limits, big = LinkPace(), wire.Limits(stream_link_rate=THRESHOLD), 1 << 30
+    assert pace.choose(limits, big, 100_000).level == 6
+    assert pace.choose(limits, big, 2_000_000).level == 3
+    assert pace.choose(limits, big, 50_000_000).level is None
+    assert pace.choose(limits, None, None).level is None  # an older fetcher: nothing known
     for _ in range(10):
         pace.sent(100_000, making=1.0)  # a second to make what the link carries in one
-    assert pace.choose(0, THRESHOLD, 100_000.0).level is None
+    assert pace.choose(limits, big, 100_000).level is None
+    assert pace.choose(limits, 1 << 20, 100_000).level == 3  # a small transfer still streams
 
 
-def test_a_bad_link_rate_header_is_ignored() -> None:
-    for text in (None, "", "abc", "-5", "0", "1e9", "12.5", "٣", "9" * 16, " 5"):
-        assert wire.parse_link_rate(text) is None, text
-    assert wire.parse_link_rate("12500000") == 12_500_000.0
+def test_bad_pace_headers_are_ignored() -> None:
+    for text in (None, "", "abc", "-5", "1e9", "12.5", "٣", "9" * 16, " 5"):
+        assert wire.parse_count_header(text) is None, text
+    assert wire.parse_count_header("12500000") == 12_500_000
+    pace, limits = LinkPace(), wire.Limits()
+    assert pace.choose(limits, None, 0).level is None  # a zero rate says nothing
