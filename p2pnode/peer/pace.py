@@ -15,7 +15,8 @@ the bytes.  So the stream is used where the bytes cost more than that CPU:
   that fits in the socket buffers (behind a 300 KB/s loopback relay, 500 KB responses never
   waited: the kernel took them at once); the fetcher's alone would read a
   server that is itself slow as a slow link, so the server keeps the cheap frames while it is
-  CPU-bound (BUSY_SHARE).  The level grows with how far behind the link is (LEVELS).
+  CPU-bound (BUSY_SHARE).  The level grows with how far behind the link is (LEVELS);
+- the first answers of a fetch, before anything is measured (a few MB: cheap either way).
 
 A fetcher whose own CPU limits it (its socket fills too) does not offer the stream at all
 (peer/batches.py), so a slow reader is not mistaken for a slow link.
@@ -121,11 +122,12 @@ class LinkPace:
         if self.busy > BUSY_SHARE:
             return Choice(None, f"server CPU-bound (lines made at {self.busy:.1f}x the link's time)")
         rate = self.rate()
-        if rate is not None:
-            behind = limits.stream_link_rate / rate
-            for factor, level in LEVELS:
-                if behind >= factor:
-                    return Choice(level, f"link at {rate / 1e6:.2f} MB/s")
+        if rate is None:  # the first answers of a fetch, a few MB: cheap either way
+            return Choice(LEVELS[-1][1], "link not measured yet")
+        behind = limits.stream_link_rate / rate
+        for factor, level in LEVELS:
+            if behind >= factor:
+                return Choice(level, f"link at {rate / 1e6:.2f} MB/s")
         return Choice(None, "link keeps up")
 
     def sent(self, nbytes: int, making: float) -> None:
