@@ -32,7 +32,11 @@ from p2pnode.peer import wire
 RATE_WEIGHT = 0.3
 """Weight of the newest sample in the moving averages."""
 MIN_SAMPLE = 0.02
-"""Seconds of waiting on a socket below which a transfer says nothing about the link."""
+MIN_SAMPLE_BYTES = 1 << 20
+"""A link's rate is measured once its transfers waited MIN_SAMPLE seconds on the socket in all
+(a few ms of waits measure nothing), or moved MIN_SAMPLE_BYTES with less waiting than that:
+then it is at least MIN_SAMPLE_BYTES / MIN_SAMPLE (52 MB/s; the data was there before it was
+asked for)."""
 BACKLOG_RUNS = 4
 """A fetcher with more received runs of lines than this waiting to be decoded and verified is
 CPU-bound: it does not offer the stream (which would cost it a decode and a compression more
@@ -84,14 +88,14 @@ class WaitMeter:
 
     def fold(self) -> None:
         """A transfer ended: the bytes and waits since the last fold go into the moving rate
-        (once MIN_SAMPLE seconds of waiting were seen: a few ms of waits measure nothing)."""
+        (once there are enough of them, MIN_SAMPLE_BYTES)."""
         if self._waiters:  # another transfer is mid-wait: its wait so far counts
             now = time.monotonic()
             self._waited += now - self._since
             self._since = now
-        if self._waited < MIN_SAMPLE:
+        if self._waited < MIN_SAMPLE and self._bytes < MIN_SAMPLE_BYTES:
             return
-        rate = self._bytes / self._waited
+        rate = self._bytes / max(self._waited, MIN_SAMPLE)  # at least: the waits were that short
         self.rate = rate if self.rate is None else (1 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate
         self._bytes, self._waited = 0, 0.0
 
