@@ -41,6 +41,10 @@ BACKLOG_RUNS = 4
 """A fetcher with more received runs of lines than this waiting to be decoded and verified is
 CPU-bound: it does not offer the stream (which would cost it a decode and a compression more
 per line) until it catches up."""
+READ_WAIT_SHARE = 0.5
+"""A fetcher whose reads from a holder waited on the socket for less than this share of the
+time (a moving average) is busy with its CPU, not waiting on the link: it does not offer the
+stream (the bytes it would save are not what holds it back)."""
 BUSY_SHARE = 0.8
 """A server that takes more than this share of the link's time for a response's bytes to read
 and encode its lines is CPU-bound, or nearly: per-line frames, whatever the link (the stream
@@ -69,15 +73,21 @@ class WaitMeter:
     def __init__(self) -> None:
         self.rate: float | None = None
         """Moving average of bytes per second of waiting."""
+        self.share: float | None = None
+        """Moving average of the share of the time the transfers waited on the socket (near 1:
+        the link is what they wait for; low: the data was there, the CPU is what limits)."""
         self._waiters = 0
         self._since = 0.0
         self._bytes = 0
         self._waited = 0.0
+        self._start: float | None = None
 
     def waiting(self) -> None:
         """A wait on the socket starts (end it with `moved`)."""
         if not self._waiters:
             self._since = time.monotonic()
+        if self._start is None:
+            self._start = self._since
         self._waiters += 1
 
     def moved(self, nbytes: int) -> None:
@@ -97,7 +107,10 @@ class WaitMeter:
             return
         rate = self._bytes / max(self._waited, MIN_SAMPLE)  # at least: the waits were that short
         self.rate = rate if self.rate is None else (1 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate
-        self._bytes, self._waited = 0, 0.0
+        elapsed = time.monotonic() - (self._start if self._start is not None else 0.0)
+        share = min(1.0, self._waited / elapsed) if elapsed > 0 else 1.0
+        self.share = share if self.share is None else (1 - RATE_WEIGHT) * self.share + RATE_WEIGHT * share
+        self._bytes, self._waited, self._start = 0, 0.0, None
 
 
 class LinkPace:
@@ -168,12 +181,16 @@ class FetchPace:
     def offer(self, holder: object, limits: wire.Limits) -> dict[str, str]:
         """The headers of a batch request to `holder`: the stream offered (with the size of the
         fetch and the rate this fetcher receives at, once measured) unless the stream is off
-        or the fetcher's CPU is what limits it."""
+        or the fetcher's CPU is what limits it: runs wait to be verified, or its reads from
+        this holder found the data there for most of the time (READ_WAIT_SHARE)."""
+        meter = self.link(holder)
         if not limits.stream_batches or self.backlog > BACKLOG_RUNS:
+            return {}
+        if meter.share is not None and meter.share < READ_WAIT_SHARE:
             return {}
         headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
                    wire.FETCH_BYTES_HEADER: str(self.fetch_bytes)}
-        rate = self.link(holder).rate
+        rate = meter.rate
         if rate is not None:
             headers[wire.LINK_RATE_HEADER] = str(max(1, int(rate)))
         return headers

@@ -15,7 +15,7 @@ import test_holders
 from test_holders import World
 
 from p2pnode.peer import wire
-from p2pnode.peer.pace import BACKLOG_RUNS, FetchPace, LinkPace
+from p2pnode.peer.pace import BACKLOG_RUNS, READ_WAIT_SHARE, FetchPace, LinkPace
 from p2pnode.peer.tls import client_context
 
 THRESHOLD = 500_000
@@ -97,6 +97,10 @@ def test_a_cpu_bound_fetcher_does_not_offer_the_stream() -> None:
     assert pace.offer("a", wire.Limits(stream_batches=False)) == {}
     pace.backlog = BACKLOG_RUNS + 1
     assert pace.offer("a", wire.Limits()) == {}
+    pace.backlog = 0
+    pace.link("a").share = READ_WAIT_SHARE / 2  # its reads found the data there: busy elsewhere
+    assert pace.offer("a", wire.Limits()) == {}
+    assert wire.BATCH_FORMAT_HEADER in pace.offer("b", wire.Limits())  # another holder: not measured yet
 
 
 def test_a_cpu_bound_server_keeps_per_line_frames() -> None:
