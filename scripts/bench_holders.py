@@ -5,11 +5,12 @@ On one generated Pi-shaped session with image lines (bench_share's generator), t
 (each its own node home, store and `p2pnode serve-peers` process) on loopback:
 
 1. Batch formats, unthrottled, one holder: bytes on the wire, fetch seconds, and the serving
-   process's CPU seconds per MB of session for per-line zstd-1 frames (as stored) and for one
-   zstd stream per batch (the provider decodes each line and recompresses it into the stream).
+   process's CPU seconds per MB of session for per-line zstd-1 frames (as stored; the fetcher
+   does not offer the stream) and for the adaptive format (the default: the server streams
+   the first 4 MiB and slow links, docs/PROTOCOL.md "Adaptive batch format").
 2. Holders behind a rate-limited relay (a token bucket per holder, shared by its
    connections, in its own process; default 100 Mbit/s): one holder (both batch formats)
-   against two (the default format).  Goal: two >= 1.7x one.
+   against two (the default, adaptive format).  Goal: two >= 1.7x one.
 3. The same two holders, one of them cut after about half of its share: the cost over the
    uncut fetch.  Goal: <= 3 s.
 
@@ -180,7 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     size_mb = 16 if args.quick else 64
     rate = args.mbit * 1e6 / 8
-    stream, per_line = wire.Limits(stream_batches=True), wire.Limits()
+    adaptive, per_line = wire.Limits(), wire.Limits(stream_batches=False)
     result: dict[str, Any] = {"benchmark": "holders", "quick": args.quick, "cpus": os.cpu_count(),
                               "session_mb": size_mb, "link_mbit": args.mbit}
     with tempfile.TemporaryDirectory(prefix="bench-holders-") as tmp:
@@ -196,7 +197,7 @@ def main() -> None:
         with holders[0].serving() as (p0, pid0), holders[1].serving() as (p1, _pid1):
             addr = addresses(holders, (p0, p1))
             modes: dict[str, Any] = {}
-            for name, limits in (("per_line_zstd1", per_line), ("stream_zstd3", stream)):
+            for name, limits in (("per_line_zstd1", per_line), ("adaptive", adaptive)):
                 log(f"one holder, unthrottled, {name}")
                 cpu0 = cpu_seconds(pid0)
                 run = repeat(args.reps, lambda limits=limits: fetch(work, branch, addr[:1], limits))
@@ -207,8 +208,8 @@ def main() -> None:
                                "wire_ratio": round(run["bytes_received"] / len(data), 4),
                                "server_cpu_s_per_mb": round(cpu / (len(data) / MB), 5)}
             result["batch_formats"] = modes
-            per, strm = modes["per_line_zstd1"], modes["stream_zstd3"]
-            result["goals"] = [goal("stream batches: wire bytes / per-line frames",
+            per, strm = modes["per_line_zstd1"], modes["adaptive"]
+            result["goals"] = [goal("adaptive batches, unthrottled: wire bytes / per-line frames",
                                     strm["wire_bytes"] / per["wire_bytes"], 1.0, "x")]
             if args.formats_only:
                 emit(result)
@@ -216,19 +217,20 @@ def main() -> None:
             via: dict[str, Any] = {}
             with relay(p0, rate) as r0, relay(p1, rate) as r1:
                 slow = addresses(holders, (r0, r1))
-                log(f"one holder at {args.mbit:g} Mbit/s, stream batches")
-                via["one_holder_stream"] = repeat(args.reps, lambda: fetch(work, branch, slow[:1], stream))
+                log(f"one holder at {args.mbit:g} Mbit/s, per-line frames")
+                via["one_holder_per_line"] = repeat(args.reps,
+                                                    lambda: fetch(work, branch, slow[:1], per_line))
                 log(f"one holder at {args.mbit:g} Mbit/s")
-                via["one_holder"] = repeat(args.reps, lambda: fetch(work, branch, slow[:1], per_line))
+                via["one_holder"] = repeat(args.reps, lambda: fetch(work, branch, slow[:1], adaptive))
                 log(f"two holders at {args.mbit:g} Mbit/s each")
-                via["two_holders"] = repeat(args.reps, lambda: fetch(work, branch, slow, per_line))
+                via["two_holders"] = repeat(args.reps, lambda: fetch(work, branch, slow, adaptive))
             two = via["two_holders"]
             share = two["served"].get(str(slow[1]), {}).get("bytes", 0) / len(data)  # the second's part
             cut_after = int(two["bytes_received"] * share / 2)
             with relay(p0, rate) as r0, relay(p1, rate, cut_after=cut_after) as r1:
                 cut = addresses(holders, (r0, r1))
                 log("two holders, the second cut after about half of its share")
-                via["two_holders_one_cut"] = fetch(work, branch, cut, per_line)
+                via["two_holders_one_cut"] = fetch(work, branch, cut, adaptive)
             via["speedup"] = round(via["one_holder"]["seconds"] / two["seconds"], 3)
             via["speedup_transfer"] = round(via["one_holder"]["transfer_s"] / two["transfer_s"], 3)
             via["cut_cost_s"] = round(via["two_holders_one_cut"]["seconds"] - two["seconds"], 3)

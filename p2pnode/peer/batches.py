@@ -15,6 +15,7 @@ from p2pnode.library.api import ZSTD_LEVEL
 from p2pnode.peer import wire
 from p2pnode.peer.downloader import PeerPool, Share
 from p2pnode.peer.link import PeerLink
+from p2pnode.peer.pace import FetchPace
 from p2pnode.pi.lines import LineRef
 from store.codec import compressor
 from store.layout import CODEC_RAW, CODEC_ZSTD
@@ -50,9 +51,10 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     holders = sum(1 for p in pool.peers if not p.dropped)
     groups = _groups(wanted, limits, group_bytes(wanted, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
+    pace = FetchPace(sum(r.length for r in wanted))
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:
-        await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received))
+        await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received), pace)
 
     await share.run(ask)
 
@@ -98,17 +100,17 @@ def _as_stored(blob: wire.BatchBlob, raw: bytes) -> wire.BatchBlob:
     return wire.BatchBlob(blob.hash, CODEC_RAW, len(raw), raw)
 
 
-async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, verified: Received) -> None:
+async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, verified: Received,
+                 pace: FetchPace) -> None:
     """One batch request.  Received blobs are decompressed and hashed on worker threads
     (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read;
     the runs of a zstd stream response are decoded in order, one after the other.  Lines the
     peer leaves out are not an error: it does not serve them (the Share asks elsewhere)."""
-    stream = wire.BatchStreamDecoder() if limits.stream_batches else None
+    headers = {"Content-Type": "application/octet-stream", **pace.offer(peer, limits)}
+    stream = wire.BatchStreamDecoder() if wire.BATCH_FORMAT_HEADER in headers else None
     decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=stream is not None)
     body = wire.encode_batch_request(r.hash for r in group)
-    headers = {"Content-Type": "application/octet-stream"}
-    if stream is not None:
-        headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
+    link = pace.link(peer)
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
     run_bytes = 0
@@ -116,11 +118,20 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     def verify_run() -> None:
         after = decoding[-1] if decoding and stream is not None else None
         decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified)))
+        pace.track(decoding[-1])
 
     try:
         async with peer.request("POST", wire.PATH_BATCH, data=body, headers=headers) as resp:
             peer._check(resp, f"batch of {len(group)} lines")
-            async for chunk in resp.content.iter_any():
+            while True:
+                chunk = b""
+                link.waiting()  # the rate this link delivers at while we wait on it (peer/pace.py)
+                try:
+                    chunk = await resp.content.readany()
+                finally:
+                    link.moved(len(chunk))
+                if not chunk:
+                    break
                 peer.bytes_received += len(chunk)
                 for blob in decoder.feed(chunk):
                     run.append(blob)
@@ -133,6 +144,7 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
             verify_run()
         await asyncio.gather(*decoding)
     finally:  # a failure stops the rest; what was verified is kept
+        link.fold()
         for f in decoding:
             f.cancel()
         await asyncio.gather(*decoding, return_exceptions=True)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections import defaultdict
@@ -49,8 +50,9 @@ from aiohttp import web, web_protocol
 
 from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.peer import wire
-from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
+from p2pnode.peer.identity import Identity, format_node_id, parse_node_id, spki_sha256
 from p2pnode.peer.interfaces import ServedLibrary
+from p2pnode.peer.pace import LinkPace
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.sidecar import is_hash_hex
@@ -102,6 +104,8 @@ class PeerServer:
         self._serving: dict[asyncio.BaseTransport, tuple[str, list[str]]] = {}
         """Responses being written: the peer and the hashes each one carries."""
         self._rechecks: set[asyncio.Task[None]] = set()
+        self._pace: dict[str, LinkPace] = {}
+        """Per peer: its link as batch responses saw it (which batch format it gets)."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -200,7 +204,7 @@ class PeerServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
         transport = request.transport
-        fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+        fp = _fingerprint(transport)
         if fp is None or not self.trust.is_trusted(fp):  # the handshake pin already refused these
             raise web.HTTPForbidden(text="not trusted\n")
         if self._active[fp] >= self.limits.max_concurrent_requests:
@@ -344,7 +348,7 @@ class PeerServer:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         if catalog.generation != seen:
             return catalog
-        fp = peer_fingerprint(request.transport.get_extra_info("ssl_object") if request.transport else None)
+        fp = _fingerprint(request.transport)
         assert fp is not None  # _guard let only trusted peers in
         if self._waiting[fp] >= self.limits.max_waiting_per_peer:
             raise web.HTTPTooManyRequests(text="too many catalog requests waiting\n")
@@ -398,38 +402,61 @@ class PeerServer:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         hashes = list(dict.fromkeys(hashes))  # each line once: a repeated hash is not 4096 copies of it
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
-        stream = None
-        asked = request.headers.get(wire.BATCH_FORMAT_HEADER)
-        if self.limits.serve_stream_batches and asked == wire.BATCH_FORMAT_STREAM:
-            stream = wire.BatchStreamEncoder()
+        peer = _peer(request)
+        pace = self._pace.setdefault(peer, LinkPace())
+        stream = self._batch_format(request, pace)
+        if stream is not None:
             response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
         await response.prepare(request)
-        peer = _peer(request)
         sent = nbytes = 0
         served: list[str] = []
         reading: asyncio.Future[tuple[bytes, list[str], int]] | None
         reading = self._read_group(hashes, 0, peer, stream)
         complete = False
+        making = 0.0  # seconds waiting on its own lines (the server's CPU, not the link)
         try:
             with self._carrying(request, peer, served):
                 while reading is not None:
+                    if not reading.done():
+                        t = self._loop.time()
+                        await asyncio.wait([reading])
+                        making += self._loop.time() - t
                     frames, group, pos = await reading
                     more = pos < len(hashes)
                     reading = self._read_group(hashes, pos, peer, stream) if more else None  # while we send
                     sent += len(group)
                     nbytes += len(frames)
                     served += group
-                    await self._send(response, frames)
+                    pace.link.waiting()
+                    try:
+                        await self._send(response, frames)
+                    finally:
+                        pace.link.moved(len(frames))
                 await self._finish(response, wire.encode_batch_end(sent))
                 complete = True
         except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
             log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
+            pace.sent(nbytes, making)
             if reading is not None:
                 reading.cancel()
             if served:  # a batch of nothing this peer may have served nothing
                 await self._served(peer, "batch", served, nbytes, complete)
         return response
+
+    def _batch_format(self, request: web.Request, pace: LinkPace) -> wire.BatchStreamEncoder | None:
+        """A zstd stream encoder where the fetcher offered the stream and peer/pace.py's rule
+        calls for one (a small transfer, a slow link); else None: the stored per-line frames."""
+        if not self.limits.serve_stream_batches:
+            return None
+        if request.headers.get(wire.BATCH_FORMAT_HEADER) != wire.BATCH_FORMAT_STREAM:
+            return None
+        header = request.headers.get
+        choice = pace.choose(self.limits, wire.parse_count_header(header(wire.FETCH_BYTES_HEADER)),
+                             wire.parse_count_header(header(wire.LINK_RATE_HEADER)))
+        log.debug("batch format: %s (%s)",
+                  "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
+        return None if choice.level is None else wire.BatchStreamEncoder(choice.level)
 
     def _read_group(self, hashes: list[bytes], pos: int, peer: str,
                     stream: wire.BatchStreamEncoder | None) -> asyncio.Future[tuple[bytes, list[str], int]]:
@@ -635,10 +662,24 @@ class _DeadlineSite(web.TCPSite):
 
 def _peer(request: web.Request) -> str:
     """The node id of the peer that sent the request (the guard let only trusted ones in)."""
-    transport = request.transport
-    fp = peer_fingerprint(transport.get_extra_info("ssl_object") if transport else None)
+    fp = _fingerprint(request.transport)
     assert fp is not None
     return format_node_id(fp)
+
+
+def _fingerprint(transport: asyncio.BaseTransport | None) -> bytes | None:
+    """The SPKI SHA-256 of the certificate the connection's peer presented, if any."""
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return _spki_sha256(der) if der else None
+
+
+@functools.lru_cache(maxsize=256)
+def _spki_sha256(cert_der: bytes) -> bytes:
+    """identity.spki_sha256, remembered: every request asks it of its connection's certificate
+    (twice or more), and parsing the certificate each time was some 6 % of the server's
+    GIL-holding time serving a first fetch (py-spy).  Only certificates that passed the pin reach it."""
+    return spki_sha256(cert_der)
 
 
 def _catalog_entry(b: BranchInfo, listed: set[str]) -> wire.CatalogEntry:

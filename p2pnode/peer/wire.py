@@ -52,6 +52,11 @@ BATCH_FORMAT_HEADER = "X-P2P-Batch"
 BATCH_FORMAT_STREAM = "zstd-stream"
 """A fetcher that sends `X-P2P-Batch: zstd-stream` accepts CODEC_ZSTD_STREAM frames; a server
 that uses them answers with the same header.  An old peer ignores it: per-line frames."""
+LINK_RATE_HEADER = "X-P2P-Link-Rate"
+"""Sent by a fetcher that offers the stream: the bytes per second it receives from this peer
+while its reads wait on the socket (a decimal integer; peer/pace.py)."""
+FETCH_BYTES_HEADER = "X-P2P-Fetch-Bytes"
+"""Sent with the offer: the raw bytes of the lines the fetch asks for in all (a decimal integer)."""
 STREAM_LEVEL = 3
 """zstd level of a batch stream (docs/BENCHMARKS.md: ratio and CPU per MB of levels 1-6)."""
 ZSTD_BLOCK_MAX = 128 << 10
@@ -102,12 +107,20 @@ class Limits:
     `stall_timeout` seconds, has had no line verified and has moved fewer than `progress_bytes`
     bytes (the bytes count only for a line too big to arrive in that time); its lines go to
     the other holders.  The batch phase's stricter form of `progress_timeout`."""
-    stream_batches: bool = False
-    """Fetcher: ask for batches as one zstd stream (CODEC_ZSTD_STREAM): a quarter fewer bytes
-    on the wire, for about 0.01 s more CPU per MB on the two sides; off by default, since on
-    loopback and at 100 Mbit/s the CPU costs more time than the bytes saved (BENCHMARKS.md)."""
+    stream_batches: bool = True
+    """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a quarter fewer
+    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while it waits on
+    its sockets rather than on its CPU (peer/batches.py); the server decides (peer/pace.py)."""
     serve_stream_batches: bool = True
-    """Server: make stream batches for a fetcher that asks for them."""
+    """Server: make stream batches, where the fetcher offered them and peer/pace.py's rule
+    calls for them (a small transfer, or a link slower than `stream_link_rate`)."""
+    stream_small_bytes: int = 8 << 20
+    """Server: a fetch of at most this many raw bytes in all (FETCH_BYTES_HEADER) gets stream
+    batches when it offers them: a small transfer (a +1 % append) pays next to no CPU for it."""
+    stream_link_rate: int = 20_000_000
+    """Server: a link slower than this many bytes per second (the slower of the server's and
+    the fetcher's measures) gets stream batches, at zstd level 3; four times slower, level 6
+    (peer/pace.py)."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0
@@ -261,6 +274,14 @@ def _optional_version(v: object) -> int | None:
     if (n := _nonneg_int(v)) == 0:
         raise ValueError("version 0 (versions count from 1)")
     return n
+
+
+def parse_count_header(text: str | None) -> int | None:
+    """LINK_RATE_HEADER's or FETCH_BYTES_HEADER's value, or None when absent or not a decimal
+    integer below 10**15 (they only steer the batch format: a bad one is ignored, not refused)."""
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 15:
+        return None
+    return int(text)
 
 
 def parse_wait(text: str) -> int:
