@@ -24,7 +24,7 @@ from typing import Any
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library import access, space
-from p2pnode.library.audit import AuditLog
+from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
@@ -896,18 +896,21 @@ class Library:
         for listener in list(self._listeners):
             listener()
 
-    def record_served(self, peer: str, name: str | None, kind: str, hashes: Sequence[str],
-                      nbytes: int, complete: bool = True) -> None:
-        """Log what one response served to a peer: the branches its hashes are visible through
-        (for an answer cut off because they no longer are: the branch or session it carried),
-        its bytes, and whether it was cut off."""
+    def record_served(self, answers: Sequence[ServedAnswer]) -> None:
+        """Log what answers served to peers, one event each, in one flush: the branches each
+        answer's hashes are visible through (for an answer cut off because they no longer are:
+        the branch or session it carried), its bytes, and whether it was cut off."""
+        events = []
         with self._lock:
-            visible = self._visible(peer)
-            branches = {visible[h][1] for h in hashes if h in visible}
-            branches |= {r.branch for h in hashes if h not in visible for r in self.sessions.branches()
-                         if h in (r.branch, r.src)}
-        self.audit.append("served", peer=peer, peer_name=name, kind=kind, branches=sorted(branches),
-                          bytes=nbytes, complete=complete)
+            for a in answers:
+                visible = self._visible(a.peer)
+                branches = {visible[h][1] for h in a.hashes if h in visible}
+                branches |= {r.branch for h in a.hashes if h not in visible for r in self.sessions.branches()
+                             if h in (r.branch, r.src)}
+                events.append(("served", {"peer": a.peer, "peer_name": a.name, "kind": a.kind,
+                                          "branches": sorted(branches), "bytes": a.nbytes,
+                                          "complete": a.complete}))
+        self.audit.append_many(events)
 
     # --- space (library/space.py) ---
 

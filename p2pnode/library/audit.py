@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,18 @@ MAX_BYTES = 1 << 20
 EVENTS = frozenset({"shared", "unshared", "expired", "fetched", "served", "removed", "gc"})
 
 
+@dataclass(frozen=True)
+class ServedAnswer:
+    """One answer a peer was sent (or that was cut off after `nbytes`): what a `served` event says."""
+
+    peer: str
+    name: str | None
+    kind: str
+    hashes: tuple[str, ...]
+    nbytes: int
+    complete: bool = True
+
+
 class AuditLog:
     def __init__(self, path: Path, max_bytes: int = MAX_BYTES) -> None:
         self.path = path
@@ -35,26 +48,33 @@ class AuditLog:
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Record one event now (durable when this returns)."""
-        assert event in EVENTS, event
-        entry = {"time": round(time.time(), 3), "event": event, **fields}
-        line = json.dumps(entry, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+        return self.append_many([(event, fields)])[0]
+
+    def append_many(self, events: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Record events in one write and one flush (a fetch's many answers cost one fsync, not
+        one each); durable when this returns."""
+        assert all(event in EVENTS for event, _ in events), events
+        now = round(time.time(), 3)
+        entries = [{"time": now, "event": event, **fields} for event, fields in events]
+        data = b"".join(json.dumps(e, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+                        for e in entries)
         with locked(self._lock):
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 size = os.fstat(fd).st_size
                 if size and _last_byte(self.path, size) != b"\n":
-                    line = b"\n" + line  # a crash tore the last line: it stays a line of its own
-                view = memoryview(line)
-                while view:  # one write in practice: the line is small
+                    data = b"\n" + data  # a crash tore the last line: it stays a line of its own
+                view = memoryview(data)
+                while view:  # one write in practice
                     view = view[os.write(fd, view):]
                 flush_data(fd)
-                size += len(line)
+                size += len(data)
             finally:
                 os.close(fd)
             if size > self.max_bytes:
                 os.replace(self.path, self.older)
                 flush_dir(self.path.parent)
-        return entry
+        return entries
 
     def read(self) -> list[dict[str, Any]]:
         """Every whole event, oldest first (the rotated file's, then the current one's)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from p2pnode.library.api import BranchInfo, Catalog
+from p2pnode.library.audit import ServedAnswer
 from p2pnode.library.sessions import Version
 from p2pnode.paths import NodePaths
 from p2pnode.pi.hashing import Prefix
@@ -62,8 +63,7 @@ class ServedLibrary(Protocol):
 
     def remove_listener(self, listener: Callable[[], None]) -> None: ...
 
-    def record_served(self, peer: str, name: str | None, kind: str, hashes: Sequence[str],
-                      nbytes: int, complete: bool = True) -> None: ...
+    def record_served(self, answers: Sequence[ServedAnswer]) -> None: ...
 
     def sidecar_bytes(self, branch_hex: str) -> bytes: ...
 

@@ -17,7 +17,9 @@ else, even a hash the store holds, and any malformed hash, gets exactly the answ
 that does not exist gets (404, same body).  When that changes (unshare, expiry, a narrower
 `--to`), responses in flight that carry what the peer may no longer have are aborted
 (`lib.add_listener`; expiry is also checked every TRUST_POLL_SECONDS), and every answer
-served is logged (`lib.record_served`: peer, branches, bytes).
+served is logged (`lib.record_served`: peer, branches, bytes), after the answer, by one
+writer that puts the answers that came meanwhile in one flush (a connection's next request
+never waits for the audit log's fsync).
 
 Per peer: at most `limits.max_concurrent_requests` requests at once (more get 429),
 `limits.max_connections_per_peer` connections, request bodies up to
@@ -49,6 +51,7 @@ from typing import Any, TypeVar
 from aiohttp import web, web_protocol
 
 from p2pnode.library.api import BranchInfo, Catalog
+from p2pnode.library.audit import ServedAnswer
 from p2pnode.peer import wire
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id, spki_sha256
 from p2pnode.peer.interfaces import ServedLibrary
@@ -93,6 +96,8 @@ class PeerServer:
         self._handshaking: dict[str, int] = defaultdict(int)
         """Connections per source address whose TLS handshake has not finished."""
         self._upgrades: set[asyncio.Future[None]] = set()
+        self._unlogged: list[ServedAnswer] = []
+        self._audit_writer: asyncio.Task[None] | None = None
         self._closing = False
         self._changed = asyncio.Event()
         """Set (and replaced) by notify_changed: wakes the catalog requests waiting for a change."""
@@ -142,6 +147,8 @@ class PeerServer:
                 await self._poller
         if self._runner:
             await self._runner.cleanup()
+        if self._audit_writer is not None:  # the last answers' entries are written before the end
+            await self._audit_writer
         self._executor.shutdown(wait=True)
 
     async def _poll_trust(self) -> None:
@@ -191,13 +198,23 @@ class PeerServer:
         finally:
             self._serving.pop(transport, None)
 
-    async def _served(self, peer: str, kind: str, hashes: list[str], nbytes: int,
-                      complete: bool = True) -> None:
+    def _served(self, peer: str, kind: str, hashes: list[str], nbytes: int,
+                complete: bool = True) -> None:
         """The audit log's entry for an answer sent, or cut off after `nbytes` (the peer's name
-        as this node trusts it)."""
+        as this node trusts it), queued for the writer."""
         trusted = self.trust.get(parse_node_id(peer))
-        name = trusted.name if trusted else None
-        await self._call(self.lib.record_served, peer, name, kind, hashes, nbytes, complete)
+        self._unlogged.append(ServedAnswer(peer, trusted.name if trusted else None, kind, tuple(hashes),
+                                           nbytes, complete))
+        if self._audit_writer is None or self._audit_writer.done():
+            self._audit_writer = asyncio.ensure_future(self._write_audit())
+
+    async def _write_audit(self) -> None:
+        while self._unlogged:
+            answers, self._unlogged = self._unlogged, []
+            try:
+                await self._call(self.lib.record_served, answers)
+            except Exception as exc:  # a full disk must not stop serving; the log says so
+                log.warning("the audit log could not record %d served answers: %s", len(answers), exc)
 
     # -- per-peer guard -----------------------------------------------------------------
 
@@ -335,7 +352,7 @@ class PeerServer:
                 await self._finish(response, view[last:end])
                 sent = end
         finally:
-            await self._served(peer, kind, [h], sent - start, complete=sent == end)
+            self._served(peer, kind, [h], sent - start, complete=sent == end)
         return response
 
     async def _wait_for_change(self, request: web.Request, catalog: Catalog) -> Catalog:
@@ -391,7 +408,7 @@ class PeerServer:
                                                    refs[first:])
         else:
             body = wire.encode_line_manifest(bytes.fromhex(src), refs)
-        await self._served(peer, "lines", [src], len(body))
+        self._served(peer, "lines", [src], len(body))
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:
@@ -441,7 +458,7 @@ class PeerServer:
             if reading is not None:
                 reading.cancel()
             if served:  # a batch of nothing this peer may have served nothing
-                await self._served(peer, "batch", served, nbytes, complete)
+                self._served(peer, "batch", served, nbytes, complete)
         return response
 
     def _batch_format(self, request: web.Request, pace: LinkPace) -> wire.BatchStreamEncoder | None:

@@ -16,9 +16,9 @@ import pytest
 from pifork import find
 
 from p2pnode.errors import InvalidInput, NotFound
-from p2pnode.library import access
+from p2pnode.library import access, audit
 from p2pnode.library.api import Library
-from p2pnode.library.audit import AuditLog
+from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.paths import NodePaths
 from store.fsck import fsck
 
@@ -164,7 +164,7 @@ def test_every_event_is_logged(lib: Library, agent: Path, tmp_path: Path) -> Non
     shared = events(lib, "shared")[-1]
     assert shared["branch"] == info.branch and shared["to"] == [ALICE]
     assert shared["expires_at"] == info.expires_at and shared["lineage"] == [info.ancestors[0].branch]
-    lib.record_served(ALICE, "alice", "batch", [info.src, "f" * 64], 1234)
+    lib.record_served([ServedAnswer(ALICE, "alice", "batch", (info.src, "f" * 64), 1234)])
     served = events(lib, "served")[-1]
     assert served["peer"] == ALICE and served["peer_name"] == "alice" and served["bytes"] == 1234
     assert served["branches"] == [info.branch]
@@ -192,6 +192,20 @@ def test_the_log_is_bounded_and_survives_a_torn_line(tmp_path: Path) -> None:
     log.append("unshared", branch="c" * 64)
     assert log.read()[-1]["branch"] == "c" * 64 and [e["bytes"] for e in log.read()[:-1]] == kept
     assert oct(log.path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_many_events_take_one_write_and_one_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a fetch's many batch answers cost the serving node: one fsync for those that came
+    while the previous one was written, not one each; a torn last line stays its own line."""
+    log = AuditLog(tmp_path / "audit.log")
+    log.append("served", peer=ALICE, bytes=0)
+    with open(log.path, "ab") as f:
+        f.write(b'{"time":1,"event":"ser')  # a crash in the middle of an append
+    flushes: list[int] = []
+    monkeypatch.setattr(audit, "flush_data", flushes.append)
+    log.append_many([("served", {"peer": ALICE, "bytes": i}) for i in range(1, 50)])
+    assert len(flushes) == 1
+    assert [e["bytes"] for e in log.read()] == list(range(50))
 
 
 # --- gc and rm --------------------------------------------------------------------------------------
