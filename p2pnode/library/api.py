@@ -850,6 +850,17 @@ class Library:
         the file cut at its newlines and that `header` is its Pi header.  Turns reference the
         stored blobs (nothing is read back); the version continues the longest matching held
         version of the same session or the parent's; then the branch is recorded."""
+        def store(parsed: Sidecar) -> None:
+            like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
+            if parsed.parent and self.has_branch(parsed.parent):
+                like.append(self.sessions.branch(parsed.parent).src)
+            self.sessions.import_refs(refs, prefix, header, titles, like)
+
+        return self._add_fetched(sidecar, prefix, store)
+
+    def _add_fetched(self, sidecar: bytes, prefix: Prefix, store: Callable[[Sidecar], None]) -> BranchInfo:
+        """The sidecar checked against the verified session, `store` run unless the version
+        is held already, the branch recorded."""
         branch = blake3_hex(sidecar)
         parsed = parse_sidecar(sidecar, expected_branch=branch)
         if parsed.src != prefix.blake3:
@@ -857,11 +868,18 @@ class Library:
                                      f"not {prefix.blake3}")
         with self._lock:
             if not self.sessions.has_version(parsed.src):
-                like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
-                if parsed.parent and self.has_branch(parsed.parent):
-                    like.append(self.sessions.branch(parsed.parent).src)
-                self.sessions.import_refs(refs, prefix, header, titles, like)
+                store(parsed)
             return self._record_fetched(sidecar, branch, parsed)
+
+    def extend_staged(self, sidecar: bytes, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
+                      header: pisession.SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo:
+        """`add_staged` for a version fetched incrementally: the first `first` lines of the
+        held version `base`, then `new` (the caller hashed the whole to `prefix.blake3`).
+        Its turns continue `base`'s: O(new lines), no held line or turn list read."""
+        def store(_: Sidecar) -> None:
+            self.sessions.extend_refs(base, first, new, prefix, header, titles)
+
+        return self._add_fetched(sidecar, prefix, store)
 
     # --- who may fetch what, and until when (library/access.py) ---
 

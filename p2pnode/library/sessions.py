@@ -558,8 +558,35 @@ class SessionStore:
                     and self.store.get_turn(older.head).payload_hash == refs[0].hash
                     and (previous is None or older.size > previous.size)):
                 previous = older
+        return self._add_refs(head, body[reused:], refs[0].hash, prefix, header, titles, previous)
+
+    def extend_refs(self, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
+                    header: SessionHeader, titles: tuple[str | None, str | None]) -> Version:
+        """Store a fetched version made of the first `first` lines of the held version `base`
+        (first >= 1: its header among them) and the lines `new`, all in the store already: it
+        continues `base`'s turn of line `first` (found by walking back from its head, over the
+        lines it does not share), so that the cost is that of the new lines, not of the
+        version.  The caller has verified the whole (the held lines' hash state continued
+        through the new ones to `prefix.blake3`) and that it is cut at its newlines."""
+        if prefix.blake3 in self._state.sessions:
+            return self._state.sessions[prefix.blake3]
+        older = self.version(base)
+        if not 1 <= first <= older.lines:
+            raise ValueError(f"version {base} has {older.lines} lines, not {first}")
+        top = self.store.get_turn(older.head)  # the header's turn; below it the lines, last first
+        head = top.parent_turn_id
+        for _ in range(older.lines - first):
+            head = self.store.get_turn(head).parent_turn_id
+        previous = older if (older.session_id == header.id and first == older.lines
+                             and older.last_line_start == older.size) else None
+        return self._add_refs(head, [r.hash for r in new], top.payload_hash, prefix, header, titles, previous)
+
+    def _add_refs(self, head: int, body: Sequence[bytes], header_hash: bytes, prefix: Prefix,
+                  header: SessionHeader, titles: tuple[str | None, str | None],
+                  previous: Version | None) -> Version:
+        """The version's turns after `head` (0: a new context): `body` then the header."""
         ctx = (self.store.fork(head) if head else self.store.create_context()).context_id
-        new = [TurnBlobRef(h, TAG_LINE) for h in body[reused:]] + [TurnBlobRef(refs[0].hash, TAG_HEADER)]
+        new = [TurnBlobRef(h, TAG_LINE) for h in body] + [TurnBlobRef(header_hash, TAG_HEADER)]
         try:
             for start in range(0, len(new), BATCH_LINES):
                 turns = self.store.append_turns(ctx, new[start:start + BATCH_LINES], expected_parent=head)

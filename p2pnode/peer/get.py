@@ -183,12 +183,18 @@ class Placing:
 
 @dataclass(frozen=True)
 class _Prefix:
-    """An incremental fetch's held part: the first lines, those of version `base`."""
+    """An incremental fetch's held part: the first `lines` lines (`size` bytes), those of
+    version `base`.  Their refs are not read from the store: the getter's manifest has HELD
+    in their places (its cursor starts after them) and the commit continues `base`'s turns."""
 
     base: str
     base_size: int
-    refs: list[LineRef]
+    lines: int
     size: int
+
+
+HELD = LineRef(bytes(32), 0)
+"""A held line's place in an incremental fetch's manifest (never asked for, taken or stored)."""
 
 
 @dataclass
@@ -335,7 +341,7 @@ class _Stream:
                         prefix.size == prefix.base_size)
         if to is not None:
             return Output(file, to, self.prefix.size)
-        for ref in self.prefix.refs:
+        for ref in lib.line_manifest(prefix.base)[:prefix.lines]:
             file.write(lib.line(ref.hash))
         return Output(file)
 
@@ -394,10 +400,11 @@ class _Fetch:
         return chain
 
     async def session(self, src: str, place: Placing | None,
-                      held: list[str] | None = None) -> tuple[Assembled, Output | None]:
+                      held: list[str] | None = None) -> tuple[Assembled, Output | None, _Prefix | None]:
         """Session `src` verified (by line manifest, else as one blob), its lines staged in the
-        store, its bytes in a temp file for `place` (returned, not yet published).  `held`:
-        versions this node holds that `src` may extend (asked for with `?after=`)."""
+        store, its bytes in a temp file for `place` (returned, not yet published), and the
+        held version it extends, if fetched incrementally.  `held`: versions this node holds
+        that `src` may extend (asked for with `?after=`)."""
         after = held or []
         while True:
             try:
@@ -415,7 +422,7 @@ class _Fetch:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
                     continue
                 prefix = found
-                manifest = [*found.refs, *got.lines]
+                manifest = [HELD] * found.lines + got.lines
                 missing = await self._missing(got.lines)
             else:
                 manifest = got
@@ -442,7 +449,7 @@ class _Fetch:
                 raise
             else:
                 self.lines_total += len(manifest)
-                return assembled, stream.out
+                return assembled, stream.out, prefix
             await stream.abandon()  # what was verified stays staged for the next manifest
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
                                           f"or does not cut it at its newlines (failed verification: {lie})",
@@ -463,7 +470,7 @@ class _Fetch:
         held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
         return [r for r, h in zip(unique, held, strict=True) if not h]
 
-    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None]:
+    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None, None]:
         """A peer without line manifests: the whole blob (verified to `src` as it came), cut
         into lines and staged as raw-codec blobs (the store compresses them)."""
         data = await self._whole(src)
@@ -482,7 +489,7 @@ class _Fetch:
             stream.discard()
             raise
         self.lines_total += len(refs)
-        return assembled, stream.out
+        return assembled, stream.out, None
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
@@ -521,17 +528,24 @@ class _Fetch:
 
 def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None) -> tuple[Held, _Prefix]:
     """Where an incremental fetch starts: the held version's first lines (those the peer said
-    the new version begins with: the hash of the whole proves it), their hash state: the
-    node's live one; else (a one-shot process) the file this node placed, if its stat says it
-    is still that version whole (memory-mapped, hashed on all cores), else the lines re-read
-    from the store (decompressed: the slowest)."""
+    the new version begins with: the hash of the whole proves it), their size (from the
+    version's record when they are all its lines or all but its last: no turn is read) and
+    their hash state: the node's live one; else (a one-shot process) the file this node
+    placed, if its stat says it is still that version whole (read and hashed on all cores),
+    else the lines re-read from the store (decompressed: the slowest)."""
     base = after.base.hex()
     version = lib.version(base)
     if after.first > version.lines:
         raise ManifestLied(f"line manifest after {base}: starts after line {after.first} of a version of "
                            f"{version.lines} lines")
-    refs = lib.line_manifest(base)[:after.first]
-    size = sum(r.length for r in refs)
+    refs: list[LineRef] | None = None
+    if after.first == version.lines:
+        size = version.size
+    elif after.first == version.lines - 1:
+        size = version.last_line_start
+    else:
+        refs = lib.line_manifest(base)[:after.first]
+        size = sum(r.length for r in refs)
     header = SessionHeader(**version.header)
     hasher = LIVE.get(base, size)
     if hasher is None and place is not None and size == version.size:
@@ -542,10 +556,10 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
                 hasher = None
     if hasher is None:
         hasher = new_hasher()
-        for ref in refs:
+        for ref in refs if refs is not None else lib.line_manifest(base)[:after.first]:
             hasher.update(lib.line(ref.hash))
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
-    return held, _Prefix(base, version.size, refs, size)
+    return held, _Prefix(base, version.size, after.first, size)
 
 
 HASH_READ = 8 << 20
@@ -617,10 +631,11 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir) if wanted and agent_dir is not None else None
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
-            assembled, out = await job.session(sc.src, place, held)
+            assembled, out, extends = await job.session(sc.src, place, held)
             t1 = time.perf_counter()
             try:
-                await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled))
+                await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled,
+                                                       extends=extends))
                 LIVE.put(assembled.src, *assembled.complete)
                 if out is not None:  # only now, after the store committed the verified session
                     placed = await _using(opener, functools.partial(_publish, out=out, branch=branch,
@@ -658,14 +673,21 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled) -> None:
-    """The verified version committed.  The memory the transfer's buffers freed is first given
-    back to the OS (glibc keeps it in its arenas otherwise): the commit's own peak comes on top
-    of what is resident then (on a 2 GB session: 250 MB peak RSS without, 215 MB with)."""
+def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None) -> None:
+    """The verified version committed: as the held lines of `extends` (HELD in `done.refs`)
+    and the new ones, if it was fetched incrementally.  The memory the transfer's buffers
+    freed is first given back to the OS (glibc keeps it in its arenas otherwise): the commit's
+    own peak comes on top of what is resident then (on a 2 GB session: 250 MB peak RSS
+    without, 215 MB with)."""
     if (trim := _malloc_trim()) is not None:
         trim(0)
     prefix = Prefix(done.size, done.src, len(done.refs), done.last_line_start)
-    lib.add_staged(sidecar, done.refs, prefix, done.header, (done.name, done.first_user))
+    titles = (done.name, done.first_user)
+    if extends is not None and extends.lines:
+        new = done.refs[extends.lines:]
+        lib.extend_staged(sidecar, extends.base, extends.lines, new, prefix, done.header, titles)
+    else:
+        lib.add_staged(sidecar, done.refs, prefix, done.header, titles)
 
 
 def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Placement | PlacementConflict:
