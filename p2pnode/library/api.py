@@ -697,6 +697,8 @@ class Library:
         with self._lock:
             refs = self._manifests.get(src_hex)
             if refs is None:  # from the turn records and the blob index: no line is read
+                refs = self._grown_manifest(src_hex)
+            if refs is None:
                 hashes = self.sessions.line_hashes(src_hex)
                 refs = [LineRef(h, n) for h, n in zip(hashes, self.store.raw_lengths(hashes), strict=True)]
                 if len(self._manifests) >= 64:
@@ -704,25 +706,49 @@ class Library:
                 self._manifests[src_hex] = refs
             return refs
 
+    def _grown_manifest(self, src_hex: str) -> list[LineRef] | None:
+        """The manifest of a version whose `previous` (its bytes a prefix of this one's) ends
+        with a newline and has its manifest cached: that (its lines are this one's first), plus
+        the new lines' (O(new lines)); None otherwise."""
+        version = self.sessions.version(src_hex)
+        older = self._manifests.get(version.previous) if version.previous else None
+        if (older is None or version.previous is None or len(older) > version.lines
+                or (held := self.sessions.version(version.previous)).last_line_start != held.size):
+            return None
+        tail = self.sessions.last_line_hashes(src_hex, version.lines - len(older))
+        return older + [LineRef(h, n) for h, n in zip(tail, self.store.raw_lengths(tail), strict=True)]
+
     def line_manifest_after(self, src_hex: str, held: Sequence[str]) -> tuple[str, int] | None:
         """(base, first): of the versions `held` that this node offers, the one of the same
         session whose lines up to its last newline (`first` of them) are the first lines of
-        `src_hex`, the longest; None if there is none.  By line hashes (turn records only)."""
+        `src_hex`, the longest; None if there is none.  By turns where the two versions share
+        them (O(new lines)), else by line hashes (turn records only)."""
         with self._lock:
             target = self.sessions.version(src_hex)
-            hashes = self.sessions.line_hashes(src_hex)
+            hashes: list[bytes] = []
             best: tuple[str, int] | None = None
             for base in held:
                 if base == src_hex or self.offered_object(base) != "session":
                     continue
                 version = self.sessions.version(base)
                 first = version.lines - (version.last_line_start < version.size)
-                if (version.session_id != target.session_id or first > len(hashes)
+                if (version.session_id != target.session_id or not 1 <= first <= target.lines
                         or (best is not None and first <= best[1])):
                     continue
+                if self._same_turns(src_hex, base, first):
+                    best = (base, first)
+                    continue
+                hashes = hashes or self.sessions.line_hashes(src_hex)
                 if self.sessions.line_hashes(base)[:first] == hashes[:first]:
                     best = (base, first)
             return best
+
+    def _same_turns(self, src_hex: str, base: str, first: int) -> bool:
+        """Whether the two versions' first `first` lines are the same turns (one import grown)."""
+        head_of = self.store.get_turn
+        return (self.sessions.line_turn(src_hex, first) == self.sessions.line_turn(base, first)
+                and head_of(self.sessions.version(src_hex).head).payload_hash
+                == head_of(self.sessions.version(base).head).payload_hash)
 
     def version(self, src_hex: str) -> Version:
         """The stored version (size, lines, where its last line starts, header, titles)."""
@@ -788,9 +814,9 @@ class Library:
                     if not servable(record):
                         break
                     kinds[branch] = ("sidecar", branch)
-                    if record.src not in kinds:
-                        for line_hash in self.sessions.line_hashes(record.src):
-                            kinds.setdefault(line_hash.hex(), ("line", branch))
+                    if record.src not in kinds:  # the manifest: cached, or a grown one's new lines read
+                        for ref in self.line_manifest(record.src):
+                            kinds.setdefault(ref.hash.hex(), ("line", branch))
                         kinds[record.src] = ("session", branch)
                     branch = record.parent
             self._access[peer] = (generation, kinds)

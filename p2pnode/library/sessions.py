@@ -571,15 +571,34 @@ class SessionStore:
         if prefix.blake3 in self._state.sessions:
             return self._state.sessions[prefix.blake3]
         older = self.version(base)
-        if not 1 <= first <= older.lines:
-            raise ValueError(f"version {base} has {older.lines} lines, not {first}")
-        top = self.store.get_turn(older.head)  # the header's turn; below it the lines, last first
-        head = top.parent_turn_id
-        for _ in range(older.lines - first):
-            head = self.store.get_turn(head).parent_turn_id
+        head = self.line_turn(base, first)
         previous = older if (older.session_id == header.id and first == older.lines
                              and older.last_line_start == older.size) else None
-        return self._add_refs(head, [r.hash for r in new], top.payload_hash, prefix, header, titles, previous)
+        header_hash = self.store.get_turn(older.head).payload_hash
+        return self._add_refs(head, [r.hash for r in new], header_hash, prefix, header, titles, previous)
+
+    def line_turn(self, src: str, first: int) -> int:
+        """The turn of a version's line `first - 1` (its first `first` lines end there; 0 when
+        that is the header alone), walked back from its head over the lines after it: O(lines
+        after).  Two versions with the same line turn and header share their first lines."""
+        version = self.version(src)
+        if not 1 <= first <= version.lines:
+            raise ValueError(f"version {src} has {version.lines} lines, not {first}")
+        turn = self.store.get_turn(version.head).parent_turn_id  # the header's turn is the head
+        for _ in range(version.lines - first):
+            turn = self.store.get_turn(turn).parent_turn_id
+        return turn
+
+    def last_line_hashes(self, src: str, n: int) -> list[bytes]:
+        """The BLAKE3 of a version's last `n` lines after the header, in file order: O(n)."""
+        out: list[bytes] = []
+        turn = self.store.get_turn(self.version(src).head).parent_turn_id
+        for _ in range(n):
+            t = self.store.get_turn(turn)
+            out.append(t.payload_hash)
+            turn = t.parent_turn_id
+        out.reverse()
+        return out
 
     def _add_refs(self, head: int, body: Sequence[bytes], header_hash: bytes, prefix: Prefix,
                   header: SessionHeader, titles: tuple[str | None, str | None],
