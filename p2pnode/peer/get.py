@@ -55,7 +55,7 @@ import aiohttp
 import blake3
 
 from p2pnode.errors import Conflict, NotFound, VerificationFailed
-from p2pnode.library.api import Library
+from p2pnode.library.api import BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
@@ -415,15 +415,14 @@ class _Fetch:
             prefix: _Prefix | None = None
             held_start: Held | None = None
             if isinstance(got, wire.ManifestAfter):
-                start_at = functools.partial(_held_prefix, after=got, place=place)
                 try:
-                    held_start, found = await self._lib(start_at)
+                    held_start, found, missing = await self._lib(functools.partial(_start_after, after=got,
+                                                                                   place=place))
                 except ManifestLied as exc:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
                     continue
                 prefix = found
                 manifest = [HELD] * found.lines + got.lines
-                missing = await self._missing(got.lines)
             else:
                 manifest = got
                 missing = await self._missing(manifest)
@@ -465,10 +464,7 @@ class _Fetch:
         return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits)
 
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
-        """The manifest's lines the store lacks (lines staged by an earlier, killed run count as held)."""
-        unique = list({r.hash: r for r in manifest}.values())
-        held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
-        return [r for r, h in zip(unique, held, strict=True) if not h]
+        return await self._lib(functools.partial(_missing_in, refs=manifest))
 
     async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None, None]:
         """A peer without line manifests: the whole blob (verified to `src` as it came), cut
@@ -524,6 +520,17 @@ class _Fetch:
             return bytes(buf)
 
         return await self.pool.run(f"session {src}", attempt)
+
+
+def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
+    """The lines the store lacks, once each (lines staged by an earlier, killed run count as held)."""
+    return [r for r in {r.hash: r for r in refs}.values() if not lib.has_line(r.hash)]
+
+
+def _start_after(lib: FetchTarget, after: wire.ManifestAfter,
+                 place: Placing | None) -> tuple[Held, _Prefix, list[LineRef]]:
+    """An incremental fetch's start and the new lines the store lacks: one opening of the store."""
+    return *_held_prefix(lib, after, place), _missing_in(lib, after.lines)
 
 
 def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None) -> tuple[Held, _Prefix]:
@@ -633,13 +640,10 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
             assembled, out, extends = await job.session(sc.src, place, held)
             t1 = time.perf_counter()
-            try:
-                await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled,
-                                                       extends=extends))
+            try:  # one opening of the store: the commit, then (only then) the file published
+                info, placed = await _using(opener, functools.partial(
+                    _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch))
                 LIVE.put(assembled.src, *assembled.complete)
-                if out is not None:  # only now, after the store committed the verified session
-                    placed = await _using(opener, functools.partial(_publish, out=out, branch=branch,
-                                                                    done=assembled))
             finally:
                 if out is not None:
                     out.file.discard(keep_dir=isinstance(placed, Placement))
@@ -647,7 +651,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             log.info("fetched branch %s: %d lines, transfer+verify+stage %.3f s, commit+place %.3f s",
                      branch, len(assembled.refs), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
-        info = await _using(opener, lambda lib: lib.branch(branch_hex))
+        if not chain:
+            info = await _using(opener, lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
@@ -673,7 +678,15 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None) -> None:
+def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None, out: Output | None,
+            branch: str) -> tuple[BranchInfo, Placement | PlacementConflict | None]:
+    """The verified version committed, then its file (if any) published: after the commit, in
+    the same opening of the store (a one-shot fetch)."""
+    info = _commit(lib, sidecar, done, extends)
+    return info, _publish(lib, out, branch, done) if out is not None else None
+
+
+def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None) -> BranchInfo:
     """The verified version committed: as the held lines of `extends` (HELD in `done.refs`)
     and the new ones, if it was fetched incrementally.  The memory the transfer's buffers
     freed is first given back to the OS (glibc keeps it in its arenas otherwise): the commit's
@@ -685,9 +698,8 @@ def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix 
     titles = (done.name, done.first_user)
     if extends is not None and extends.lines:
         new = done.refs[extends.lines:]
-        lib.extend_staged(sidecar, extends.base, extends.lines, new, prefix, done.header, titles)
-    else:
-        lib.add_staged(sidecar, done.refs, prefix, done.header, titles)
+        return lib.extend_staged(sidecar, extends.base, extends.lines, new, prefix, done.header, titles)
+    return lib.add_staged(sidecar, done.refs, prefix, done.header, titles)
 
 
 def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Placement | PlacementConflict:
