@@ -621,10 +621,13 @@ def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
 async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: list[PeerAddress],
                        identity: Identity, trust: TrustStore, *, agent_dir: Path | None = None,
                        progress: Progress | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
-                       session_dir: Path | None = None) -> FetchResult:
+                       session_dir: Path | None = None,
+                       check: Callable[[FetchTarget, str], None] | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
     `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
-    `session_dir`: Pi's session-dir override, where the session is then placed (flat)."""
+    `session_dir`: Pi's session-dir override, where the session is then placed (flat).
+    `check(lib, branch_hex)`: run once the branch is held (committed now or before), before its
+    file is placed; what it raises leaves nothing placed."""
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits)
@@ -642,7 +645,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             t1 = time.perf_counter()
             try:  # one opening of the store: the commit, then (only then) the file published
                 info, placed = await _using(opener, functools.partial(
-                    _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch))
+                    _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch,
+                    check=check if branch == branch_hex else None))
                 LIVE.put(assembled.src, *assembled.complete)
             finally:
                 if out is not None:
@@ -660,6 +664,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              seconds_store=round(store, 4), served=pool.served())
     finally:
         await pool.close()
+    if not chain and check is not None:
+        await _using(opener, lambda lib: check(lib, branch_hex))
     if agent_dir is not None and not chain:  # held already: placed from the stored copy
         placed = await _using(opener, lambda lib: _place(agent_dir, branch_hex, info.src, lib, session_dir))
     if isinstance(placed, PlacementConflict):
@@ -679,10 +685,13 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None, out: Output | None,
-            branch: str) -> tuple[BranchInfo, Placement | PlacementConflict | None]:
-    """The verified version committed, then its file (if any) published: after the commit, in
-    the same opening of the store (a one-shot fetch)."""
+            branch: str, check: Callable[[FetchTarget, str], None] | None) -> tuple[
+                BranchInfo, Placement | PlacementConflict | None]:
+    """The verified version committed, checked (fetch_branch's `check`), then its file (if
+    any) published: after the commit, in the same opening of the store (a one-shot fetch)."""
     info = _commit(lib, sidecar, done, extends)
+    if check is not None:
+        check(lib, branch)
     return info, _publish(lib, out, branch, done) if out is not None else None
 
 
