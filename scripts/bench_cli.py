@@ -117,13 +117,15 @@ def main() -> int:
             node0 = proc_cpu(node.pid)
             out, share_s, share_cpu = a.run("share", str(path), "--json")
             node_cpu = proc_cpu(node.pid) - node0
-            _, fetch_s, fetch_cpu = b.run("fetch", json.loads(out)["branch"], "--from", f"127.0.0.1:{port}",
-                                          "--json")
+            fetched, fetch_s, fetch_cpu = b.run("fetch", json.loads(out)["branch"], "--from",
+                                                f"127.0.0.1:{port}", "--json")
             b.profile = None
             if b.last_spans is not None:
                 spans.append(dict(b.last_spans, fetch_s=round(fetch_s, 4), fetch_cpu=round(fetch_cpu, 4)))
+            got = json.loads(fetched)  # the fetch's own split: until the last line, then commit + place
             rows.append({"share_s": share_s, "share_cpu": share_cpu, "node_cpu": node_cpu,
-                         "fetch_s": fetch_s, "fetch_cpu": fetch_cpu})
+                         "fetch_s": fetch_s, "fetch_cpu": fetch_cpu,
+                         "fetch_transfer_s": got["seconds_transfer"], "fetch_store_s": got["seconds_store"]})
     finally:
         node.terminate()
         node.wait(30)
