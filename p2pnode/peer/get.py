@@ -729,7 +729,13 @@ def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Pla
 
 def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
            session_dir: Path | None) -> Placement | PlacementConflict:
-    """Place a branch already held, from the stored copy; record the path."""
+    """Place a branch already held, from the stored copy; record the path.  Nothing is read
+    when the file this node placed for it is still there, unchanged by its stat."""
+    version = lib.version(src)
+    target = target_path(agent_dir, SessionHeader(**version.header), session_dir)
+    if appendable(target, PlacedFiles(lib.paths.placed), src, version.size, True) is not None:
+        lib.record_path(branch, target)
+        return Placement(target, written=False)
     try:
         placed = place_session(agent_dir, lib.session_bytes(src), src, PlacedFiles(lib.paths.placed),
                                session_dir)

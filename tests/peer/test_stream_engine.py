@@ -185,6 +185,23 @@ async def test_a_grown_version_is_committed_without_reading_the_held_lines(
     assert duo.fetcher.version(v2.src).previous == v1.src
 
 
+async def test_a_held_branch_still_placed_is_not_read_again(duo: Duo,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fetching a branch held and placed, its file unchanged by its stat: nothing is read from
+    the store (session_bytes refused) and the file is left as it is; once the file is gone, it
+    is placed again from the store."""
+    path = duo.write(pi_session(1_000_000, seed=13))
+    branch = duo.sharer.share(str(path)).branch
+    assert (await duo.fetch(branch)).written
+    inode = duo.placed.stat().st_ino
+    with monkeypatch.context() as m:
+        m.setattr(duo.fetcher, "session_bytes", lambda src: pytest.fail(f"session_bytes({src})"))
+        again = await duo.fetch(branch)
+    assert not again.written and again.path == str(duo.placed) and duo.placed.stat().st_ino == inode
+    duo.placed.unlink()
+    assert (await duo.fetch(branch)).written and duo.placed.read_bytes() == path.read_bytes()
+
+
 async def test_pi_appended_locally_is_a_conflict(duo: Duo) -> None:
     """The placed copy was continued by Pi here: the grown version from the peer is not
     written over it (a conflict naming the file); the file keeps the local lines."""
