@@ -695,16 +695,33 @@ class Library:
     def line_manifest(self, src_hex: str) -> list[LineRef]:
         """The ordered line hashes and lengths of a stored session version."""
         with self._lock:
-            refs = self._manifests.get(src_hex)
+            refs = self._cached_manifest(src_hex)
             if refs is None:  # from the turn records and the blob index: no line is read
-                refs = self._grown_manifest(src_hex)
-            if refs is None:
                 hashes = self.sessions.line_hashes(src_hex)
-                refs = [LineRef(h, n) for h, n in zip(hashes, self.store.raw_lengths(hashes), strict=True)]
-                if len(self._manifests) >= 64:
-                    self._manifests.pop(next(iter(self._manifests)))
-                self._manifests[src_hex] = refs
+                lengths = self.store.raw_lengths(hashes)
+                refs = self._keep_manifest(src_hex, list(map(LineRef, hashes, lengths)))
             return refs
+
+    def _cached_manifest(self, src_hex: str) -> list[LineRef] | None:
+        """A manifest cached, or made (and cached) from its version's `previous`'s."""
+        refs = self._manifests.get(src_hex)
+        if refs is None and (refs := self._grown_manifest(src_hex)) is not None:
+            self._keep_manifest(src_hex, refs)
+        return refs
+
+    def _keep_manifest(self, src_hex: str, refs: list[LineRef]) -> list[LineRef]:
+        if len(self._manifests) >= 64:
+            self._manifests.pop(next(iter(self._manifests)))
+        self._manifests[src_hex] = refs
+        return refs
+
+    def _known_line_hashes(self, src_hex: str) -> Iterable[bytes]:
+        """A version's line hashes for `_visible`: from its cached manifest, or one made from
+        its `previous`'s (cached: the provider asks for it next), else from its turns (not
+        cached: many offered versions must not flush the manifests being served)."""
+        with self._lock:
+            refs = self._cached_manifest(src_hex)
+            return (r.hash for r in refs) if refs is not None else self.sessions.line_hashes(src_hex)
 
     def _grown_manifest(self, src_hex: str) -> list[LineRef] | None:
         """The manifest of a version whose `previous` (its bytes a prefix of this one's) ends
@@ -814,9 +831,9 @@ class Library:
                     if not servable(record):
                         break
                     kinds[branch] = ("sidecar", branch)
-                    if record.src not in kinds:  # the manifest: cached, or a grown one's new lines read
-                        for ref in self.line_manifest(record.src):
-                            kinds.setdefault(ref.hash.hex(), ("line", branch))
+                    if record.src not in kinds:
+                        for line_hash in self._known_line_hashes(record.src):
+                            kinds.setdefault(line_hash.hex(), ("line", branch))
                         kinds[record.src] = ("session", branch)
                     branch = record.parent
             self._access[peer] = (generation, kinds)
