@@ -14,6 +14,7 @@ from /proc), and `status --json` alone, as one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -24,6 +25,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchlib import median  # noqa: E402
@@ -40,8 +42,16 @@ class Home:
                         PI_CODING_AGENT_DIR=str(root / name / "agent"), PYTHONPATH=str(repo))
         (root / name / "agent").mkdir(parents=True)
 
+    profile: Path | None = None
+    """Where the next command's cProfile (wall-clock timer) goes, if anywhere."""
+    spans = False
+    """Run the next command through fetch_spans.py (its steps' wall and CPU seconds)."""
+    last_spans: dict[str, Any] | None = None
+
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "p2pnode", *args]
+        prof = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+        how = [str(Path(__file__).with_name("fetch_spans.py"))] if self.spans else ["-m", "p2pnode"]
+        return [sys.executable, *prof, *how, *args]
 
     def run(self, *args: str) -> tuple[str, float, float]:
         """stdout, wall seconds, CPU seconds of the command."""
@@ -51,6 +61,8 @@ class Home:
         if proc.returncode:
             raise SystemExit(f"p2pnode {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        marked = [line for line in proc.stderr.splitlines() if line.startswith("fetch_spans: ")]
+        self.last_spans = json.loads(marked[-1].split(" ", 1)[1]) if marked else None
         return proc.stdout, wall, cpu
 
 
@@ -64,8 +76,15 @@ def main() -> int:
     ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--mb", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", type=Path, help="write cProfile files (wall clock) of each grown fetch "
+                    "here (fetch-N.prof); profiling adds CPU, so its times are not the medians'")
+    ap.add_argument("--spans", action="store_true", help="run each grown fetch through fetch_spans.py and "
+                    "report its steps (the patching adds imports: the medians are then not the plain CLI's)")
     args = ap.parse_args()
+    for package in ("p2pnode", "store", "sysio"):  # as `pip install` leaves it (see bench_transfer.py)
+        compileall.compile_dir(args.repo / package, quiet=1)
     root = Path(tempfile.mkdtemp(prefix="bench_cli-"))
+    spans: list[dict[str, Any]] = []
     a, b = Home(root, "a", args.repo), Home(root, "b", args.repo)
     ids = [json.loads(h.run("id", "--json")[0])["node_id"] for h in (a, b)]
     a.run("trust", ids[1])
@@ -91,13 +110,22 @@ def main() -> int:
             if n:
                 with open(path, "ab") as f:
                     f.write(writer.growth(path.stat().st_size // 100))
+            if args.profile and n:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                b.profile = args.profile / f"fetch-{n}.prof"
+            b.spans = args.spans and n > 0
             node0 = proc_cpu(node.pid)
             out, share_s, share_cpu = a.run("share", str(path), "--json")
             node_cpu = proc_cpu(node.pid) - node0
-            _, fetch_s, fetch_cpu = b.run("fetch", json.loads(out)["branch"], "--from", f"127.0.0.1:{port}",
-                                          "--json")
+            fetched, fetch_s, fetch_cpu = b.run("fetch", json.loads(out)["branch"], "--from",
+                                                f"127.0.0.1:{port}", "--json")
+            b.profile = None
+            if b.last_spans is not None:
+                spans.append(dict(b.last_spans, fetch_s=round(fetch_s, 4), fetch_cpu=round(fetch_cpu, 4)))
+            got = json.loads(fetched)  # the fetch's own split: until the last line, then commit + place
             rows.append({"share_s": share_s, "share_cpu": share_cpu, "node_cpu": node_cpu,
-                         "fetch_s": fetch_s, "fetch_cpu": fetch_cpu})
+                         "fetch_s": fetch_s, "fetch_cpu": fetch_cpu,
+                         "fetch_transfer_s": got["seconds_transfer"], "fetch_store_s": got["seconds_store"]})
     finally:
         node.terminate()
         node.wait(30)
@@ -107,6 +135,8 @@ def main() -> int:
               "loadavg": round(os.getloadavg()[0], 2),
               "status_s": median([s for s, _ in status]), "status_cpu": median([c for _, c in status]),
               "first": rows[0], **{k: round(median([r[k] for r in grown]), 4) for k in grown[0]}}
+    if spans:
+        result["spans"] = spans
     print(json.dumps(result))
     return 0
 

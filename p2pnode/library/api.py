@@ -677,34 +677,77 @@ class Library:
     def line_manifest(self, src_hex: str) -> list[LineRef]:
         """The ordered line hashes and lengths of a stored session version."""
         with self._lock:
-            refs = self._manifests.get(src_hex)
+            refs = self._cached_manifest(src_hex)
             if refs is None:  # from the turn records and the blob index: no line is read
                 hashes = self.sessions.line_hashes(src_hex)
-                refs = [LineRef(h, n) for h, n in zip(hashes, self.store.raw_lengths(hashes), strict=True)]
-                if len(self._manifests) >= 64:
-                    self._manifests.pop(next(iter(self._manifests)))
-                self._manifests[src_hex] = refs
+                lengths = self.store.raw_lengths(hashes)
+                refs = self._keep_manifest(src_hex, list(map(LineRef, hashes, lengths)))
             return refs
+
+    def _cached_manifest(self, src_hex: str) -> list[LineRef] | None:
+        """A manifest cached, or made (and cached) from its version's `previous`'s."""
+        refs = self._manifests.get(src_hex)
+        if refs is None and (refs := self._grown_manifest(src_hex)) is not None:
+            self._keep_manifest(src_hex, refs)
+        return refs
+
+    def _keep_manifest(self, src_hex: str, refs: list[LineRef]) -> list[LineRef]:
+        if len(self._manifests) >= 64:
+            self._manifests.pop(next(iter(self._manifests)))
+        self._manifests[src_hex] = refs
+        return refs
+
+    def _known_line_hashes(self, src_hex: str) -> Iterable[bytes]:
+        """A version's line hashes for `_visible`: from its cached manifest, or one made from
+        its `previous`'s (cached: the provider asks for it next), else from its turns (not
+        cached: many offered versions must not flush the manifests being served)."""
+        with self._lock:
+            refs = self._cached_manifest(src_hex)
+            return (r.hash for r in refs) if refs is not None else self.sessions.line_hashes(src_hex)
+
+    def _grown_manifest(self, src_hex: str) -> list[LineRef] | None:
+        """The manifest of a version whose `previous` (its bytes a prefix of this one's) ends
+        with a newline and has its manifest cached: that (its lines are this one's first), plus
+        the new lines' (O(new lines)); None otherwise."""
+        version = self.sessions.version(src_hex)
+        older = self._manifests.get(version.previous) if version.previous else None
+        if (older is None or version.previous is None or len(older) > version.lines
+                or (held := self.sessions.version(version.previous)).last_line_start != held.size):
+            return None
+        tail = self.sessions.last_line_hashes(src_hex, version.lines - len(older))
+        return older + [LineRef(h, n) for h, n in zip(tail, self.store.raw_lengths(tail), strict=True)]
 
     def line_manifest_after(self, src_hex: str, held: Sequence[str]) -> tuple[str, int] | None:
         """(base, first): of the versions `held` that this node offers, the one of the same
         session whose lines up to its last newline (`first` of them) are the first lines of
-        `src_hex`, the longest; None if there is none.  By line hashes (turn records only)."""
+        `src_hex`, the longest; None if there is none.  By turns where the two versions share
+        them (O(new lines)), else by line hashes (turn records only)."""
         with self._lock:
             target = self.sessions.version(src_hex)
-            hashes = self.sessions.line_hashes(src_hex)
+            hashes: list[bytes] = []
             best: tuple[str, int] | None = None
             for base in held:
                 if base == src_hex or self.offered_object(base) != "session":
                     continue
                 version = self.sessions.version(base)
                 first = version.lines - (version.last_line_start < version.size)
-                if (version.session_id != target.session_id or first > len(hashes)
+                if (version.session_id != target.session_id or not 1 <= first <= target.lines
                         or (best is not None and first <= best[1])):
                     continue
+                if self._same_turns(src_hex, base, first):
+                    best = (base, first)
+                    continue
+                hashes = hashes or self.sessions.line_hashes(src_hex)
                 if self.sessions.line_hashes(base)[:first] == hashes[:first]:
                     best = (base, first)
             return best
+
+    def _same_turns(self, src_hex: str, base: str, first: int) -> bool:
+        """Whether the two versions' first `first` lines are the same turns (one import grown)."""
+        head_of = self.store.get_turn
+        return (self.sessions.line_turn(src_hex, first) == self.sessions.line_turn(base, first)
+                and head_of(self.sessions.version(src_hex).head).payload_hash
+                == head_of(self.sessions.version(base).head).payload_hash)
 
     def version(self, src_hex: str) -> Version:
         """The stored version (size, lines, where its last line starts, header, titles)."""
@@ -771,7 +814,7 @@ class Library:
                         break
                     kinds[branch] = ("sidecar", branch)
                     if record.src not in kinds:
-                        for line_hash in self.sessions.line_hashes(record.src):
+                        for line_hash in self._known_line_hashes(record.src):
                             kinds.setdefault(line_hash.hex(), ("line", branch))
                         kinds[record.src] = ("session", branch)
                     branch = record.parent
@@ -832,6 +875,17 @@ class Library:
         the file cut at its newlines and that `header` is its Pi header.  Turns reference the
         stored blobs (nothing is read back); the version continues the longest matching held
         version of the same session or the parent's; then the branch is recorded."""
+        def store(parsed: Sidecar) -> None:
+            like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
+            if parsed.parent and self.has_branch(parsed.parent):
+                like.append(self.sessions.branch(parsed.parent).src)
+            self.sessions.import_refs(refs, prefix, header, titles, like)
+
+        return self._add_fetched(sidecar, prefix, store)
+
+    def _add_fetched(self, sidecar: bytes, prefix: Prefix, store: Callable[[Sidecar], None]) -> BranchInfo:
+        """The sidecar checked against the verified session, `store` run unless the version
+        is held already, the branch recorded."""
         branch = blake3_hex(sidecar)
         parsed = parse_sidecar(sidecar, expected_branch=branch)
         if parsed.src != prefix.blake3:
@@ -839,11 +893,18 @@ class Library:
                                      f"not {prefix.blake3}")
         with self._lock:
             if not self.sessions.has_version(parsed.src):
-                like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
-                if parsed.parent and self.has_branch(parsed.parent):
-                    like.append(self.sessions.branch(parsed.parent).src)
-                self.sessions.import_refs(refs, prefix, header, titles, like)
+                store(parsed)
             return self._record_fetched(sidecar, branch, parsed)
+
+    def extend_staged(self, sidecar: bytes, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
+                      header: pisession.SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo:
+        """`add_staged` for a version fetched incrementally: the first `first` lines of the
+        held version `base`, then `new` (the caller hashed the whole to `prefix.blake3`).
+        Its turns continue `base`'s: O(new lines), no held line or turn list read."""
+        def store(_: Sidecar) -> None:
+            self.sessions.extend_refs(base, first, new, prefix, header, titles)
+
+        return self._add_fetched(sidecar, prefix, store)
 
     # --- who may fetch what, and until when (library/access.py) ---
 

@@ -558,8 +558,54 @@ class SessionStore:
                     and self.store.get_turn(older.head).payload_hash == refs[0].hash
                     and (previous is None or older.size > previous.size)):
                 previous = older
+        return self._add_refs(head, body[reused:], refs[0].hash, prefix, header, titles, previous)
+
+    def extend_refs(self, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
+                    header: SessionHeader, titles: tuple[str | None, str | None]) -> Version:
+        """Store a fetched version made of the first `first` lines of the held version `base`
+        (first >= 1: its header among them) and the lines `new`, all in the store already: it
+        continues `base`'s turn of line `first` (found by walking back from its head, over the
+        lines it does not share), so that the cost is that of the new lines, not of the
+        version.  The caller has verified the whole (the held lines' hash state continued
+        through the new ones to `prefix.blake3`) and that it is cut at its newlines."""
+        if prefix.blake3 in self._state.sessions:
+            return self._state.sessions[prefix.blake3]
+        older = self.version(base)
+        head = self.line_turn(base, first)
+        previous = older if (older.session_id == header.id and first == older.lines
+                             and older.last_line_start == older.size) else None
+        header_hash = self.store.get_turn(older.head).payload_hash
+        return self._add_refs(head, [r.hash for r in new], header_hash, prefix, header, titles, previous)
+
+    def line_turn(self, src: str, first: int) -> int:
+        """The turn of a version's line `first - 1` (its first `first` lines end there; 0 when
+        that is the header alone), walked back from its head over the lines after it: O(lines
+        after).  Two versions with the same line turn and header share their first lines."""
+        version = self.version(src)
+        if not 1 <= first <= version.lines:
+            raise ValueError(f"version {src} has {version.lines} lines, not {first}")
+        turn = self.store.get_turn(version.head).parent_turn_id  # the header's turn is the head
+        for _ in range(version.lines - first):
+            turn = self.store.get_turn(turn).parent_turn_id
+        return turn
+
+    def last_line_hashes(self, src: str, n: int) -> list[bytes]:
+        """The BLAKE3 of a version's last `n` lines after the header, in file order: O(n)."""
+        out: list[bytes] = []
+        turn = self.store.get_turn(self.version(src).head).parent_turn_id
+        for _ in range(n):
+            t = self.store.get_turn(turn)
+            out.append(t.payload_hash)
+            turn = t.parent_turn_id
+        out.reverse()
+        return out
+
+    def _add_refs(self, head: int, body: Sequence[bytes], header_hash: bytes, prefix: Prefix,
+                  header: SessionHeader, titles: tuple[str | None, str | None],
+                  previous: Version | None) -> Version:
+        """The version's turns after `head` (0: a new context): `body` then the header."""
         ctx = (self.store.fork(head) if head else self.store.create_context()).context_id
-        new = [TurnBlobRef(h, TAG_LINE) for h in body[reused:]] + [TurnBlobRef(refs[0].hash, TAG_HEADER)]
+        new = [TurnBlobRef(h, TAG_LINE) for h in body] + [TurnBlobRef(header_hash, TAG_HEADER)]
         try:
             for start in range(0, len(new), BATCH_LINES):
                 turns = self.store.append_turns(ctx, new[start:start + BATCH_LINES], expected_parent=head)

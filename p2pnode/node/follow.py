@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -168,31 +169,31 @@ async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: 
     """Fetch `newest.branch` (peer/get.py) and, when it is not what was named, check that it is
     what it claims before it is placed: a version of the session id asked for, or a version
     whose bytes start with those of the version asked for (a peer's catalog is not trusted
-    for that; VerificationFailed, nothing placed).  Then place it (a second, local step)."""
-    if newest.session is None and newest.extends is None:
-        return await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
-                                  **options)
-    result = await fetch_branch(lib, newest.branch, newest.peers, identity, trust, **options)
-    await asyncio.to_thread(_check_newest, lib, newest)
-    if agent_dir is not None:  # held now: this only places it
-        placed = await fetch_branch(lib, newest.branch, [], identity, trust, agent_dir=agent_dir, **options)
-        result.path, result.written, result.conflict = placed.path, placed.written, placed.conflict
-    return result
+    for that; VerificationFailed, nothing placed): checked by fetch_branch between the commit
+    and the placement, so that a grown version is appended to the placed file as any other."""
+    check = None if newest.session is None and newest.extends is None else functools.partial(
+        _check_newest, newest=newest)
+    return await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
+                              check=check, **options)
 
 
-def _check_newest(lib: FetchTarget | OpenPerUse, newest: Newest) -> None:
-    with lib() if isinstance(lib, OpenPerUse) else contextlib.nullcontext(lib) as held:
-        info = held.branch(newest.branch)
-        if newest.session is not None and info.header.get("id") != newest.session:
-            raise VerificationFailed(f"branch {newest.branch}, offered as a version of session "
-                                     f"{newest.session}, is a version of session {info.header.get('id')}; "
-                                     "not placed")
-        if newest.extends is not None:
-            src, size = newest.extends
-            data = held.session_bytes(info.src)
-            if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
-                raise VerificationFailed(f"branch {newest.branch}, offered as a newer version of {src}, "
-                                         "does not start with its bytes; not placed (fetch with --exact)")
+def _check_newest(held: FetchTarget, branch: str, newest: Newest) -> None:
+    """The version fetched instead of the one named is what the catalog said it is.  That it
+    starts with the named version's bytes is known without reading it when the named one is
+    its `previous` (the store found all its lines at its start); else its bytes are read."""
+    info = held.branch(branch)
+    if newest.session is not None and info.header.get("id") != newest.session:
+        raise VerificationFailed(f"branch {branch}, offered as a version of session "
+                                 f"{newest.session}, is a version of session {info.header.get('id')}; "
+                                 "not placed")
+    if newest.extends is not None:
+        src, size = newest.extends
+        if held.version(info.src).previous == src:  # `previous`: its bytes are a prefix
+            return
+        data = held.session_bytes(info.src)
+        if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
+            raise VerificationFailed(f"branch {branch}, offered as a newer version of {src}, "
+                                     "does not start with its bytes; not placed (fetch with --exact)")
 
 
 def summary(lines: Sequence[bytes]) -> tuple[int, str | None]:

@@ -55,7 +55,7 @@ import aiohttp
 import blake3
 
 from p2pnode.errors import Conflict, NotFound, VerificationFailed
-from p2pnode.library.api import Library
+from p2pnode.library.api import BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
@@ -183,12 +183,18 @@ class Placing:
 
 @dataclass(frozen=True)
 class _Prefix:
-    """An incremental fetch's held part: the first lines, those of version `base`."""
+    """An incremental fetch's held part: the first `lines` lines (`size` bytes), those of
+    version `base`.  Their refs are not read from the store: the getter's manifest has HELD
+    in their places (its cursor starts after them) and the commit continues `base`'s turns."""
 
     base: str
     base_size: int
-    refs: list[LineRef]
+    lines: int
     size: int
+
+
+HELD = LineRef(bytes(32), 0)
+"""A held line's place in an incremental fetch's manifest (never asked for, taken or stored)."""
 
 
 @dataclass
@@ -335,7 +341,7 @@ class _Stream:
                         prefix.size == prefix.base_size)
         if to is not None:
             return Output(file, to, self.prefix.size)
-        for ref in self.prefix.refs:
+        for ref in lib.line_manifest(prefix.base)[:prefix.lines]:
             file.write(lib.line(ref.hash))
         return Output(file)
 
@@ -394,10 +400,11 @@ class _Fetch:
         return chain
 
     async def session(self, src: str, place: Placing | None,
-                      held: list[str] | None = None) -> tuple[Assembled, Output | None]:
+                      held: list[str] | None = None) -> tuple[Assembled, Output | None, _Prefix | None]:
         """Session `src` verified (by line manifest, else as one blob), its lines staged in the
-        store, its bytes in a temp file for `place` (returned, not yet published).  `held`:
-        versions this node holds that `src` may extend (asked for with `?after=`)."""
+        store, its bytes in a temp file for `place` (returned, not yet published), and the
+        held version it extends, if fetched incrementally.  `held`: versions this node holds
+        that `src` may extend (asked for with `?after=`)."""
         after = held or []
         while True:
             try:
@@ -408,15 +415,14 @@ class _Fetch:
             prefix: _Prefix | None = None
             held_start: Held | None = None
             if isinstance(got, wire.ManifestAfter):
-                start_at = functools.partial(_held_prefix, after=got, place=place)
                 try:
-                    held_start, found = await self._lib(start_at)
+                    held_start, found, missing = await self._lib(functools.partial(_start_after, after=got,
+                                                                                   place=place))
                 except ManifestLied as exc:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
                     continue
                 prefix = found
-                manifest = [*found.refs, *got.lines]
-                missing = await self._missing(got.lines)
+                manifest = [HELD] * found.lines + got.lines
             else:
                 manifest = got
                 missing = await self._missing(manifest)
@@ -442,7 +448,7 @@ class _Fetch:
                 raise
             else:
                 self.lines_total += len(manifest)
-                return assembled, stream.out
+                return assembled, stream.out, prefix
             await stream.abandon()  # what was verified stays staged for the next manifest
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
                                           f"or does not cut it at its newlines (failed verification: {lie})",
@@ -458,12 +464,9 @@ class _Fetch:
         return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits)
 
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
-        """The manifest's lines the store lacks (lines staged by an earlier, killed run count as held)."""
-        unique = list({r.hash: r for r in manifest}.values())
-        held = await self._lib(lambda lib: [lib.has_line(r.hash) for r in unique])
-        return [r for r, h in zip(unique, held, strict=True) if not h]
+        return await self._lib(functools.partial(_missing_in, refs=manifest))
 
-    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None]:
+    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None, None]:
         """A peer without line manifests: the whole blob (verified to `src` as it came), cut
         into lines and staged as raw-codec blobs (the store compresses them)."""
         data = await self._whole(src)
@@ -482,7 +485,7 @@ class _Fetch:
             stream.discard()
             raise
         self.lines_total += len(refs)
-        return assembled, stream.out
+        return assembled, stream.out, None
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
@@ -519,19 +522,37 @@ class _Fetch:
         return await self.pool.run(f"session {src}", attempt)
 
 
+def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
+    """The lines the store lacks, once each (lines staged by an earlier, killed run count as held)."""
+    return [r for r in {r.hash: r for r in refs}.values() if not lib.has_line(r.hash)]
+
+
+def _start_after(lib: FetchTarget, after: wire.ManifestAfter,
+                 place: Placing | None) -> tuple[Held, _Prefix, list[LineRef]]:
+    """An incremental fetch's start and the new lines the store lacks: one opening of the store."""
+    return *_held_prefix(lib, after, place), _missing_in(lib, after.lines)
+
+
 def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None) -> tuple[Held, _Prefix]:
     """Where an incremental fetch starts: the held version's first lines (those the peer said
-    the new version begins with: the hash of the whole proves it), their hash state: the
-    node's live one; else (a one-shot process) the file this node placed, if its stat says it
-    is still that version whole (memory-mapped, hashed on all cores), else the lines re-read
-    from the store (decompressed: the slowest)."""
+    the new version begins with: the hash of the whole proves it), their size (from the
+    version's record when they are all its lines or all but its last: no turn is read) and
+    their hash state: the node's live one; else (a one-shot process) the file this node
+    placed, if its stat says it is still that version whole (read and hashed on all cores),
+    else the lines re-read from the store (decompressed: the slowest)."""
     base = after.base.hex()
     version = lib.version(base)
     if after.first > version.lines:
         raise ManifestLied(f"line manifest after {base}: starts after line {after.first} of a version of "
                            f"{version.lines} lines")
-    refs = lib.line_manifest(base)[:after.first]
-    size = sum(r.length for r in refs)
+    refs: list[LineRef] | None = None
+    if after.first == version.lines:
+        size = version.size
+    elif after.first == version.lines - 1:
+        size = version.last_line_start
+    else:
+        refs = lib.line_manifest(base)[:after.first]
+        size = sum(r.length for r in refs)
     header = SessionHeader(**version.header)
     hasher = LIVE.get(base, size)
     if hasher is None and place is not None and size == version.size:
@@ -542,10 +563,10 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
                 hasher = None
     if hasher is None:
         hasher = new_hasher()
-        for ref in refs:
+        for ref in refs if refs is not None else lib.line_manifest(base)[:after.first]:
             hasher.update(lib.line(ref.hash))
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
-    return held, _Prefix(base, version.size, refs, size)
+    return held, _Prefix(base, version.size, after.first, size)
 
 
 HASH_READ = 8 << 20
@@ -600,10 +621,13 @@ def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
 async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: list[PeerAddress],
                        identity: Identity, trust: TrustStore, *, agent_dir: Path | None = None,
                        progress: Progress | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
-                       session_dir: Path | None = None) -> FetchResult:
+                       session_dir: Path | None = None,
+                       check: Callable[[FetchTarget, str], None] | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
     `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
-    `session_dir`: Pi's session-dir override, where the session is then placed (flat)."""
+    `session_dir`: Pi's session-dir override, where the session is then placed (flat).
+    `check(lib, branch_hex)`: run once the branch is held (committed now or before), before its
+    file is placed; what it raises leaves nothing placed."""
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits)
@@ -617,14 +641,13 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir) if wanted and agent_dir is not None else None
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
-            assembled, out = await job.session(sc.src, place, held)
+            assembled, out, extends = await job.session(sc.src, place, held)
             t1 = time.perf_counter()
-            try:
-                await _using(opener, functools.partial(_commit, sidecar=raw_sidecar, done=assembled))
+            try:  # one opening of the store: the commit, then (only then) the file published
+                info, placed = await _using(opener, functools.partial(
+                    _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch,
+                    check=check if branch == branch_hex else None))
                 LIVE.put(assembled.src, *assembled.complete)
-                if out is not None:  # only now, after the store committed the verified session
-                    placed = await _using(opener, functools.partial(_publish, out=out, branch=branch,
-                                                                    done=assembled))
             finally:
                 if out is not None:
                     out.file.discard(keep_dir=isinstance(placed, Placement))
@@ -632,7 +655,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             log.info("fetched branch %s: %d lines, transfer+verify+stage %.3f s, commit+place %.3f s",
                      branch, len(assembled.refs), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
-        info = await _using(opener, lambda lib: lib.branch(branch_hex))
+        if not chain:
+            info = await _using(opener, lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
@@ -640,6 +664,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              seconds_store=round(store, 4), served=pool.served())
     finally:
         await pool.close()
+    if not chain and check is not None:
+        await _using(opener, lambda lib: check(lib, branch_hex))
     if agent_dir is not None and not chain:  # held already: placed from the stored copy
         placed = await _using(opener, lambda lib: _place(agent_dir, branch_hex, info.src, lib, session_dir))
     if isinstance(placed, PlacementConflict):
@@ -658,14 +684,31 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled) -> None:
-    """The verified version committed.  The memory the transfer's buffers freed is first given
-    back to the OS (glibc keeps it in its arenas otherwise): the commit's own peak comes on top
-    of what is resident then (on a 2 GB session: 250 MB peak RSS without, 215 MB with)."""
+def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None, out: Output | None,
+            branch: str, check: Callable[[FetchTarget, str], None] | None) -> tuple[
+                BranchInfo, Placement | PlacementConflict | None]:
+    """The verified version committed, checked (fetch_branch's `check`), then its file (if
+    any) published: after the commit, in the same opening of the store (a one-shot fetch)."""
+    info = _commit(lib, sidecar, done, extends)
+    if check is not None:
+        check(lib, branch)
+    return info, _publish(lib, out, branch, done) if out is not None else None
+
+
+def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None) -> BranchInfo:
+    """The verified version committed: as the held lines of `extends` (HELD in `done.refs`)
+    and the new ones, if it was fetched incrementally.  The memory the transfer's buffers
+    freed is first given back to the OS (glibc keeps it in its arenas otherwise): the commit's
+    own peak comes on top of what is resident then (on a 2 GB session: 250 MB peak RSS
+    without, 215 MB with)."""
     if (trim := _malloc_trim()) is not None:
         trim(0)
     prefix = Prefix(done.size, done.src, len(done.refs), done.last_line_start)
-    lib.add_staged(sidecar, done.refs, prefix, done.header, (done.name, done.first_user))
+    titles = (done.name, done.first_user)
+    if extends is not None and extends.lines:
+        new = done.refs[extends.lines:]
+        return lib.extend_staged(sidecar, extends.base, extends.lines, new, prefix, done.header, titles)
+    return lib.add_staged(sidecar, done.refs, prefix, done.header, titles)
 
 
 def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Placement | PlacementConflict:
@@ -686,7 +729,13 @@ def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Pla
 
 def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
            session_dir: Path | None) -> Placement | PlacementConflict:
-    """Place a branch already held, from the stored copy; record the path."""
+    """Place a branch already held, from the stored copy; record the path.  Nothing is read
+    when the file this node placed for it is still there, unchanged by its stat."""
+    version = lib.version(src)
+    target = target_path(agent_dir, SessionHeader(**version.header), session_dir)
+    if appendable(target, PlacedFiles(lib.paths.placed), src, version.size, True) is not None:
+        lib.record_path(branch, target)
+        return Placement(target, written=False)
     try:
         placed = place_session(agent_dir, lib.session_bytes(src), src, PlacedFiles(lib.paths.placed),
                                session_dir)

@@ -49,6 +49,9 @@ class FetchTarget(Protocol):
     def add_staged(self, sidecar: bytes, refs: Sequence[LineRef], prefix: Prefix,
                    header: SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo: ...
 
+    def extend_staged(self, sidecar: bytes, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
+                      header: SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo: ...
+
 
 class ServedLibrary(Protocol):
     """The library the provider serves from: only what `offered_object` allows is asked for."""

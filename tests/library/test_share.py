@@ -155,6 +155,28 @@ def test_fork_and_parent_share_line_blobs(lib: Library, agent: Path) -> None:
     assert sum(h in parent_lines for h in fork_lines) == len(fork_lines) - 2
 
 
+def test_a_grown_versions_manifests_come_from_its_new_turns(lib: Library, agent: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a serving node answers for `?after=` of a grown version: its manifest extends the
+    older version's cached one and `line_manifest_after` matches them by their shared turns,
+    both without walking a whole chain (store.chain refused); the same answers as from the
+    file.  A held version that merely has the same lines (imported apart) is matched by hashes."""
+    b1 = find(agent, B1)
+    first = lib.share(str(b1))
+    v1 = lib.line_manifest(first.src)  # cached, as a node that served it has it
+    with open(b1, "ab") as f:
+        f.write(b"".join(b'{"type":"message","id":"%08x","n":%d}\n' % (i, i) for i in range(5)))
+    second = lib.share(str(b1))
+    with monkeypatch.context() as m:
+        m.setattr(lib.store, "chain", lambda turn_id: pytest.fail(f"store.chain({turn_id})"))
+        v2 = lib.line_manifest(second.src)
+        assert lib.line_manifest_after(second.src, [first.src]) == (first.src, len(v1))
+    assert v2[:len(v1)] == v1
+    assert [(r.hash, r.length) for r in v2] == [(blake3.blake3(x).digest(), len(x))
+                                                for x in b1.read_bytes().splitlines(keepends=True)]
+    assert lib.line_manifest_after(second.src, [second.src]) is None
+
+
 def test_reshare_after_growth_appends_only_new_lines(lib: Library, agent: Path) -> None:
     b1 = find(agent, B1)
     first = lib.share(str(b1))

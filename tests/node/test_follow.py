@@ -151,8 +151,11 @@ def test_fetch_an_older_version_or_a_session_id_gets_the_latest(tmp_path: Path, 
             peer = f"{a.id}@127.0.0.1:{port}"
             exact = b.run("fetch", v1["branch"], "--from", peer, "--exact", "--json")
             assert json.loads(exact.stdout)["branch"] == v1["branch"] and "note" not in exact.stderr
+            inode = next(b.agent.rglob("*.jsonl")).stat().st_ino
             latest = b.run("fetch", v1["branch"], "--from", peer, "--json")
             assert json.loads(latest.stdout)["branch"] == v2["branch"]
+            assert json.loads(latest.stdout)["written"]
+            assert next(b.agent.rglob("*.jsonl")).stat().st_ino == inode  # appended to
             assert "older version" in latest.stderr and "--exact" in latest.stderr
             files = list(b.agent.rglob("*.jsonl"))
             assert len(files) == 1 and files[0].read_bytes() == session.read_bytes()  # updated in place
@@ -177,13 +180,13 @@ def test_a_newer_version_is_checked_before_it_is_placed(tmp_path: Path, corpus_n
         grow(session, "g")
         v2 = lib.share(str(session))
         unrelated = lib.share(str(other), no_lineage=True)
-        _check_newest(lib, Newest(v2.branch, [], None, None, (v1.src, v1.size)))
-        _check_newest(lib, Newest(v2.branch, [], None, v1.header["id"]))
+        _check_newest(lib, v2.branch, Newest(v2.branch, [], None, None, (v1.src, v1.size)))
+        _check_newest(lib, v2.branch, Newest(v2.branch, [], None, v1.header["id"]))
         for lie in (Newest(unrelated.branch, [], None, None, (v1.src, v1.size)),
                     Newest(unrelated.branch, [], None, v1.header["id"]),
                     Newest(v1.branch, [], None, None, (v2.src, v2.size))):
             with pytest.raises(VerificationFailed):
-                _check_newest(lib, lie)
+                _check_newest(lib, lie.branch, lie)
 
 
 def test_newest_entry_follows_previous_links_and_old_peers() -> None:

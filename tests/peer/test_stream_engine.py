@@ -156,6 +156,52 @@ async def test_a_one_shot_fetch_rehashes_the_held_prefix(duo: Duo) -> None:
     assert duo.placed.read_bytes() == path.read_bytes()
 
 
+async def test_a_grown_version_is_committed_without_reading_the_held_lines(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incremental one-shot fetch (no live hash state) of v2 after v1: neither the held
+    prefix's refs nor any turn chain is read (store.chain refused during the fetch); the commit
+    continues v1's turns.  Afterwards v2 reads back from the store as the sharer's file, with
+    v1's line hashes as its first lines and v1 as its `previous`."""
+    path = duo.write(pi_session(1_000_000, seed=11))
+    v1 = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert v1.written
+    LIVE.clear()
+    _grow(path, seed=12)
+    v2_branch = duo.sharer.share(str(path)).branch
+
+    def refused(turn_id: int) -> list[object]:
+        raise AssertionError(f"store.chain({turn_id}) read during an incremental fetch")
+
+    with monkeypatch.context() as m:
+        m.setattr(duo.fetcher.store, "chain", refused)
+        v2 = await duo.fetch(v2_branch)
+    assert v2.written and v2.conflict is None and 0 < v2.lines_fetched < v2.lines_total
+    assert duo.placed.read_bytes() == path.read_bytes()
+    assert duo.fetcher.session_bytes(v2.src) == path.read_bytes()
+    old, new = duo.fetcher.sessions.line_hashes(v1.src), duo.fetcher.sessions.line_hashes(v2.src)
+    assert new[:len(old)] == old and len(new) > len(old)
+    lengths = [len(x) for x in split_lines(path.read_bytes())]
+    assert [r.length for r in duo.fetcher.line_manifest(v2.src)] == lengths
+    assert duo.fetcher.version(v2.src).previous == v1.src
+
+
+async def test_a_held_branch_still_placed_is_not_read_again(duo: Duo,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fetching a branch held and placed, its file unchanged by its stat: nothing is read from
+    the store (session_bytes refused) and the file is left as it is; once the file is gone, it
+    is placed again from the store."""
+    path = duo.write(pi_session(1_000_000, seed=13))
+    branch = duo.sharer.share(str(path)).branch
+    assert (await duo.fetch(branch)).written
+    inode = duo.placed.stat().st_ino
+    with monkeypatch.context() as m:
+        m.setattr(duo.fetcher, "session_bytes", lambda src: pytest.fail(f"session_bytes({src})"))
+        again = await duo.fetch(branch)
+    assert not again.written and again.path == str(duo.placed) and duo.placed.stat().st_ino == inode
+    duo.placed.unlink()
+    assert (await duo.fetch(branch)).written and duo.placed.read_bytes() == path.read_bytes()
+
+
 async def test_pi_appended_locally_is_a_conflict(duo: Duo) -> None:
     """The placed copy was continued by Pi here: the grown version from the peer is not
     written over it (a conflict naming the file); the file keeps the local lines."""
