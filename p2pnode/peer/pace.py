@@ -15,7 +15,8 @@ the bytes.  So the stream is used where the bytes cost more than that CPU:
   that fits in the socket buffers (behind a 300 KB/s loopback relay, 500 KB responses never
   waited: the kernel took them at once); the fetcher's alone would read a
   server that is itself slow as a slow link, so the server keeps the cheap frames while it is
-  CPU-bound (BUSY_SHARE).  The level grows with how far behind the link is (LEVELS);
+  CPU-bound (BUSY_SHARE).  The level is the highest the server can afford at the link's
+  pace (LEVELS, COMPRESS_SHARE);
 - the first answers of a fetch, before anything is measured (a few MB: cheap either way).
 
 A fetcher whose own CPU limits it (its socket fills too) does not offer the stream at all
@@ -51,10 +52,22 @@ and encode its lines is CPU-bound, or nearly: per-line frames, whatever the link
 would only slow it further).  When the server is what the fetcher waits on, the fetcher's
 measured rate is the server's own pace and the share comes out near 1; a link-bound server
 with CPU to spare stays well under it."""
-LEVELS = ((4.0, 6), (1.0, wire.STREAM_LEVEL))
-"""(how many times slower than `stream_link_rate` the link is, at least; zstd level): level 6
-costs 0.0077 CPU-s per MB where level 3 costs 0.0034 (docs/BENCHMARKS.md), affordable when
-the link is four times slower than the rate at which level 3 is."""
+LEVELS = ((6, 0.271, 0.0077), (wire.STREAM_LEVEL, 0.292, 0.0034))
+"""(zstd level, wire bytes per raw byte, compression CPU-s per raw MB), flushed per line, as
+measured on Pi-shaped sessions (docs/BENCHMARKS.md, "Several holders and stream batches"),
+highest level first."""
+COMPRESS_SHARE = 0.5
+"""A stream takes the highest level whose compression, at the pace the link takes its
+output, needs at most this share of one of the server's cores (a 100 Mbit/s link: level 6,
+0.35 of a core; 20 MB/s: level 3, 0.23)."""
+
+
+def stream_level(rate: float) -> int:
+    """The zstd level for a link that carries `rate` bytes per second."""
+    for level, ratio, cpu_per_mb in LEVELS:
+        if rate / ratio / 1e6 * cpu_per_mb <= COMPRESS_SHARE:
+            return level
+    return LEVELS[-1][0]
 
 
 @dataclass
@@ -135,16 +148,14 @@ class LinkPace:
         (`reported`), where it knows."""
         self.reported = reported if reported is not None else self.reported
         if fetch_bytes is not None and fetch_bytes <= limits.stream_small_bytes:
-            return Choice(LEVELS[-1][1], "small transfer")
+            return Choice(wire.STREAM_LEVEL, "small transfer")
         if self.busy > BUSY_SHARE:
             return Choice(None, f"server CPU-bound (lines made at {self.busy:.1f}x the link's time)")
         rate = self.rate()
         if rate is None:  # the first answers of a fetch, a few MB: cheap either way
-            return Choice(LEVELS[-1][1], "link not measured yet")
-        behind = limits.stream_link_rate / rate
-        for factor, level in LEVELS:
-            if behind >= factor:
-                return Choice(level, f"link at {rate / 1e6:.2f} MB/s")
+            return Choice(wire.STREAM_LEVEL, "link not measured yet")
+        if rate < limits.stream_link_rate:
+            return Choice(stream_level(rate), f"link at {rate / 1e6:.2f} MB/s")
         return Choice(None, "link keeps up")
 
     def sent(self, nbytes: int, making: float) -> None:

@@ -119,8 +119,8 @@ class Limits:
     batches when it offers them: a small transfer (a +1 % append) pays next to no CPU for it."""
     stream_link_rate: int = 20_000_000
     """Server: a link slower than this many bytes per second (the slower of the server's and
-    the fetcher's measures) gets stream batches, at zstd level 3; four times slower, level 6
-    (peer/pace.py)."""
+    the fetcher's measures) gets stream batches, at the highest zstd level the server can
+    afford at the link's pace (peer/pace.py: level 6 below ~17.6 MB/s, else 3)."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0

@@ -15,7 +15,7 @@ import test_holders
 from test_holders import World
 
 from p2pnode.peer import wire
-from p2pnode.peer.pace import BACKLOG_RUNS, READ_WAIT_SHARE, FetchPace, LinkPace
+from p2pnode.peer.pace import BACKLOG_RUNS, READ_WAIT_SHARE, FetchPace, LinkPace, stream_level
 from p2pnode.peer.tls import client_context
 
 THRESHOLD = 500_000
@@ -109,13 +109,22 @@ def test_a_cpu_bound_server_keeps_per_line_frames() -> None:
     server's doing)."""
     pace, limits, big = LinkPace(), wire.Limits(stream_link_rate=4_000_000), 1 << 30
     assert pace.choose(limits, big, 100_000).level == 6
-    assert pace.choose(limits, big, 2_000_000).level == 3
+    assert pace.choose(limits, big, 2_000_000).level == 6
     assert pace.choose(limits, big, 50_000_000).level is None
     assert LinkPace().choose(limits, None, None).level == 3  # nothing measured yet (an older fetcher)
     for _ in range(10):
         pace.sent(100_000, making=1.0)  # a second to make what the link carries in one
     assert pace.choose(limits, big, 100_000).level is None
     assert pace.choose(limits, 1 << 20, 100_000).level == 3  # a small transfer still streams
+
+
+def test_the_level_is_the_highest_the_server_affords_at_the_links_pace() -> None:
+    """Level 6 while compressing for the link takes at most COMPRESS_SHARE of a core (a
+    100 Mbit/s link: about 0.35), level 3 on a faster link still under stream_link_rate."""
+    limits, big = wire.Limits(), 1 << 30
+    assert LinkPace().choose(limits, big, 12_500_000).level == 6
+    assert LinkPace().choose(limits, big, 19_000_000).level == 3
+    assert stream_level(1_000) == 6 and stream_level(10**9) == wire.STREAM_LEVEL
 
 
 def test_bad_pace_headers_are_ignored() -> None:
