@@ -60,7 +60,8 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     on the LAN; a hash prefix resolved against the given peers' catalogs; the latest version of
     the session unless `exact` (node/follow.py); the store is opened only for each local step
     (OpenPerUse), never while a peer is awaited; a `gc` in another process is skipped meanwhile
-    (library/space.py, FETCHING_LOCK)."""
+    (library/space.py, FETCHING_LOCK).  Each peer's TLS connection is made once, by the catalog
+    step, and used again by the fetch (link.Connections)."""
     import asyncio
     from dataclasses import replace
 
@@ -68,6 +69,7 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse
     from p2pnode.peer.identity import parse_node_id
+    from p2pnode.peer.link import Connections
     from p2pnode.pi.session import is_session_id
 
     async def on_lan(target: str) -> list[PeerAddress]:
@@ -80,12 +82,18 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     async def fetch() -> dict[str, Any]:
         target, given = branch, peers
         seen: dict[PeerAddress, wire.CatalogMessage] = {}
-        if offers.is_prefix(target):  # which branch, from whom (their catalogs are not asked twice)
-            target, given = await offers.resolve_prefix(target, given, identity, trust, seen)
-        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen)
-        holders = newest.peers or await on_lan(newest.branch)
-        result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
-                                    agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)
+        links = Connections()
+        try:
+            if offers.is_prefix(target):  # which branch, from whom (their catalogs are not asked twice)
+                target, given = await offers.resolve_prefix(target, given, identity, trust, seen, links)
+            newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen,
+                                           connections=links)
+            holders = newest.peers or await on_lan(newest.branch)
+            result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
+                                        agent_dir=pi.agent, progress=progress, session_dir=pi.sessions,
+                                        connections=links)
+        finally:
+            await links.close()
         return dict(result.as_dict(), note=newest.note)
 
     from p2pnode.library.space import fetching_lock
