@@ -38,7 +38,7 @@ from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, OpenPerUse, fetch_branch, get_catalog
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
-from p2pnode.peer.link import PeerLink
+from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import new_hasher
 from p2pnode.pi.session import is_session_id
@@ -120,18 +120,20 @@ FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
 
 async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
                           find_peers: FindPeers, *, exact: bool = False,
-                          known: dict[PeerAddress, wire.CatalogMessage] | None = None) -> Newest:
+                          known: dict[PeerAddress, wire.CatalogMessage] | None = None,
+                          connections: Connections | None = None) -> Newest:
     """What `fetch <target>` fetches: with `exact` and a branch hash, that branch; else the newest
     version of its session among the catalogs of `peers` (or of `find_peers(target)`).  A hash
     no catalog lists is fetched as it is (the fetch then says who has it); a session id nobody
     offers is NotFound.  `known`: catalogs this fetch already read (offers.resolve_prefix's),
-    not asked again."""
+    not asked again.  `connections`: the command's HTTPS sessions (link.Connections), kept for
+    the fetch that follows."""
     session = is_session_id(target)
     if exact and not session:
         return Newest(target, peers, None)
     candidates = peers or await find_peers(target)
-    catalogs = await asyncio.gather(*(_catalog(p, identity, trust, known or {}) for p in candidates),
-                                    return_exceptions=True)
+    catalogs = await asyncio.gather(*(_catalog(p, identity, trust, known or {}, connections)
+                                      for p in candidates), return_exceptions=True)
     answered = [(p, c) for p, c in zip(candidates, catalogs, strict=True)
                 if isinstance(c, wire.CatalogMessage)]
     found = [(p, e) for p, c in answered if (e := newest_entry(c.branches, target)) is not None]
@@ -158,10 +160,12 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
 
 
 async def _catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,
-                   known: dict[PeerAddress, wire.CatalogMessage]) -> wire.CatalogMessage:
+                   known: dict[PeerAddress, wire.CatalogMessage],
+                   connections: Connections | None) -> wire.CatalogMessage:
     if peer in known:
         return known[peer]
-    return await asyncio.wait_for(get_catalog(peer, identity, trust), CATALOG_TIMEOUT)
+    return await asyncio.wait_for(get_catalog(peer, identity, trust, connections=connections),
+                                  CATALOG_TIMEOUT)
 
 
 async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: Identity, trust: TrustStore,

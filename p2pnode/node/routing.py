@@ -4,7 +4,9 @@ command acts on the store itself (a fetch with no node: fetch_here).  Used by th
 only parses and prints."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
@@ -60,14 +62,17 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     on the LAN; a hash prefix resolved against the given peers' catalogs; the latest version of
     the session unless `exact` (node/follow.py); the store is opened only for each local step
     (OpenPerUse), never while a peer is awaited; a `gc` in another process is skipped meanwhile
-    (library/space.py, FETCHING_LOCK)."""
+    (library/space.py, FETCHING_LOCK).  Each peer's TLS connection is made once, by the catalog
+    step, and used again by the fetch (link.Connections)."""
     import asyncio
     from dataclasses import replace
 
-    from p2pnode.node.follow import fetch_newest, newest_to_fetch
+    with _no_system_ca_store():  # the peer side's first import: aiohttp (see there)
+        from p2pnode.node.follow import fetch_newest, newest_to_fetch
     from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse
     from p2pnode.peer.identity import parse_node_id
+    from p2pnode.peer.link import Connections
     from p2pnode.pi.session import is_session_id
 
     async def on_lan(target: str) -> list[PeerAddress]:
@@ -80,12 +85,18 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     async def fetch() -> dict[str, Any]:
         target, given = branch, peers
         seen: dict[PeerAddress, wire.CatalogMessage] = {}
-        if offers.is_prefix(target):  # which branch, from whom (their catalogs are not asked twice)
-            target, given = await offers.resolve_prefix(target, given, identity, trust, seen)
-        newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen)
-        holders = newest.peers or await on_lan(newest.branch)
-        result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
-                                    agent_dir=pi.agent, progress=progress, session_dir=pi.sessions)
+        links = Connections()
+        try:
+            if offers.is_prefix(target):  # which branch, from whom (their catalogs are not asked twice)
+                target, given = await offers.resolve_prefix(target, given, identity, trust, seen, links)
+            newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen,
+                                           connections=links)
+            holders = newest.peers or await on_lan(newest.branch)
+            result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
+                                        agent_dir=pi.agent, progress=progress, session_dir=pi.sessions,
+                                        connections=links)
+        finally:
+            await links.close()
         return dict(result.as_dict(), note=newest.note)
 
     from p2pnode.library.space import fetching_lock
@@ -93,3 +104,25 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
 
     with shared(fetching_lock(paths.ensure().home)):  # no `gc` in another process while lines are staged
         return asyncio.run(fetch())
+
+
+_NO_CA_STORE = {"SSL_CERT_FILE": os.devnull, "SSL_CERT_DIR": os.devnull}
+
+
+@contextlib.contextmanager
+def _no_system_ca_store() -> Iterator[None]:
+    """While the peer side is first imported: aiohttp builds two default SSL contexts at import,
+    each reading the system's CA store (~0.045 CPU-s of a one-shot fetch), and p2pnode never
+    uses them (its contexts trust pinned node keys only: peer/tls.py).  OpenSSL's documented
+    SSL_CERT_FILE and SSL_CERT_DIR point at nothing meanwhile, then are put back (a default
+    context left trusting nothing would fail closed, were it ever used)."""
+    saved = {k: os.environ.get(k) for k in _NO_CA_STORE}
+    os.environ.update(_NO_CA_STORE)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -26,7 +26,7 @@ from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
-from p2pnode.peer.link import NotOffered, PeerLink
+from p2pnode.peer.link import Connections, NotOffered, PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef
 
@@ -84,11 +84,12 @@ class PeerPool:
     """The peers of one fetch, tried in turn for each step."""
 
     def __init__(self, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
-                 limits: wire.Limits) -> None:
+                 limits: wire.Limits, connections: Connections | None = None) -> None:
+        """`connections`: HTTPS sessions kept across a command's steps (link.Connections)."""
         for p in peers:
             if p.node_id and not trust.is_trusted(parse_node_id(p.node_id)):
                 raise Refused(f"node {p.node_id} is not trusted here; run `p2pnode trust {p.node_id}` first")
-        self.peers = [PeerLink(p, identity, trust, limits) for p in dict.fromkeys(peers)]
+        self.peers = [PeerLink(p, identity, trust, limits, connections) for p in dict.fromkeys(peers)]
         self.me = identity.node_id
         self.limits = limits
 

@@ -64,7 +64,7 @@ from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.getter import LIVE, Assembled, Held, ManifestLied, SessionGetter
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
-from p2pnode.peer.link import PeerLink
+from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import Prefix, new_hasher
 from p2pnode.pi.lines import LineRef, split_lines
@@ -622,15 +622,18 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                        identity: Identity, trust: TrustStore, *, agent_dir: Path | None = None,
                        progress: Progress | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
                        session_dir: Path | None = None,
-                       check: Callable[[FetchTarget, str], None] | None = None) -> FetchResult:
+                       check: Callable[[FetchTarget, str], None] | None = None,
+                       connections: Connections | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
     `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
     `session_dir`: Pi's session-dir override, where the session is then placed (flat).
     `check(lib, branch_hex)`: run once the branch is held (committed now or before), before its
-    file is placed; what it raises leaves nothing placed."""
+    file is placed; what it raises leaves nothing placed.
+    `connections`: the peers' HTTPS sessions of the command, if its catalog step opened them
+    (link.Connections: one TLS handshake per peer for both steps)."""
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
-    pool = PeerPool(peers, identity, trust, limits)
+    pool = PeerPool(peers, identity, trust, limits, connections)
     placed: Placement | PlacementConflict | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
@@ -746,9 +749,10 @@ def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
 
 
 async def get_catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,
-                      limits: wire.Limits = wire.DEFAULT_LIMITS) -> wire.CatalogMessage:
+                      limits: wire.Limits = wire.DEFAULT_LIMITS,
+                      connections: Connections | None = None) -> wire.CatalogMessage:
     """The branches `peer` offers us (it must trust us, and we it)."""
-    pool = PeerPool([peer], identity, trust, limits)
+    pool = PeerPool([peer], identity, trust, limits, connections)
     try:
         return await pool.run(f"catalog of {peer}", lambda p: p.catalog())
     finally:

@@ -4,6 +4,7 @@ peer's standing (bytes received, lines served, why it was dropped).  Which peer 
 downloader's business."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -25,20 +26,15 @@ class NotOffered(Exception):
 class PeerLink:
     """One peer for the duration of a fetch: its HTTPS session and its standing."""
 
-    def __init__(self, addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits) -> None:
+    def __init__(self, addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits,
+                 connections: Connections | None = None) -> None:
         self.addr = addr
         self.limits = limits
-        expected = parse_node_id(addr.node_id) if addr.node_id else None
         host = f"[{addr.host}]" if ":" in addr.host else addr.host
         self.base = f"https://{host}:{addr.port}"
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, self._accepted),
-                                           limit=4),
-            timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
-                                          sock_connect=limits.connect_timeout,
-                                          sock_read=limits.slow_reader_timeout),
-            auto_decompress=False,
-        )
+        self._owned = connections is None
+        self.session = (_session(addr, identity, trust, limits, self._accepted) if connections is None
+                        else connections.session(self, identity, trust))
         self.dropped: str | None = None
         """Why this peer was given up for this fetch (None: still in use)."""
         self.failure: type[P2PNodeError] = PeerUnavailable
@@ -57,7 +53,8 @@ class PeerLink:
         self.accepted = fingerprint
 
     async def close(self) -> None:
-        await self.session.close()
+        if self._owned:  # else its Connections' owner closes the session
+            await self.session.close()
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         """Every request to a peer: redirects are never followed (a 3xx could lead past the
@@ -104,3 +101,43 @@ class PeerLink:
     async def catalog(self) -> wire.CatalogMessage:
         body = await self.get_small(wire.PATH_CATALOG, self.limits.max_catalog_bytes, "catalog")
         return wire.decode_catalog(body, self.limits)
+
+
+def _session(addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits,
+             on_accepted: Callable[[bytes], None]) -> aiohttp.ClientSession:
+    """One peer's HTTPS session: mutual TLS pinned to `addr`'s node id (if it names one)."""
+    expected = parse_node_id(addr.node_id) if addr.node_id else None
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, on_accepted), limit=4),
+        timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
+                                      sock_connect=limits.connect_timeout,
+                                      sock_read=limits.slow_reader_timeout),
+        auto_decompress=False,
+    )
+
+
+class Connections:
+    """The peers' HTTPS sessions of one command, kept across its steps: the catalog read (a
+    hash prefix, the newest version) and the fetch that follows share one TLS connection per
+    peer address, so a one-shot fetch makes one handshake per peer, not two.  Each step still
+    has its own PeerLinks (standing is per fetch); the link made last for an address hears of
+    that session's handshakes.  Its owner closes it, after the last step."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[PeerAddress, wire.Limits], aiohttp.ClientSession] = {}
+        self._links: dict[PeerAddress, PeerLink] = {}
+
+    def session(self, link: PeerLink, identity: Identity, trust: TrustStore) -> aiohttp.ClientSession:
+        addr = link.addr
+        self._links[addr] = link
+        key = (addr, link.limits)
+        if (found := self._sessions.get(key)) is None or found.closed:
+            found = self._sessions[key] = _session(addr, identity, trust, link.limits,
+                                                   lambda fp: self._links[addr]._accepted(fp))
+        return found
+
+    async def close(self) -> None:
+        for s in self._sessions.values():
+            await s.close()
+        self._sessions.clear()
+        self._links.clear()

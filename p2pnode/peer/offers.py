@@ -20,6 +20,7 @@ from p2pnode.pi.sidecar import is_hash_hex
 if TYPE_CHECKING:  # the HTTPS side (aiohttp) is imported only by what asks peers
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import Identity
+    from p2pnode.peer.link import Connections
     from p2pnode.peer.trust import TrustStore
 
 CATALOG_TIMEOUT = 5.0
@@ -49,13 +50,15 @@ def by_node(addresses: Iterable[PeerAddress]) -> list[list[PeerAddress]]:
 
 async def ask_catalogs(nodes: list[list[PeerAddress]], identity: Identity, trust: TrustStore,
                        limits: wire.Limits = wire.DEFAULT_LIMITS,
-                       timeout: float = CATALOG_TIMEOUT) -> list[PeerOffer]:
-    """Every node's catalog at once, each node asked at its addresses in turn."""
+                       timeout: float = CATALOG_TIMEOUT,
+                       connections: Connections | None = None) -> list[PeerOffer]:
+    """Every node's catalog at once, each node asked at its addresses in turn.  `connections`:
+    the command's HTTPS sessions, kept open for a fetch that follows (link.Connections)."""
     from p2pnode.peer.downloader import PeerPool
 
     async def ask(addresses: list[PeerAddress]) -> PeerOffer:
         try:
-            pool = PeerPool(addresses, identity, trust, limits)
+            pool = PeerPool(addresses, identity, trust, limits, connections)
         except P2PNodeError as exc:  # an untrusted node named by --from
             return PeerOffer(addresses, error=str(exc))
         try:
@@ -91,13 +94,13 @@ def is_prefix(t: str) -> bool:
 
 async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity, trust: TrustStore,
                          seen: dict[PeerAddress, wire.CatalogMessage] | None = None,
-                         ) -> tuple[str, list[PeerAddress]]:
+                         connections: Connections | None = None) -> tuple[str, list[PeerAddress]]:
     """The branch a hash prefix names among what `peers` offer, and the peers offering it.
     `seen` gets each answering node's catalog under each of its addresses (so that the fetch
     does not ask for it again: follow.newest_to_fetch's `known`)."""
     if not peers:
         raise no_peers(text)
-    answers = await ask_catalogs(by_node(peers), identity, trust)
+    answers = await ask_catalogs(by_node(peers), identity, trust, connections=connections)
     if seen is not None:
         seen.update((a, o.catalog) for o in answers if o.catalog is not None for a in o.addresses)
     return resolve(text, answers)

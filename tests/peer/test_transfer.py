@@ -210,3 +210,25 @@ async def test_fetch_killed_mid_transfer_leaves_nothing(nodes, tmp_path: Path) -
         assert json.loads(b.run("ls", "--all", "--json").stdout) == []
         result = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
     assert Path(result["path"]).read_bytes() == path.read_bytes()
+
+
+async def test_one_shot_fetch_of_a_prefix_makes_one_connection_per_peer(nodes, corpus_dir: Path) -> None:
+    """`fetch <prefix>` with no node: the catalogs read (the prefix, the newest version) and the
+    fetch that follows use one TLS connection to the peer (link.Connections), not one per step."""
+    a, b, _ = nodes
+    branch = a.run("share", str(a.agent / B2)).stdout.split()[0]
+    with a.serving() as port:
+        proxy = Relay(port)
+        proxy_port = await proxy.start()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                PY, "-m", "p2pnode", "fetch", branch[:12], "--from", f"127.0.0.1:{proxy_port}", "--json",
+                env=b.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            await proxy.close()
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    assert result["branch"] == branch and len(result["fetched"]) == 2  # B2 → B1: several steps, one link
+    assert Path(result["path"]).read_bytes() == (corpus_dir / B2).read_bytes()
+    assert proxy.connections == 1
