@@ -320,7 +320,9 @@ def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
 def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
     from p2pnode.cli.progress import FetchProgress
     from p2pnode.node.routing import fetch_here
+    from sysio.memory import one_arena
 
+    one_arena()  # before the first thread: this process will move a whole session (sysio/memory.py)
     with FetchProgress([str(p) for p in peers]) as view:
         return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), view,
                           exact=args.exact)

@@ -67,6 +67,7 @@ from p2pnode.peer.trust import TrustStore
 from p2pnode.peer.wire import DEFAULT_LIMITS
 from p2pnode.pi.session import is_session_id
 from store.service.server import StoreServer
+from sysio.memory import one_arena
 
 log = logging.getLogger("p2pnode.node")
 
@@ -116,6 +117,7 @@ class Node:
             raise
 
     async def _start(self) -> None:
+        one_arena()  # before the library's threads: the node moves whole sessions (sysio/memory.py)
         if socket_answers(control_socket(self.paths)):  # before waiting on the store's lock
             raise await asyncio.to_thread(store_in_use, self.paths, "start a node")
         self.identity = load_or_create_identity(self.paths.identity)

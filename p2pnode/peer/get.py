@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import logging
 import re
@@ -83,6 +81,7 @@ from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
 from store.errors import StoreLocked
 from store.layout import CODEC_RAW
+from sysio.memory import give_back_freed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -678,40 +677,6 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     return result
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    """glibc, where it is (Linux; not macOS, not musl: there the calls below do nothing)."""
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    return lib if hasattr(lib, "malloc_trim") and hasattr(lib, "mallopt") else None
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, where there is one."""
-    return None if (libc := _libc()) is None else libc.malloc_trim
-
-
-M_ARENA_MAX = -8
-"""glibc's mallopt parameter: how many malloc arenas threads may create."""
-
-
-def _one_arena() -> None:
-    """New threads allocate from the heap the threads before them use (glibc's mallopt
-    M_ARENA_MAX 1, set when this module is imported, before a fetch's worker threads start).
-    A line's buffers are allocated on one thread (decode, on a worker) and freed on another
-    (the getter's, the event loop's); glibc gives each thread an arena of its own (up to 8 per
-    core) that keeps what was freed into it: on a 2 GB one-shot fetch six arenas held 17-38 MB
-    each, ~115 MB of the 290 MB peak RSS; with one arena 213 MB at the same CPU
-    (docs/BENCHMARKS.md, helper "rss")."""
-    if (libc := _libc()) is not None:
-        libc.mallopt(M_ARENA_MAX, 1)
-
-
-_one_arena()  # at import: a fetch opens the library and the catalog on worker threads first
-
-
 def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None, out: Output | None,
             branch: str, check: Callable[[FetchTarget, str], None] | None) -> tuple[
                 BranchInfo, Placement | PlacementConflict | None]:
@@ -729,8 +694,7 @@ def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix 
     freed is first given back to the OS (glibc keeps it in its arenas otherwise): the commit's
     own peak comes on top of what is resident then (on a 2 GB session: 250 MB peak RSS
     without, 215 MB with)."""
-    if (trim := _malloc_trim()) is not None:
-        trim(0)
+    give_back_freed()
     prefix = Prefix(done.size, done.src, len(done.refs), done.last_line_start)
     titles = (done.name, done.first_user)
     if extends is not None and extends.lines:
