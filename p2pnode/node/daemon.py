@@ -151,6 +151,8 @@ class Node:
                  self.paths.store_socket)
 
     async def close(self) -> None:
+        if self._announcer is not None:
+            self._tasks.append(self._announcer)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -221,7 +223,6 @@ class Node:
         self._announce_again = True
         if self._announcer is None or self._announcer.done():
             self._announcer = asyncio.ensure_future(self._announce_pending())
-            self._tasks.append(self._announcer)
 
     async def _announce_pending(self) -> None:
         while self._announce_again:
@@ -232,7 +233,6 @@ class Node:
                 log.warning("announcing the catalog failed: %s", exc)
             if self._announce_again:
                 await asyncio.sleep(ANNOUNCE_EVERY)
-        self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]
 
     def is_trusted(self, node_id: str) -> bool:
         try:

@@ -64,7 +64,7 @@ from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.hashing import Prefix, new_hasher
+from p2pnode.pi.hashing import Prefix, new_hasher, prefix_hasher
 from p2pnode.pi.lines import LineRef, split_lines
 from p2pnode.pi.placement import (
     Appendable,
@@ -557,7 +557,7 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     if hasher is None and place is not None and size == version.size:
         target = target_path(place.agent_dir, header, place.session_dir)
         if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
-            hasher = _hash_file(target)
+            hasher = prefix_hasher(target, size)
             if hasher.hexdigest() != base:  # changed under us after all: the store's copy
                 hasher = None
     if hasher is None:
@@ -566,21 +566,6 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
             hasher.update(lib.line(ref.hash))
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
     return held, _Prefix(base, version.size, after.first, size)
-
-
-HASH_READ = 8 << 20
-"""Bytes of a placed file read (into one buffer) and hashed at a time: not memory-mapped,
-whose pages would count in the fetch's resident memory, the whole file's worth."""
-
-
-def _hash_file(path: Path) -> blake3.blake3:
-    """The hasher state after the whole file at `path`."""
-    hasher = new_hasher()
-    buf = bytearray(HASH_READ)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            hasher.update(memoryview(buf)[:n])
-    return hasher
 
 
 def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:

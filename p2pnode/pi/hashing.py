@@ -49,13 +49,20 @@ def hash_file(path: Path) -> str:
 
 def hash_prefix(path: Path, size: int) -> str:
     """BLAKE3 of a file's first `size` bytes (all of it if shorter)."""
+    return prefix_hasher(path, size).hexdigest()
+
+
+def prefix_hasher(path: Path, size: int) -> blake3.blake3:
+    """The hasher state after a file's first `size` bytes, read in CHUNK pieces into one
+    buffer (not memory-mapped: a mapping's pages count in the resident memory, the whole
+    file's worth)."""
     hasher = new_hasher()
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         buf = memoryview(bytearray(CHUNK))
         while size > 0 and (n := f.readinto(buf[: min(CHUNK, size)])):
             hasher.update(buf[:n])
             size -= n
-    return hasher.hexdigest()
+    return hasher
 
 
 def complete_lines_end(f: io.BufferedReader, size: int) -> int:

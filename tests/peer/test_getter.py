@@ -1,6 +1,6 @@
 """The getter's assembly without a network (sans-IO): what `ready` hands out in joined parts,
 the session hash over them, the bracket pre-check of long lines, and the placed file's hash
-read in pieces (get._hash_file)."""
+read in pieces (hashing.prefix_hasher)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,6 @@ import pytest
 from test_stream_fetch import pi_session
 
 from p2pnode.errors import InvalidInput
-from p2pnode.peer import get
 from p2pnode.peer.getter import (
     COUNT_BELOW,
     MAX_JSON_DEPTH,
@@ -21,6 +20,7 @@ from p2pnode.peer.getter import (
     _openings_over,
     check_nesting,
 )
+from p2pnode.pi import hashing
 from p2pnode.pi.lines import LineRef, split_lines
 
 
@@ -99,5 +99,6 @@ def test_a_placed_file_is_hashed_in_pieces(tmp_path: Path, monkeypatch: pytest.M
     data = random.Random(4).randbytes(100_003)
     path = tmp_path / "placed.jsonl"
     path.write_bytes(data)
-    monkeypatch.setattr(get, "HASH_READ", 4096)
-    assert get._hash_file(path).hexdigest() == blake3.blake3(data).hexdigest()
+    monkeypatch.setattr(hashing, "CHUNK", 4096)
+    assert hashing.prefix_hasher(path, len(data)).hexdigest() == blake3.blake3(data).hexdigest()
+    assert hashing.prefix_hasher(path, 5000).hexdigest() == blake3.blake3(data[:5000]).hexdigest()
