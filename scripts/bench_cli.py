@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import median  # noqa: E402
+from _benchlib import median, process_cpu  # noqa: E402
 from bench_share import SessionWriter  # noqa: E402
 
 MB = 1_000_000
@@ -64,11 +64,6 @@ class Home:
         marked = [line for line in proc.stderr.splitlines() if line.startswith("fetch_spans: ")]
         self.last_spans = json.loads(marked[-1].split(" ", 1)[1]) if marked else None
         return proc.stdout, wall, cpu
-
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -114,9 +109,9 @@ def main() -> int:
                 args.profile.mkdir(parents=True, exist_ok=True)
                 b.profile = args.profile / f"fetch-{n}.prof"
             b.spans = args.spans and n > 0
-            node0 = proc_cpu(node.pid)
+            node0 = process_cpu(node.pid)
             out, share_s, share_cpu = a.run("share", str(path), "--json")
-            node_cpu = proc_cpu(node.pid) - node0
+            node_cpu = process_cpu(node.pid) - node0
             fetched, fetch_s, fetch_cpu = b.run("fetch", json.loads(out)["branch"], "--from",
                                                 f"127.0.0.1:{port}", "--json")
             b.profile = None

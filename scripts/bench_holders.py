@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _benchlib import emit, goal, goals_met, log, median, now  # noqa: E402
+from _benchlib import emit, goal, goals_met, log, median, now, process_cpu  # noqa: E402
 from bench_share import SessionWriter, session_path  # noqa: E402
 
 from p2pnode.library.api import Library  # noqa: E402
@@ -77,12 +77,6 @@ class Holder:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- a rate-limited, cuttable relay in its own process ---------------------------------------------
@@ -199,9 +193,9 @@ def main() -> None:
             modes: dict[str, Any] = {}
             for name, limits in (("per_line_zstd1", per_line), ("adaptive", adaptive)):
                 log(f"one holder, unthrottled, {name}")
-                cpu0 = cpu_seconds(pid0)
+                cpu0 = process_cpu(pid0)
                 run = repeat(args.reps, lambda limits=limits: fetch(work, branch, addr[:1], limits))
-                cpu = (cpu_seconds(pid0) - cpu0) / args.reps
+                cpu = (process_cpu(pid0) - cpu0) / args.reps
                 modes[name] = {"seconds": run["seconds"], "transfer_s": run["transfer_s"],
                                "fetcher_cpu_s_per_mb": round(run["fetcher_cpu_s"] / (len(data) / MB), 5),
                                "wire_bytes": run["bytes_received"],

@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO / "tests"), str(REPO)]
 
-from _benchlib import emit, goal, goals_met, log, median, unmet  # noqa: E402
+from _benchlib import emit, goal, goals_met, log, median, process_cpu, unmet  # noqa: E402
 from bench_share import SessionWriter  # noqa: E402  (the Pi-shaped generator)
 from lab import Lab, unavailable_reason  # noqa: E402
 from lannode import LanNode, wait_for  # noqa: E402
@@ -64,7 +64,6 @@ P2P_PORT, HTTPS_PORT, RSYNC_PORT, ST_PORT = 47470, 8443, 8730, 22000
 ST_GUI = "127.0.0.1:8384"
 ST_KEY = "bench-transfer-api-key"
 ST_FOLDER = "bench"
-CLK = os.sysconf("SC_CLK_TCK")
 TOOLS = ("curl", "rsync", "syncthing", "p2pnode")
 PACKAGES = {"curl": "curl", "openssl": "openssl", "nginx": "nginx-light", "rsync": "rsync",
             "syncthing": "syncthing", "sync": "coreutils"}
@@ -123,15 +122,6 @@ def run(lab: Lab, host: str, argv: list[str], env: dict[str, str] | None = None,
                    seconds, usage.ru_utime + usage.ru_stime, peak)
 
 
-def proc_cpu(pid: int) -> float:
-    """utime+stime of a process and of its waited-for children, in seconds (0 if gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / CLK
-
-
 def tree_cpu(pid: int) -> float:
     """CPU seconds of a daemon and of every process under it (a Syncthing monitor's child,
     nginx's workers, the node's scan process); exited children count once reaped."""
@@ -144,7 +134,7 @@ def tree_cpu(pid: int) -> float:
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
-        total += proc_cpu(p)
+        total += process_cpu(p, reaped_children=True)
         todo += parents.get(p, [])
     return total
 
