@@ -44,10 +44,12 @@ def private_dir(path: Path) -> None:
         _tighten(path, DIR_MODE)
     with os.scandir(path) as entries:
         for e in entries:
-            if not e.is_file(follow_symlinks=False):
+            try:  # another process holding the store may rename a temp file away meanwhile
+                if e.is_file(follow_symlinks=False) and \
+                        stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
+                    _tighten(Path(e.path), FILE_MODE)
+            except FileNotFoundError:
                 continue
-            if stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
-                _tighten(Path(e.path), FILE_MODE)
 
 
 def _tighten(path: Path, mode: int) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from store import Store, TurnInput
+from store import Store, StoreConfig, StoreLocked, TurnInput
 from store.fsck import fsck
 from sysio import flush
 
@@ -172,3 +173,27 @@ def test_existing_wide_store_is_tightened(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     _assert_private(root)
+
+
+def test_opening_a_store_another_holder_is_checkpointing(tmp_path: Path) -> None:
+    """A second opener tightens the store's files before it asks for the lock, while the holder
+    renames heads.tbl.tmp into place: a file gone between listing and stat is skipped, and the
+    second opener is told the store is locked, never that a file is missing."""
+    root = tmp_path / "s"
+    done = threading.Event()
+    with Store.open(root, StoreConfig(durable=False)) as held:
+        held.append_turn(held.create_context().context_id, b"x")
+
+        def checkpoint_often() -> None:
+            for _ in range(400):
+                held.checkpoint()
+            done.set()
+
+        worker = threading.Thread(target=checkpoint_often)
+        worker.start()
+        try:
+            while not done.is_set():
+                with pytest.raises(StoreLocked):
+                    Store.open(root, StoreConfig(lock_timeout=0))
+        finally:
+            worker.join()
