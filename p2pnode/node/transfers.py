@@ -39,7 +39,8 @@ from p2pnode.peer.trust import TrustStore
 RECENT_SECONDS = 60.0
 MAX_RECENT = 8
 EVENT_INTERVAL = 0.2
-"""At most this many progress events per second to a waiting command: a terminal bar needs no more."""
+"""Seconds between progress events to a waiting command (a terminal bar needs no more than
+five a second); the end is sent as soon as it comes."""
 
 Route = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -71,6 +72,8 @@ class Transfer:
     """time.monotonic() when it ended."""
     task: asyncio.Task[dict[str, Any]] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set at each progress report and at the end."""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     def as_dict(self) -> dict[str, Any]:
         """As `status` lists it (branch, bytes_done, bytes_total, peers, as before, and more)."""
@@ -172,6 +175,7 @@ class Transfers:
         finally:
             transfer.finished = time.monotonic()
             transfer.changed.set()
+            transfer.ended.set()
 
     def _end_attached(self, transfer: Transfer) -> None:
         """The command waiting for `transfer` got its answer or went away: a transfer still
@@ -189,7 +193,9 @@ class Transfers:
                 transfer.changed.clear()
                 if transfer.finished is None:
                     yield transfer.event()
-                    await asyncio.sleep(EVENT_INTERVAL)
+                    with contextlib.suppress(TimeoutError):  # progress at most every EVENT_INTERVAL,
+                        async with asyncio.timeout(EVENT_INTERVAL):  # the end at once
+                            await transfer.ended.wait()
             if transfer.task is not None:  # its exception was reported as an event
                 with contextlib.suppress(BaseException):
                     transfer.task.result()

@@ -82,3 +82,20 @@ async def test_cancel_by_id_ends_a_background_transfer_and_says_so() -> None:
     assert [(t["state"], t["error"]) for t in table.listed()] == [("cancelled", "cancelled")]
     with pytest.raises(Exception, match="no transfer 'nope'"):
         await table.cancel({"id": "nope"})
+
+
+async def test_the_end_is_streamed_at_once_not_after_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Progress events are spaced EVENT_INTERVAL apart, but the result is not held behind that
+    pause (it was: every fetch through the node answered up to 0.2 s late).  With an interval of
+    an hour, the result still comes as soon as the fetch ends."""
+    monkeypatch.setattr(transfers, "EVENT_INTERVAL", 3600.0)
+    node = StandInNode()
+    table = Transfers(node)
+    events = await table.fetch({"branch": branch(3), "stream": True})
+    assert (await events.__anext__())["event"] == "started"
+    assert (await events.__anext__())["event"] == "progress"
+    node.go.set()
+    async with asyncio.timeout(10):
+        end = await events.__anext__()
+    assert end == {"event": "result", "result": {"branch": branch(3)}}
+    await events.aclose()
