@@ -1,7 +1,8 @@
 """scripts/bench_transfer.py's machinery on a tiny session, in a lab of its own: every baseline
-that is installed, and p2pnode, moves a session and then its grown version from h1 to h2 byte
-for byte (each_tool compares the received file with the sent one), the link counters and the
-CPU accounting see the work, and the lab is gone afterwards.  Nothing about speed is asserted."""
+that is installed, and p2pnode (one-shot, then through h2's node), moves a session and then its
+grown version from h1 to h2 byte for byte (each_tool compares the received file with the sent
+one), the link counters and the CPU accounting see the work, and the lab is gone afterwards.
+Nothing about speed is asserted."""
 from __future__ import annotations
 
 import sys
@@ -35,6 +36,8 @@ def test_every_tool_moves_a_session_and_its_growth(tmp_path: Path) -> None:
             assert set(moved) == set(bench.tools), bench.why
             for name, m in moved.items():
                 assert m.wire > 0 and m.cpu > 0 and m.seconds > 0, (name, m)
+            via = moved["p2pnode"].parts  # the same fetch again, through h2's running node
+            assert via["node_fetch_s"] > 0 and via["node_cpu_s"] > 0 and via["node_wire_bytes"] > 0, via
         assert bench.result == {} and not [k for k in bench.why if ":" in k]
     finally:
         if bench is not None:
