@@ -35,7 +35,7 @@ STEPS = [  # module, attribute path
     ("p2pnode.peer.get", "get_catalog"), ("p2pnode.node.follow", "newest_to_fetch"),
     ("p2pnode.peer.get", "fetch_branch"), ("p2pnode.peer.get", "_Fetch.walk"),
     ("p2pnode.peer.get", "_held_versions"), ("p2pnode.peer.get", "_Fetch._manifest"),
-    ("p2pnode.peer.get", "_held_prefix"), ("p2pnode.peer.get", "_hash_file"),
+    ("p2pnode.peer.get", "_held_prefix"), ("p2pnode.peer.get", "prefix_hasher"),
     ("p2pnode.library.api", "Library.line_manifest"), ("p2pnode.library.api", "Library.version"),
     ("p2pnode.peer.get", "_Fetch._missing"), ("p2pnode.peer.batches", "get_lines"),
     ("p2pnode.library.api", "Library.stage_lines"), ("p2pnode.peer.get", "_Stream._open_out"),
