@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable
 
 from p2pnode.library.api import ZSTD_LEVEL
@@ -105,7 +106,8 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     """One batch request.  Received blobs are decompressed and hashed on worker threads
     (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read;
     the runs of a zstd stream response are decoded in order, one after the other.  Lines the
-    peer leaves out are not an error: it does not serve them (the Share asks elsewhere)."""
+    peer leaves out are not an error: it does not serve them (the Share asks elsewhere).
+    What the answer cost (wire bytes, the decoding threads' CPU) goes to `pace`."""
     headers = {"Content-Type": "application/octet-stream", **pace.offer(peer, limits)}
     stream = wire.BatchStreamDecoder() if wire.BATCH_FORMAT_HEADER in headers else None
     decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=stream is not None)
@@ -113,16 +115,17 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     link = pace.link(peer)
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
-    run_bytes = 0
+    run_bytes = raw_bytes = wire_bytes = 0
+    streamed = False
 
     def verify_run() -> None:
         after = decoding[-1] if decoding and stream is not None else None
-        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified)))
-        pace.track(decoding[-1])
+        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified, pace, streamed)))
 
     try:
         async with peer.request("POST", wire.PATH_BATCH, data=body, headers=headers) as resp:
             peer._check(resp, f"batch of {len(group)} lines")
+            streamed = resp.headers.get(wire.BATCH_FORMAT_HEADER) == wire.BATCH_FORMAT_STREAM
             while True:
                 chunk = b""
                 link.waiting()  # the rate this link delivers at while we wait on it (peer/pace.py)
@@ -133,16 +136,20 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
                 if not chunk:
                     break
                 peer.bytes_received += len(chunk)
+                wire_bytes += len(chunk)
                 for blob in decoder.feed(chunk):
                     run.append(blob)
                     run_bytes += blob.raw_len
                 if run_bytes >= DECODE_RUN:
+                    raw_bytes += run_bytes
                     verify_run()
                     run, run_bytes = [], 0
             decoder.finish()
         if run:
+            raw_bytes += run_bytes
             verify_run()
         await asyncio.gather(*decoding)
+        pace.answered(streamed, wire_bytes, raw_bytes)
     finally:  # a failure stops the rest; what was verified is kept
         link.fold()
         for f in decoding:
@@ -151,16 +158,21 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
 
 
 async def _verify(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None,
-                  after: asyncio.Future[None] | None, verified: Received) -> None:
+                  after: asyncio.Future[None] | None, verified: Received, pace: FetchPace,
+                  streamed: bool) -> None:
     """Decode and verify a run of blobs on a worker thread (wire.decode_blob), then hand them
     on; a stream's run waits for the run before it (`after`), whose blocks come first."""
     if after is not None:
         await after
-    stored, raws = await asyncio.to_thread(_decode_all, blobs, stream)
+    stored, raws, cpu = await asyncio.to_thread(_decode_all, blobs, stream)
+    pace.decoded(streamed, sum(len(r) for r in raws), cpu)
     await verified(stored, raws)
 
 
-def _decode_all(blobs: list[wire.BatchBlob],
-                stream: wire.BatchStreamDecoder | None) -> tuple[list[wire.BatchBlob], list[bytes]]:
+def _decode_all(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None
+                ) -> tuple[list[wire.BatchBlob], list[bytes], float]:
+    """(the blobs as the store keeps them, their raw bytes, this thread's CPU seconds for it)."""
+    cpu = time.thread_time()
     raws = [wire.decode_blob(b, stream) for b in blobs]
-    return [_as_stored(b, raw) for b, raw in zip(blobs, raws, strict=True)], raws
+    stored = [_as_stored(b, raw) for b, raw in zip(blobs, raws, strict=True)]
+    return stored, raws, time.thread_time() - cpu

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHUNK = 1 << 20
+Group = tuple[bytes, list[str], int, int, float]
+"""A group of a batch answer, as PeerServer._frames makes it."""
 GROUP_BYTES = 1 << 20
 """Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
 WORKERS = 4
@@ -425,20 +428,18 @@ class PeerServer:
         if stream is not None:
             response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
         await response.prepare(request)
-        sent = nbytes = 0
+        sent = nbytes = raw = 0
+        cpu = 0.0  # the worker threads' CPU seconds making the frames (peer/pace.py prices the stream by it)
         served: list[str] = []
-        reading: asyncio.Future[tuple[bytes, list[str], int]] | None
+        reading: asyncio.Future[Group] | None
         reading = self._read_group(hashes, 0, peer, stream)
         complete = False
-        making = 0.0  # seconds waiting on its own lines (the server's CPU, not the link)
         try:
             with self._carrying(request, peer, served):
                 while reading is not None:
-                    if not reading.done():
-                        t = self._loop.time()
-                        await asyncio.wait([reading])
-                        making += self._loop.time() - t
-                    frames, group, pos = await reading
+                    frames, group, pos, group_raw, group_cpu = await reading
+                    raw += group_raw
+                    cpu += group_cpu
                     more = pos < len(hashes)
                     reading = self._read_group(hashes, pos, peer, stream) if more else None  # while we send
                     sent += len(group)
@@ -454,7 +455,7 @@ class PeerServer:
         except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
             log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
-            pace.sent(nbytes, making)
+            pace.sent(None if stream is None else stream.level, raw, cpu)
             if reading is not None:
                 reading.cancel()
             if served:  # a batch of nothing this peer may have served nothing
@@ -476,21 +477,23 @@ class PeerServer:
         return None if choice.level is None else wire.BatchStreamEncoder(choice.level)
 
     def _read_group(self, hashes: list[bytes], pos: int, peer: str,
-                    stream: wire.BatchStreamEncoder | None) -> asyncio.Future[tuple[bytes, list[str], int]]:
+                    stream: wire.BatchStreamEncoder | None) -> asyncio.Future[Group]:
         """The next group on a worker thread; one at a time per response (the stream is sequential)."""
         return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos, peer,
                                                           stream)
 
     def _frames(self, hashes: list[bytes], pos: int, peer: str,
-                stream: wire.BatchStreamEncoder | None = None) -> tuple[bytes, list[str], int]:
-        """(frames, the hashes they carry, where the next group starts): the line blobs
+                stream: wire.BatchStreamEncoder | None = None) -> Group:
+        """(frames, the hashes they carry, where the next group starts, the raw bytes of their
+        lines, this worker thread's CPU seconds for them): the line blobs
         offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are
         left out, exactly as if they did not exist.  Without a `stream`, stored bytes are sent
         as they are: the store's codec numbers (store/layout.py) are the wire's (0 raw, 1 zstd);
         with one, each line is decoded and goes on through the response's zstd stream."""
+        cpu = time.thread_time()
         parts: list[bytes] = []
         carried: list[str] = []
-        size = 0
+        size = raw = 0
         while pos < len(hashes) and size < GROUP_BYTES:
             h = hashes[pos]
             pos += 1
@@ -501,7 +504,8 @@ class PeerServer:
                       else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))
             carried.append(h.hex())
             size += len(blob.stored)
-        return b"".join(parts), carried, pos
+            raw += blob.raw_len
+        return b"".join(parts), carried, pos, raw, time.thread_time() - cpu
 
 
 OPEN_FILES_WANTED = 65536

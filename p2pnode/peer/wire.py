@@ -526,6 +526,7 @@ class BatchStreamEncoder:
         params = zstandard.ZstdCompressionParameters.from_level(level)
         if 1 << params.window_log > WINDOW_MAX:
             raise ValueError(f"zstd level {level} uses a window over the decoder's {WINDOW_MAX} bytes")
+        self.level = level
         self._stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
 
     def frame_parts(self, blob: StoredBlob) -> tuple[bytes, bytes]:
