@@ -85,6 +85,9 @@ class Choice:
 
     level: int | None
     reason: str
+    continues: bool = False
+    """The stream may go on across the answers of the fetcher's lane (a slow link, where
+    the bytes are what counts and the encoder's memory is worth it)."""
 
 
 class WaitMeter:
@@ -158,7 +161,7 @@ class LinkPace:
             need = rate / ratio * self.cpu.get(level, prior / 1e6)
             return Choice(None, f"server CPU-bound (a stream at {rate / 1e6:.2f} MB/s needs "
                                 f"{need:.2f} of a core)")
-        return Choice(level, f"link at {rate / 1e6:.2f} MB/s")
+        return Choice(level, f"link at {rate / 1e6:.2f} MB/s", continues=True)
 
     def sent(self, level: int | None, raw: int, cpu: float) -> None:
         """A response ended: `raw` bytes of lines made into the stream at `level` (None:

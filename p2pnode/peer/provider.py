@@ -94,6 +94,10 @@ class PeerServer:
         self._session_cache: tuple[str, bytes] | None = None
         self._session_lock = threading.Lock()
         self._head_timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
+        self._lanes: dict[tuple[str, int], wire.BatchStreamEncoder] = {}
+        """Each peer's lanes of stream answers (wire.STREAM_LANE_HEADER): the zstd stream its
+        next answer in that lane continues; dropped with the peer's last connection."""
+        self._lanes_busy: set[tuple[str, int]] = set()
         self._busy: set[asyncio.BaseTransport] = set()
         """Connections whose request head arrived and whose handler runs (no head deadline)."""
         self._handshaking: dict[str, int] = defaultdict(int)
@@ -424,9 +428,10 @@ class PeerServer:
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         peer = _peer(request)
         pace = self._pace.setdefault(peer, LinkPace())
-        stream = self._batch_format(request, pace)
+        stream, lane = self._batch_format(request, pace, peer)
         if stream is not None:
             response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
+            response.headers[wire.STREAM_CONTINUE_HEADER] = str(stream.answers)
         await response.prepare(request)
         sent = nbytes = raw = 0
         cpu = 0.0  # the worker threads' CPU seconds making the frames (peer/pace.py prices the stream by it)
@@ -452,29 +457,56 @@ class PeerServer:
                         pace.link.moved(len(frames))
                 await self._finish(response, wire.encode_batch_end(sent))
                 complete = True
+                if stream is not None:
+                    stream.answers += 1
         except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
             log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
             pace.sent(None if stream is None else stream.level, raw, cpu)
+            if lane is not None:
+                self._lanes_busy.discard(lane)
+                if not complete:  # the fetcher's copy is lost too: the lane's next answer starts anew
+                    self._lanes.pop(lane, None)
             if reading is not None:
                 reading.cancel()
             if served:  # a batch of nothing this peer may have served nothing
                 self._served(peer, "batch", served, nbytes, complete)
         return response
 
-    def _batch_format(self, request: web.Request, pace: LinkPace) -> wire.BatchStreamEncoder | None:
-        """A zstd stream encoder where the fetcher offered the stream and peer/pace.py's rule
-        calls for one (a small transfer, a slow link); else None: the stored per-line frames."""
+    def _batch_format(self, request: web.Request, pace: LinkPace,
+                      peer: str) -> tuple[wire.BatchStreamEncoder | None, tuple[str, int] | None]:
+        """(a zstd stream encoder, the lane it goes on in) where the fetcher offered the stream
+        and peer/pace.py's rule calls for one (a small transfer, a slow link); else (None,
+        None): the stored per-line frames.  On a slow link (the choice `continues`), the
+        stream of the fetcher's lane goes on from the lane's last answer if the fetcher
+        decoded exactly what it carried (STREAM_CONTINUE_HEADER), else a new one takes the
+        lane; the other choices (a few MB) are a stream of their own."""
         if not self.limits.serve_stream_batches:
-            return None
+            return None, None
         if request.headers.get(wire.BATCH_FORMAT_HEADER) != wire.BATCH_FORMAT_STREAM:
-            return None
+            return None, None
         header = request.headers.get
         choice = pace.choose(self.limits, wire.parse_count_header(header(wire.FETCH_BYTES_HEADER)),
                              wire.parse_count_header(header(wire.LINK_RATE_HEADER)))
         log.debug("batch format: %s (%s)",
                   "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
-        return None if choice.level is None else wire.BatchStreamEncoder(choice.level)
+        if choice.level is None:
+            return None, None
+        number = wire.parse_count_header(header(wire.STREAM_LANE_HEADER))
+        lane = (peer, number) if number is not None and number < wire.MAX_STREAM_LANES else None
+        if not choice.continues or lane is None or lane in self._lanes_busy:
+            return wire.BatchStreamEncoder(choice.level), None
+        going = self._lanes.get(lane)
+        if (going is None or going.level != choice.level  # a new frame: its level is fixed
+                or going.answers != wire.parse_count_header(header(wire.STREAM_CONTINUE_HEADER))):
+            going = wire.BatchStreamEncoder(choice.level, wire.STREAM_CONTINUED_WINDOW_LOG)
+            self._lanes[lane] = going
+        self._lanes_busy.add(lane)
+        return going, lane
+
+    def _drop_lanes(self, peer: str) -> None:
+        for lane in [k for k in self._lanes if k[0] == peer]:
+            del self._lanes[lane]
 
     def _read_group(self, hashes: list[bytes], pos: int, peer: str,
                     stream: wire.BatchStreamEncoder | None) -> asyncio.Future[Group]:
@@ -564,6 +596,7 @@ class _HeadDeadline(asyncio.Protocol):
                 mine.discard(self.transport)
                 if not mine:
                     self.server._connections.pop(self.fingerprint, None)
+                    self.server._drop_lanes(format_node_id(self.fingerprint))
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:

@@ -32,20 +32,25 @@ async def world(tmp_path: Path, corpus_dir: Path) -> AsyncIterator[World]:
 
 
 async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits,
-                  fetch_bytes: int = 1 << 30, lines: int = 60) -> list[str | None]:
+                  fetch_bytes: int = 1 << 30, lines: int = 60,
+                  continued: list[int] | None = None) -> list[str | None]:
     """Serve the session from `holder` (behind a relay at `rate` if given), ask for its first
     `lines` lines in batches of 12 one after the other, as the fetcher does (declaring a fetch
-    of `fetch_bytes`), and return each answer's format header; each answer is verified."""
+    of `fetch_bytes`, all in lane 0), and return each answer's format header; each answer is
+    verified.  `continued` gets each stream answer's STREAM_CONTINUE_HEADER."""
+    continued = [] if continued is None else continued
     addr = await w.serve(holder, rate=rate, limits=limits)
     tls = client_context(w.me, w.trust, w.holders[holder].identity.fingerprint)
     hashes = list(dict.fromkeys(blake3.blake3(ln).digest() for ln in w.lines()))
     pace, seen = FetchPace(fetch_bytes), []
     link = pace.link(addr)
+    stream = wire.BatchStreamDecoder()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
         for i in range(0, min(len(hashes), lines), 12):
             group = hashes[i : i + 12]
             async with s.post(f"https://127.0.0.1:{addr.port}{wire.PATH_BATCH}", data=b"".join(group),
-                              headers=pace.offer(addr, wire.Limits())) as r:
+                              headers={**pace.offer(addr, wire.Limits()), wire.STREAM_LANE_HEADER: "0",
+                                       wire.STREAM_CONTINUE_HEADER: str(stream.answers)}) as r:
                 seen.append(r.headers.get(wire.BATCH_FORMAT_HEADER))
                 decoder, body = wire.BatchDecoder(group, stream=True), bytearray()
                 while True:
@@ -58,7 +63,12 @@ async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits,
                 link.fold()
             blobs = decoder.feed(bytes(body))
             decoder.finish()
-            stream = wire.BatchStreamDecoder()
+            going_on = r.headers.get(wire.STREAM_CONTINUE_HEADER)
+            if going_on is not None:
+                continued.append(int(going_on))
+                if going_on == "0":  # else the answer goes on with lane 0's frame
+                    stream = wire.BatchStreamDecoder()
+                stream.answers += 1
             assert [blake3.blake3(wire.decode_blob(b, stream)).digest() for b in blobs] == group
     return seen
 
@@ -69,9 +79,13 @@ async def test_a_slow_link_gets_stream_batches_and_a_fast_one_per_line_frames(wo
     link keeps the stream and loopback gets the stored frames (once its reads waited long
     enough to measure it)."""
     limits = wire.Limits(stream_link_rate=THRESHOLD)
-    slow = await formats(world, 0, 100_000, limits, lines=36)
+    continued: list[int] = []
+    slow = await formats(world, 0, 100_000, limits, lines=36, continued=continued)
     fast = await formats(world, 1, None, limits, lines=1000)
     assert slow == [wire.BATCH_FORMAT_STREAM] * len(slow)
+    # the first answer (link not measured) is a stream of its own; once the link is measured
+    # slow, the lane's frame goes on from answer to answer (each decoded as it came)
+    assert continued[:2] == [0, 0] and continued[2:] == list(range(1, len(continued) - 1))
     # loopback: streams until its link is measured (MIN_SAMPLE or MIN_SAMPLE_BYTES), then per-line
     measured = fast.index(None)
     assert fast[0] == wire.BATCH_FORMAT_STREAM and fast[measured:] == [None] * (len(fast) - measured)
