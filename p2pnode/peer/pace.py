@@ -52,6 +52,12 @@ COMPRESS_SHARE = 0.5
 """A stream takes the highest level whose compression, at the pace the link takes its
 output, needs at most this share of one of the server's cores (a 100 Mbit/s link: level 6,
 about 0.43 of a core; 20 MB/s: level 3, 0.32); none fits: per-line frames."""
+CONTINUE_SHARE = 0.8
+"""A lane's stream (wire.STREAM_LANE_HEADER) goes on at its level while that level needs at
+most this share of a core at the link's pace, even where a new stream would take another
+level: a new frame loses the history that makes the stream small (a level 3 frame with
+8 MiB of history beats a level 6 one without), and the rates measured from answer to
+answer would otherwise flip the level back and forth."""
 HYSTERESIS = 0.1
 """The fetcher switches format only when the other one is priced at least this share below
 the current one: near the break-even point, measurement noise does not flip every answer."""
@@ -161,7 +167,15 @@ class LinkPace:
             need = rate / ratio * self.cpu.get(level, prior / 1e6)
             return Choice(None, f"server CPU-bound (a stream at {rate / 1e6:.2f} MB/s needs "
                                 f"{need:.2f} of a core)")
-        return Choice(level, f"link at {rate / 1e6:.2f} MB/s", continues=True)
+        costs = ", ".join(f"level {lv} {c * 1e9:.1f} ms" for lv, c in sorted(self.cpu.items()))
+        return Choice(level, f"link at {rate / 1e6:.2f} MB/s; CPU per raw MB: {costs or 'not measured'}",
+                      continues=True)
+
+    def keeps(self, level: int) -> bool:
+        """Whether a lane's stream at `level` may go on (CONTINUE_SHARE) on this link."""
+        rate = self.rate()
+        ratio, prior = next((r, c) for lv, r, c in LEVELS if lv == level)  # the levels choose() takes
+        return rate is not None and rate / ratio * self.cpu.get(level, prior / 1e6) <= CONTINUE_SHARE
 
     def sent(self, level: int | None, raw: int, cpu: float) -> None:
         """A response ended: `raw` bytes of lines made into the stream at `level` (None:

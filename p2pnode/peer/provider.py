@@ -488,20 +488,20 @@ class PeerServer:
         header = request.headers.get
         choice = pace.choose(self.limits, wire.parse_count_header(header(wire.FETCH_BYTES_HEADER)),
                              wire.parse_count_header(header(wire.LINK_RATE_HEADER)))
-        log.debug("batch format: %s (%s)",
-                  "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
-        if choice.level is None:
-            return None, None
         number = wire.parse_count_header(header(wire.STREAM_LANE_HEADER))
         lane = (peer, number) if number is not None and number < wire.MAX_STREAM_LANES else None
-        if not choice.continues or lane is None or lane in self._lanes_busy:
-            return wire.BatchStreamEncoder(choice.level), None
+        if choice.level is None or not choice.continues or lane is None or lane in self._lanes_busy:
+            log.debug("batch format: %s (%s)",
+                      "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
+            return (None if choice.level is None else wire.BatchStreamEncoder(choice.level)), None
         going = self._lanes.get(lane)
-        if (going is None or going.level != choice.level  # a new frame: its level is fixed
+        if (going is None or not pace.keeps(going.level)  # a new frame (at the chosen level)
                 or going.answers != wire.parse_count_header(header(wire.STREAM_CONTINUE_HEADER))):
             going = wire.BatchStreamEncoder(choice.level, wire.STREAM_CONTINUED_WINDOW_LOG)
             self._lanes[lane] = going
         self._lanes_busy.add(lane)
+        log.debug("batch format: zstd-%d stream, lane %d after %d answers (%s)", going.level, number,
+                  going.answers, choice.reason)
         return going, lane
 
     def _drop_lanes(self, peer: str) -> None:
