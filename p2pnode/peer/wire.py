@@ -119,9 +119,9 @@ class Limits:
     bytes (the bytes count only for a line too big to arrive in that time); its lines go to
     the other holders.  The batch phase's stricter form of `progress_timeout`."""
     stream_batches: bool = True
-    """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a quarter fewer
-    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while it waits on
-    its sockets rather than on its CPU (peer/batches.py); the server decides (peer/pace.py)."""
+    """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a third fewer
+    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while that costs it
+    less time than per-line frames (peer/pace.py, FetchPace); the server decides (LinkPace)."""
     serve_stream_batches: bool = True
     """Server: make stream batches, where the fetcher offered them and peer/pace.py's rule
     calls for them (a small transfer, or a link slower than `stream_link_rate`)."""
@@ -130,8 +130,8 @@ class Limits:
     batches when it offers them: a small transfer (a +1 % append) pays next to no CPU for it."""
     stream_link_rate: int = 20_000_000
     """Server: a link slower than this many bytes per second (the slower of the server's and
-    the fetcher's measures) gets stream batches, at the highest zstd level the server can
-    afford at the link's pace (peer/pace.py: level 6 below ~17.6 MB/s, else 3)."""
+    the fetcher's measures) gets stream batches, at the highest zstd level the server's
+    measured CPU affords at the link's pace (peer/pace.py), continued across the fetcher's lane."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0
