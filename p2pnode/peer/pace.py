@@ -17,13 +17,16 @@ is faster is a question of what limits the transfer, so each side prices both:
   fetcher declares in FETCH_BYTES_HEADER) or when the link is slower than
   `Limits.stream_link_rate` and one of LEVELS fits its CPU: the highest level whose measured
   CPU per raw MB, at the raw pace the link carries that level's output, needs at most
-  COMPRESS_SHARE of one core.  The link's rate is the slower of the server's measure (bytes
-  written over the time its writes waited on the socket) and the fetcher's (its reads',
-  sent in LINK_RATE_HEADER): the server's alone is blind to answers that fit in the socket
-  buffers.  A server slow to make the stream slows the fetcher's reads to its own pace, and
-  its measured CPU per MB at that pace comes out near a whole core: per-line frames;
+  COMPRESS_SHARE of one core (none: level 3 up to CONTINUE_SHARE).  The link's rate is the
+  slower of the server's measure (bytes written over the time its writes waited on the
+  socket) and the fetcher's (its reads', sent in LINK_RATE_HEADER): the server's alone is
+  blind to answers that fit in the socket buffers.  A server slow to make the stream slows
+  the fetcher's reads to its own pace, and its measured CPU per MB at that pace comes out
+  near a whole core: per-line frames;
 - the first answers of a fetch, before anything is measured (a few MB: cheap either way):
   stream at wire.STREAM_LEVEL.
+On a slow link a stream goes on across the answers of the fetcher's lane (one zstd frame per
+lane, 8 MiB window: peer/batches.py's Lanes, PeerServer's lanes).
 """
 from __future__ import annotations
 
@@ -57,7 +60,9 @@ CONTINUE_SHARE = 0.8
 most this share of a core at the link's pace, even where a new stream would take another
 level: a new frame loses the history that makes the stream small (a level 3 frame with
 8 MiB of history beats a level 6 one without), and the rates measured from answer to
-answer would otherwise flip the level back and forth."""
+answer would otherwise flip the level back and forth.  Where no level fits COMPRESS_SHARE,
+level 3 is still taken up to this share: only a server that nears a whole core for the
+stream is what the link waits on (per-line frames then)."""
 HYSTERESIS = 0.1
 """The fetcher switches format only when the other one is priced at least this share below
 the current one: near the break-even point, measurement noise does not flip every answer."""
@@ -162,6 +167,8 @@ class LinkPace:
         if rate >= limits.stream_link_rate:
             return Choice(None, "link keeps up")
         level = stream_level(rate, self.cpu)
+        if level is None and self.keeps(wire.STREAM_LEVEL):  # over its share, still far from a core
+            level = wire.STREAM_LEVEL
         if level is None:
             level, ratio, prior = LEVELS[-1]
             need = rate / ratio * self.cpu.get(level, prior / 1e6)

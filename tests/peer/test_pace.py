@@ -177,8 +177,11 @@ def test_a_cpu_bound_server_keeps_per_line_frames() -> None:
     for _ in range(10):  # a slow server: 20 ms per raw MB at level 6
         pace.sent(6, 10 * MB, 0.2)
     assert pace.choose(limits, big, 12_500_000).level == 3
-    for _ in range(10):  # and 15 ms at level 3: 0.64 of a core at 12.5 MB/s of its output
+    for _ in range(10):  # and 15 ms at level 3: 0.64 of a core, over COMPRESS_SHARE but not near a core
         pace.sent(3, 10 * MB, 0.15)
+    assert pace.choose(limits, big, 12_500_000).level == 3
+    for _ in range(10):  # 25 ms at level 3: 1.07 of a core at 12.5 MB/s of its output
+        pace.sent(3, 10 * MB, 0.25)
     choice = pace.choose(limits, big, 12_500_000)
     assert choice.level is None and "CPU-bound" in choice.reason
     assert pace.choose(limits, big, 1_000_000).level == 6  # a slow enough link: affordable again
