@@ -505,8 +505,11 @@ class PeerServer:
         return going, lane
 
     def _drop_lanes(self, peer: str) -> None:
+        """The peer's last connection closed: its lanes' streams go (and any lane an answer
+        that never got going left marked busy)."""
         for lane in [k for k in self._lanes if k[0] == peer]:
             del self._lanes[lane]
+        self._lanes_busy = {k for k in self._lanes_busy if k[0] != peer}
 
     def _read_group(self, hashes: list[bytes], pos: int, peer: str,
                     stream: wire.BatchStreamEncoder | None) -> asyncio.Future[Group]:
