@@ -8,8 +8,11 @@ callback); this module decides how they are asked for; downloader.py which peer 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 
 from p2pnode.library.api import ZSTD_LEVEL
 from p2pnode.peer import wire
@@ -52,9 +55,11 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     groups = _groups(wanted, limits, group_bytes(wanted, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
     pace = FetchPace(sum(r.length for r in wanted))
+    lanes = Lanes()
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:
-        await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received), pace)
+        with lanes.take(peer) as lane:
+            await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received), pace, lane)
 
     await share.run(ask)
 
@@ -100,29 +105,86 @@ def _as_stored(blob: wire.BatchBlob, raw: bytes) -> wire.BatchBlob:
     return wire.BatchBlob(blob.hash, CODEC_RAW, len(raw), raw)
 
 
+@dataclass
+class Lane:
+    """A sequence of batch requests to one holder, one at a time, whose stream answers may
+    continue one zstd frame (wire.STREAM_LANE_HEADER): `stream` is its decoder once an
+    answer was decoded in full (None: the next answer opens a new frame)."""
+
+    number: int
+    stream: wire.BatchStreamDecoder | None = None
+
+    def headers(self) -> dict[str, str]:
+        if self.number >= wire.MAX_STREAM_LANES:
+            return {}
+        return {wire.STREAM_LANE_HEADER: str(self.number),
+                wire.STREAM_CONTINUE_HEADER: str(self.stream.answers if self.stream is not None else 0)}
+
+    def decoder(self, continues: int | None) -> wire.BatchStreamDecoder:
+        """The decoder of a stream answer that says it continues after `continues` answers
+        (None or 0: it opens a new frame); DecodeError if that is not where the lane is."""
+        if not continues:
+            return wire.BatchStreamDecoder()
+        if self.stream is None or self.stream.answers != continues:
+            held = 0 if self.stream is None else self.stream.answers
+            raise wire.DecodeError(f"a stream answer continues after {continues} answers in lane "
+                                   f"{self.number}, which holds {held}")
+        return self.stream
+
+
+class Lanes:
+    """Each holder's lanes: a request takes a free one (or a new one) and gives it back when
+    its answer was decoded in full; a request that failed leaves its lane's frame behind."""
+
+    def __init__(self) -> None:
+        self._free: dict[object, list[Lane]] = {}
+        self._made: dict[object, int] = {}
+
+    @contextlib.contextmanager
+    def take(self, holder: object) -> Iterator[Lane]:
+        free = self._free.setdefault(holder, [])
+        if free:
+            lane = free.pop()
+        else:
+            lane = Lane(self._made.get(holder, 0))
+            self._made[holder] = lane.number + 1
+        try:
+            yield lane
+        except BaseException:
+            lane.stream = None
+            raise
+        finally:
+            free.append(lane)
+
+
 async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, verified: Received,
-                 pace: FetchPace) -> None:
+                 pace: FetchPace, lane: Lane) -> None:
     """One batch request.  Received blobs are decompressed and hashed on worker threads
     (both release the GIL) in runs of about DECODE_RUN bytes, while the next bytes are read;
-    the runs of a zstd stream response are decoded in order, one after the other.  Lines the
-    peer leaves out are not an error: it does not serve them (the Share asks elsewhere)."""
+    the runs of a zstd stream response are decoded in order, one after the other, and the
+    stream goes on in the request's `lane`.  Lines the peer leaves out are not an
+    error: it does not serve them (the Share asks elsewhere).  What the answer cost (wire
+    bytes, the decoding threads' CPU) goes to `pace`."""
     headers = {"Content-Type": "application/octet-stream", **pace.offer(peer, limits)}
-    stream = wire.BatchStreamDecoder() if wire.BATCH_FORMAT_HEADER in headers else None
-    decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=stream is not None)
+    if wire.BATCH_FORMAT_HEADER in headers:
+        headers.update(lane.headers())
+    decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=wire.BATCH_FORMAT_HEADER in headers)
     body = wire.encode_batch_request(r.hash for r in group)
     link = pace.link(peer)
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
-    run_bytes = 0
+    run_bytes = raw_bytes = wire_bytes = 0
+    stream: wire.BatchStreamDecoder | None = None
 
     def verify_run() -> None:
         after = decoding[-1] if decoding and stream is not None else None
-        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified)))
-        pace.track(decoding[-1])
+        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified, pace)))
 
     try:
         async with peer.request("POST", wire.PATH_BATCH, data=body, headers=headers) as resp:
             peer._check(resp, f"batch of {len(group)} lines")
+            if resp.headers.get(wire.BATCH_FORMAT_HEADER) == wire.BATCH_FORMAT_STREAM:
+                stream = lane.decoder(wire.parse_count_header(resp.headers.get(wire.STREAM_CONTINUE_HEADER)))
             while True:
                 chunk = b""
                 link.waiting()  # the rate this link delivers at while we wait on it (peer/pace.py)
@@ -133,16 +195,23 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
                 if not chunk:
                     break
                 peer.bytes_received += len(chunk)
+                wire_bytes += len(chunk)
                 for blob in decoder.feed(chunk):
                     run.append(blob)
                     run_bytes += blob.raw_len
                 if run_bytes >= DECODE_RUN:
+                    raw_bytes += run_bytes
                     verify_run()
                     run, run_bytes = [], 0
             decoder.finish()
         if run:
+            raw_bytes += run_bytes
             verify_run()
         await asyncio.gather(*decoding)
+        if stream is not None:
+            stream.answers += 1
+            lane.stream = stream
+        pace.answered(stream is not None, wire_bytes, raw_bytes)
     finally:  # a failure stops the rest; what was verified is kept
         link.fold()
         for f in decoding:
@@ -151,16 +220,20 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
 
 
 async def _verify(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None,
-                  after: asyncio.Future[None] | None, verified: Received) -> None:
+                  after: asyncio.Future[None] | None, verified: Received, pace: FetchPace) -> None:
     """Decode and verify a run of blobs on a worker thread (wire.decode_blob), then hand them
     on; a stream's run waits for the run before it (`after`), whose blocks come first."""
     if after is not None:
         await after
-    stored, raws = await asyncio.to_thread(_decode_all, blobs, stream)
+    stored, raws, cpu = await asyncio.to_thread(_decode_all, blobs, stream)
+    pace.decoded(stream is not None, sum(len(r) for r in raws), cpu)
     await verified(stored, raws)
 
 
-def _decode_all(blobs: list[wire.BatchBlob],
-                stream: wire.BatchStreamDecoder | None) -> tuple[list[wire.BatchBlob], list[bytes]]:
+def _decode_all(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None
+                ) -> tuple[list[wire.BatchBlob], list[bytes], float]:
+    """(the blobs as the store keeps them, their raw bytes, this thread's CPU seconds for it)."""
+    cpu = time.thread_time()
     raws = [wire.decode_blob(b, stream) for b in blobs]
-    return [_as_stored(b, raw) for b, raw in zip(blobs, raws, strict=True)], raws
+    stored = [_as_stored(b, raw) for b, raw in zip(blobs, raws, strict=True)]
+    return stored, raws, time.thread_time() - cpu

@@ -1,32 +1,37 @@
 """Which batch format a response takes (docs/PROTOCOL.md, "Adaptive batch format"): decided per
-response, as `zstd --adapt` decides its level, by the server, from what both sides measure.
+response, as `zstd --adapt` decides its level, from what both sides measure.
 
 Stored per-line frames cost neither side's CPU anything (the store's bytes go out as they
 are); a zstd stream costs the server a decode and a compression of every line and the
-fetcher a compression for its store (about 0.01 CPU-s per MB in all) and saves a quarter of
-the bytes.  So the stream is used where the bytes cost more than that CPU:
+fetcher a compression for its store, and takes a third of the bytes off the wire.  Which one
+is faster is a question of what limits the transfer, so each side prices both:
 
-- a small transfer (at most `Limits.stream_small_bytes` of raw lines in all, as the fetcher
-  declares in FETCH_BYTES_HEADER, e.g. a +1 % append): its CPU cost is negligible;
-- a link slower than `Limits.stream_link_rate` bytes per second, by the slower of two
-  measures of it: the server's (bytes written over the time its writes waited on the socket:
-  the write buffer above its high-water mark) and the fetcher's (bytes received over the time
-  its reads waited, sent in LINK_RATE_HEADER).  The server's alone is blind to a response
-  that fits in the socket buffers (behind a 300 KB/s loopback relay, 500 KB responses never
-  waited: the kernel took them at once); the fetcher's alone would read a
-  server that is itself slow as a slow link, so the server keeps the cheap frames while it is
-  CPU-bound (BUSY_SHARE).  The level is the highest the server can afford at the link's
-  pace (LEVELS, COMPRESS_SHARE);
-- the first answers of a fetch, before anything is measured (a few MB: cheap either way).
-
-A fetcher whose own CPU limits it (its socket fills too) does not offer the stream at all
-(peer/batches.py), so a slow reader is not mistaken for a slow link.
+- the fetcher (FetchPace) offers the stream while its time per raw MB in that format,
+  max(its CPU per raw MB, wire bytes per raw MB / the links' rate), is below the per-line
+  frames' (with a margin against flapping, HYSTERESIS).  Its CPU per raw MB in each format
+  is measured (the decoding threads' CPU exactly, the rest of the process shared by both),
+  as are the wire bytes per raw MB and the rate its reads see while they wait on the socket
+  (a CPU-bound fetcher waits little, so its links look fast and its CPU decides);
+- the server (LinkPace) answers an offer with a stream when the fetch is small (its CPU
+  cost is negligible: at most `Limits.stream_small_bytes` of raw lines in all, as the
+  fetcher declares in FETCH_BYTES_HEADER) or when the link is slower than
+  `Limits.stream_link_rate` and one of LEVELS fits its CPU: the highest level whose measured
+  CPU per raw MB, at the raw pace the link carries that level's output, needs at most
+  COMPRESS_SHARE of one core (none: level 3 up to CONTINUE_SHARE).  The link's rate is the
+  slower of the server's measure (bytes written over the time its writes waited on the
+  socket) and the fetcher's (its reads', sent in LINK_RATE_HEADER): the server's alone is
+  blind to answers that fit in the socket buffers.  A server slow to make the stream slows
+  the fetcher's reads to its own pace, and its measured CPU per MB at that pace comes out
+  near a whole core: per-line frames;
+- the first answers of a fetch, before anything is measured (a few MB: cheap either way):
+  stream at wire.STREAM_LEVEL.
+On a slow link a stream goes on across the answers of the fetcher's lane (one zstd frame per
+lane, 8 MiB window: peer/batches.py's Lanes, PeerServer's lanes).
 """
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from p2pnode.peer import wire
 
@@ -38,36 +43,51 @@ MIN_SAMPLE_BYTES = 1 << 20
 (a few ms of waits measure nothing), or moved MIN_SAMPLE_BYTES with less waiting than that:
 then it is at least MIN_SAMPLE_BYTES / MIN_SAMPLE (52 MB/s; the data was there before it was
 asked for)."""
-BACKLOG_RUNS = 4
-"""A fetcher with more received runs of lines than this waiting to be decoded and verified is
-CPU-bound: it does not offer the stream (which would cost it a decode and a compression more
-per line) until it catches up."""
-READ_WAIT_SHARE = 0.5
-"""A fetcher whose reads from a holder waited on the socket for less than this share of the
-time (a moving average) is busy with its CPU, not waiting on the link: it does not offer the
-stream (the bytes it would save are not what holds it back)."""
-BUSY_SHARE = 0.8
-"""A server that takes more than this share of the link's time for a response's bytes to read
-and encode its lines is CPU-bound, or nearly: per-line frames, whatever the link (the stream
-would only slow it further).  When the server is what the fetcher waits on, the fetcher's
-measured rate is the server's own pace and the share comes out near 1; a link-bound server
-with CPU to spare stays well under it."""
-LEVELS = ((6, 0.271, 0.0077), (wire.STREAM_LEVEL, 0.292, 0.0034))
-"""(zstd level, wire bytes per raw byte, compression CPU-s per raw MB), flushed per line, as
-measured on Pi-shaped sessions (docs/BENCHMARKS.md, "Several holders and stream batches"),
-highest level first."""
+MIN_COST_BYTES = 256 << 10
+"""Raw bytes a response (or a run of decoded lines) needs before its CPU per byte is a sample:
+a few lines' worth of thread time is mostly clock granularity."""
+LEVELS = ((6, 0.271, 0.0092), (wire.STREAM_LEVEL, 0.292, 0.0047))
+"""(zstd level, wire bytes per raw byte, the server's CPU-s per raw MB to decode a stored
+line and compress it into the stream, flushed per line): the priors, as measured on Pi-shaped
+sessions (docs/BENCHMARKS.md, "Several holders and stream batches" and wire5's section),
+highest level first.  The CPU is then measured per level and peer (LinkPace.cpu)."""
 COMPRESS_SHARE = 0.5
 """A stream takes the highest level whose compression, at the pace the link takes its
 output, needs at most this share of one of the server's cores (a 100 Mbit/s link: level 6,
-0.35 of a core; 20 MB/s: level 3, 0.23)."""
+about 0.43 of a core; 20 MB/s: level 3, 0.32); none fits: per-line frames."""
+CONTINUE_SHARE = 0.8
+"""A lane's stream (wire.STREAM_LANE_HEADER) goes on at its level while that level needs at
+most this share of a core at the link's pace, even where a new stream would take another
+level: a new frame loses the history that makes the stream small (a level 3 frame with
+8 MiB of history beats a level 6 one without), and the rates measured from answer to
+answer would otherwise flip the level back and forth.  Where no level fits COMPRESS_SHARE,
+level 3 is still taken up to this share: only a server that nears a whole core for the
+stream is what the link waits on (per-line frames then)."""
+HYSTERESIS = 0.1
+"""The fetcher switches format only when the other one is priced at least this share below
+the current one: near the break-even point, measurement noise does not flip every answer."""
+LINES_WIRE, STREAM_WIRE = 0.43, 0.29
+"""The fetcher's priors for wire bytes per raw byte, until an answer in that format is
+measured: per-line zstd-1 frames (issue 12: 0.426) and a stream at level 3."""
+LINES_DECODE, STREAM_DECODE = 0.0014, 0.0038
+"""The fetcher's priors for its decoding threads' CPU-s per raw MB: a per-line frame's
+decompression and hash; a stream segment's, plus the compression of the line for its store
+(docs/BENCHMARKS.md, wire5's section)."""
 
 
-def stream_level(rate: float) -> int:
-    """The zstd level for a link that carries `rate` bytes per second."""
-    for level, ratio, cpu_per_mb in LEVELS:
-        if rate / ratio / 1e6 * cpu_per_mb <= COMPRESS_SHARE:
+def stream_level(rate: float, cpu: dict[int, float] | None = None) -> int | None:
+    """The zstd level for a link that carries `rate` bytes per second: the highest of LEVELS
+    whose CPU per raw byte (`cpu`, measured, else the prior) at that pace needs at most
+    COMPRESS_SHARE of a core; None if none does (the server's CPU cannot keep up)."""
+    for level, ratio, prior in LEVELS:
+        per_byte = (cpu or {}).get(level, prior / 1e6)
+        if rate / ratio * per_byte <= COMPRESS_SHARE:
             return level
-    return LEVELS[-1][0]
+    return None
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
 
 
 @dataclass
@@ -76,6 +96,9 @@ class Choice:
 
     level: int | None
     reason: str
+    continues: bool = False
+    """The stream may go on across the answers of the fetcher's lane (a slow link, where
+    the bytes are what counts and the encoder's memory is worth it)."""
 
 
 class WaitMeter:
@@ -86,21 +109,15 @@ class WaitMeter:
     def __init__(self) -> None:
         self.rate: float | None = None
         """Moving average of bytes per second of waiting."""
-        self.share: float | None = None
-        """Moving average of the share of the time the transfers waited on the socket (near 1:
-        the link is what they wait for; low: the data was there, the CPU is what limits)."""
         self._waiters = 0
         self._since = 0.0
         self._bytes = 0
         self._waited = 0.0
-        self._start: float | None = None
 
     def waiting(self) -> None:
         """A wait on the socket starts (end it with `moved`)."""
         if not self._waiters:
             self._since = time.monotonic()
-        if self._start is None:
-            self._start = self._since
         self._waiters += 1
 
     def moved(self, nbytes: int) -> None:
@@ -118,24 +135,19 @@ class WaitMeter:
             self._since = now
         if self._waited < MIN_SAMPLE and self._bytes < MIN_SAMPLE_BYTES:
             return
-        rate = self._bytes / max(self._waited, MIN_SAMPLE)  # at least: the waits were that short
-        self.rate = rate if self.rate is None else (1 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate
-        elapsed = time.monotonic() - (self._start if self._start is not None else 0.0)
-        share = min(1.0, self._waited / elapsed) if elapsed > 0 else 1.0
-        self.share = share if self.share is None else (1 - RATE_WEIGHT) * self.share + RATE_WEIGHT * share
-        self._bytes, self._waited, self._start = 0, 0.0, None
+        self.rate = _average(self.rate, self._bytes / max(self._waited, MIN_SAMPLE))  # at least that
+        self._bytes, self._waited = 0, 0.0
 
 
 class LinkPace:
-    """The server's view of one peer: what it sent in the current transfer, how its writes
-    waited on the socket (`link`), the rate the fetcher last said it receives at, and `busy`:
-    how long the server took to read and encode its lines over how long the link takes to
-    carry them (over 1: the server's CPU, not the link, is what the fetcher waits for)."""
+    """The server's view of one peer: how its writes waited on the socket (`link`), the rate
+    the fetcher last said it receives at, and the server's own CPU per raw byte to make a
+    stream at each level for it (`cpu`, from the worker threads' CPU clocks)."""
 
     def __init__(self) -> None:
         self.link = WaitMeter()
         self.reported: float | None = None
-        self.busy = 0.0
+        self.cpu: dict[int, float] = {}
 
     def rate(self) -> float | None:
         """The link's rate: the slower of the server's and the fetcher's measures of it."""
@@ -149,59 +161,118 @@ class LinkPace:
         self.reported = reported if reported is not None else self.reported
         if fetch_bytes is not None and fetch_bytes <= limits.stream_small_bytes:
             return Choice(wire.STREAM_LEVEL, "small transfer")
-        if self.busy > BUSY_SHARE:
-            return Choice(None, f"server CPU-bound (lines made at {self.busy:.1f}x the link's time)")
         rate = self.rate()
         if rate is None:  # the first answers of a fetch, a few MB: cheap either way
             return Choice(wire.STREAM_LEVEL, "link not measured yet")
-        if rate < limits.stream_link_rate:
-            return Choice(stream_level(rate), f"link at {rate / 1e6:.2f} MB/s")
-        return Choice(None, "link keeps up")
+        if rate >= limits.stream_link_rate:
+            return Choice(None, "link keeps up")
+        level = stream_level(rate, self.cpu)
+        if level is None and self.keeps(wire.STREAM_LEVEL):  # over its share, still far from a core
+            level = wire.STREAM_LEVEL
+        if level is None:
+            level, ratio, prior = LEVELS[-1]
+            need = rate / ratio * self.cpu.get(level, prior / 1e6)
+            return Choice(None, f"server CPU-bound (a stream at {rate / 1e6:.2f} MB/s needs "
+                                f"{need:.2f} of a core)")
+        costs = ", ".join(f"level {lv} {c * 1e9:.1f} ms" for lv, c in sorted(self.cpu.items()))
+        return Choice(level, f"link at {rate / 1e6:.2f} MB/s; CPU per raw MB: {costs or 'not measured'}",
+                      continues=True)
 
-    def sent(self, nbytes: int, making: float) -> None:
-        """A response ended: `nbytes` written, `making` seconds of it spent waiting for its
-        own lines to be read and encoded."""
-        self.link.fold()
+    def keeps(self, level: int) -> bool:
+        """Whether a lane's stream at `level` may go on (CONTINUE_SHARE) on this link."""
         rate = self.rate()
-        if rate is not None and nbytes > 0:
-            share = making * rate / nbytes
-            self.busy = (1 - RATE_WEIGHT) * self.busy + RATE_WEIGHT * share
+        ratio, prior = next((r, c) for lv, r, c in LEVELS if lv == level)  # the levels choose() takes
+        return rate is not None and rate / ratio * self.cpu.get(level, prior / 1e6) <= CONTINUE_SHARE
+
+    def sent(self, level: int | None, raw: int, cpu: float) -> None:
+        """A response ended: `raw` bytes of lines made into the stream at `level` (None:
+        per-line frames) with `cpu` seconds of the worker threads' CPU."""
+        self.link.fold()
+        if level is not None and raw >= MIN_COST_BYTES:
+            self.cpu[level] = _average(self.cpu.get(level), cpu / raw)
 
 
+@dataclass
+class FormatCost:
+    """What one batch format has cost the fetcher, per raw byte (moving averages)."""
+
+    wire: float
+    """Bytes on the wire (the frames as received)."""
+    decode: float
+    """CPU seconds of the decoding threads (decompression, hash, and for a stream segment
+    the compression of the line for the store)."""
+    wire_measured: bool = False
+    decode_measured: bool = False
+    """Whether `wire` and `decode` are measured yet, or still the priors."""
+
+
+@dataclass
 class FetchPace:
-    """The fetcher's side, for one fetch: each holder's link as its reads saw it, and its own
-    backlog of received lines not yet verified (its CPU)."""
+    """The fetcher's side, for one fetch: each holder's link as its reads saw it, and what
+    each format costs its CPU, which together decide whether it offers the stream."""
 
-    def __init__(self, fetch_bytes: int) -> None:
-        self.fetch_bytes = fetch_bytes
-        """Raw bytes of the lines this fetch asks for, from all holders."""
-        self.links: dict[object, WaitMeter] = {}
-        self.backlog = 0
-
-    def track(self, run: asyncio.Future[None]) -> None:
-        """A received run of lines waits to be decoded and verified until `run` is done."""
-        self.backlog += 1
-        run.add_done_callback(self._ran)
-
-    def _ran(self, _run: asyncio.Future[None]) -> None:
-        self.backlog -= 1
+    fetch_bytes: int
+    """Raw bytes of the lines this fetch asks for, from all holders."""
+    links: dict[object, WaitMeter] = field(default_factory=dict)
+    lines: FormatCost = field(default_factory=lambda: FormatCost(LINES_WIRE, LINES_DECODE / 1e6))
+    stream: FormatCost = field(default_factory=lambda: FormatCost(STREAM_WIRE, STREAM_DECODE / 1e6))
+    streaming: bool = True
+    """The current choice: the stream is offered (until the per-line frames are priced
+    HYSTERESIS below it, and back)."""
+    raw: int = 0
+    """Raw bytes decoded so far, in both formats."""
+    decode_cpu: float = 0.0
+    """The decoding threads' CPU seconds so far."""
+    started: float = field(default_factory=time.process_time)
 
     def link(self, holder: object) -> WaitMeter:
         return self.links.setdefault(holder, WaitMeter())
 
+    def decoded(self, stream: bool, raw: int, cpu: float) -> None:
+        """A run of `raw` bytes of lines that came in one format was decoded and verified
+        with `cpu` seconds of its worker thread's CPU."""
+        self.raw += raw
+        self.decode_cpu += cpu
+        if raw >= MIN_COST_BYTES:
+            cost = self.stream if stream else self.lines
+            cost.decode = _average(cost.decode if cost.decode_measured else None, cpu / raw)
+            cost.decode_measured = True
+
+    def answered(self, stream: bool, wire_bytes: int, raw: int) -> None:
+        """An answer in one format ended: `wire_bytes` received for `raw` bytes of lines."""
+        if raw >= MIN_COST_BYTES:
+            cost = self.stream if stream else self.lines
+            cost.wire = _average(cost.wire if cost.wire_measured else None, wire_bytes / raw)
+            cost.wire_measured = True
+
+    def seconds_per_byte(self, cost: FormatCost) -> float | None:
+        """A format's time per raw byte, max(CPU, wire / the links' rate), or None before the
+        links' rate and the CPU are measured.  The CPU is the decoding threads' for that format
+        plus the rest of the process's (reading, TLS, the store) per raw byte so far, which
+        both formats share."""
+        rates = [m.rate for m in self.links.values() if m.rate is not None]
+        if not rates or self.raw < MIN_COST_BYTES:
+            return None
+        shared = max(0.0, time.process_time() - self.started - self.decode_cpu) / self.raw
+        return max(shared + cost.decode, cost.wire / sum(rates))
+
     def offer(self, holder: object, limits: wire.Limits) -> dict[str, str]:
         """The headers of a batch request to `holder`: the stream offered (with the size of the
-        fetch and the rate this fetcher receives at, once measured) unless the stream is off
-        or the fetcher's CPU is what limits it: runs wait to be verified, or its reads from
-        this holder found the data there for most of the time (READ_WAIT_SHARE)."""
-        meter = self.link(holder)
-        if not limits.stream_batches or self.backlog > BACKLOG_RUNS:
+        fetch and the rate this fetcher receives at, once measured) while it is priced below
+        the per-line frames (seconds_per_byte, HYSTERESIS), or nothing."""
+        if not limits.stream_batches:
             return {}
-        if meter.share is not None and meter.share < READ_WAIT_SHARE:
+        stream, lines = self.seconds_per_byte(self.stream), self.seconds_per_byte(self.lines)
+        if stream is not None and lines is not None:
+            if self.streaming and lines < stream * (1 - HYSTERESIS):
+                self.streaming = False
+            elif not self.streaming and stream < lines * (1 - HYSTERESIS):
+                self.streaming = True
+        if not self.streaming:
             return {}
         headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
                    wire.FETCH_BYTES_HEADER: str(self.fetch_bytes)}
-        rate = meter.rate
+        rate = self.link(holder).rate
         if rate is not None:
             headers[wire.LINK_RATE_HEADER] = str(max(1, int(rate)))
         return headers

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHUNK = 1 << 20
+Group = tuple[bytes, list[str], int, int, float]
+"""A group of a batch answer, as PeerServer._frames makes it."""
 GROUP_BYTES = 1 << 20
 """Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
 WORKERS = 4
@@ -91,6 +94,10 @@ class PeerServer:
         self._session_cache: tuple[str, bytes] | None = None
         self._session_lock = threading.Lock()
         self._head_timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
+        self._lanes: dict[tuple[str, int], wire.BatchStreamEncoder] = {}
+        """Each peer's lanes of stream answers (wire.STREAM_LANE_HEADER): the zstd stream its
+        next answer in that lane continues; dropped with the peer's last connection."""
+        self._lanes_busy: set[tuple[str, int]] = set()
         self._busy: set[asyncio.BaseTransport] = set()
         """Connections whose request head arrived and whose handler runs (no head deadline)."""
         self._handshaking: dict[str, int] = defaultdict(int)
@@ -421,24 +428,23 @@ class PeerServer:
         response = web.StreamResponse(headers={"Content-Type": "application/x-p2pnode-batch"})
         peer = _peer(request)
         pace = self._pace.setdefault(peer, LinkPace())
-        stream = self._batch_format(request, pace)
+        stream, lane = self._batch_format(request, pace, peer)
         if stream is not None:
             response.headers[wire.BATCH_FORMAT_HEADER] = wire.BATCH_FORMAT_STREAM
+            response.headers[wire.STREAM_CONTINUE_HEADER] = str(stream.answers)
         await response.prepare(request)
-        sent = nbytes = 0
+        sent = nbytes = raw = 0
+        cpu = 0.0  # the worker threads' CPU seconds making the frames (peer/pace.py prices the stream by it)
         served: list[str] = []
-        reading: asyncio.Future[tuple[bytes, list[str], int]] | None
+        reading: asyncio.Future[Group] | None
         reading = self._read_group(hashes, 0, peer, stream)
         complete = False
-        making = 0.0  # seconds waiting on its own lines (the server's CPU, not the link)
         try:
             with self._carrying(request, peer, served):
                 while reading is not None:
-                    if not reading.done():
-                        t = self._loop.time()
-                        await asyncio.wait([reading])
-                        making += self._loop.time() - t
-                    frames, group, pos = await reading
+                    frames, group, pos, group_raw, group_cpu = await reading
+                    raw += group_raw
+                    cpu += group_cpu
                     more = pos < len(hashes)
                     reading = self._read_group(hashes, pos, peer, stream) if more else None  # while we send
                     sent += len(group)
@@ -451,46 +457,78 @@ class PeerServer:
                         pace.link.moved(len(frames))
                 await self._finish(response, wire.encode_batch_end(sent))
                 complete = True
+                if stream is not None:
+                    stream.answers += 1
         except ConnectionResetError:  # the fetcher let go (it got these lines elsewhere)
             log.debug("batch of %d lines: the peer closed the connection after %d", len(hashes), sent)
         finally:
-            pace.sent(nbytes, making)
+            pace.sent(None if stream is None else stream.level, raw, cpu)
+            if lane is not None:
+                self._lanes_busy.discard(lane)
+                if not complete:  # the fetcher's copy is lost too: the lane's next answer starts anew
+                    self._lanes.pop(lane, None)
             if reading is not None:
                 reading.cancel()
             if served:  # a batch of nothing this peer may have served nothing
                 self._served(peer, "batch", served, nbytes, complete)
         return response
 
-    def _batch_format(self, request: web.Request, pace: LinkPace) -> wire.BatchStreamEncoder | None:
-        """A zstd stream encoder where the fetcher offered the stream and peer/pace.py's rule
-        calls for one (a small transfer, a slow link); else None: the stored per-line frames."""
+    def _batch_format(self, request: web.Request, pace: LinkPace,
+                      peer: str) -> tuple[wire.BatchStreamEncoder | None, tuple[str, int] | None]:
+        """(a zstd stream encoder, the lane it goes on in) where the fetcher offered the stream
+        and peer/pace.py's rule calls for one (a small transfer, a slow link); else (None,
+        None): the stored per-line frames.  On a slow link (the choice `continues`), the
+        stream of the fetcher's lane goes on from the lane's last answer if the fetcher
+        decoded exactly what it carried (STREAM_CONTINUE_HEADER), else a new one takes the
+        lane; the other choices (a few MB) are a stream of their own."""
         if not self.limits.serve_stream_batches:
-            return None
+            return None, None
         if request.headers.get(wire.BATCH_FORMAT_HEADER) != wire.BATCH_FORMAT_STREAM:
-            return None
+            return None, None
         header = request.headers.get
         choice = pace.choose(self.limits, wire.parse_count_header(header(wire.FETCH_BYTES_HEADER)),
                              wire.parse_count_header(header(wire.LINK_RATE_HEADER)))
-        log.debug("batch format: %s (%s)",
-                  "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
-        return None if choice.level is None else wire.BatchStreamEncoder(choice.level)
+        number = wire.parse_count_header(header(wire.STREAM_LANE_HEADER))
+        lane = (peer, number) if number is not None and number < wire.MAX_STREAM_LANES else None
+        if choice.level is None or not choice.continues or lane is None or lane in self._lanes_busy:
+            log.debug("batch format: %s (%s)",
+                      "per-line" if choice.level is None else f"zstd-{choice.level} stream", choice.reason)
+            return (None if choice.level is None else wire.BatchStreamEncoder(choice.level)), None
+        going = self._lanes.get(lane)
+        if (going is None or not pace.keeps(going.level)  # a new frame (at the chosen level)
+                or going.answers != wire.parse_count_header(header(wire.STREAM_CONTINUE_HEADER))):
+            going = wire.BatchStreamEncoder(choice.level, wire.STREAM_CONTINUED_WINDOW_LOG)
+            self._lanes[lane] = going
+        self._lanes_busy.add(lane)
+        log.debug("batch format: zstd-%d stream, lane %d after %d answers (%s)", going.level, number,
+                  going.answers, choice.reason)
+        return going, lane
+
+    def _drop_lanes(self, peer: str) -> None:
+        """The peer's last connection closed: its lanes' streams go (and any lane an answer
+        that never got going left marked busy)."""
+        for lane in [k for k in self._lanes if k[0] == peer]:
+            del self._lanes[lane]
+        self._lanes_busy = {k for k in self._lanes_busy if k[0] != peer}
 
     def _read_group(self, hashes: list[bytes], pos: int, peer: str,
-                    stream: wire.BatchStreamEncoder | None) -> asyncio.Future[tuple[bytes, list[str], int]]:
+                    stream: wire.BatchStreamEncoder | None) -> asyncio.Future[Group]:
         """The next group on a worker thread; one at a time per response (the stream is sequential)."""
         return asyncio.get_running_loop().run_in_executor(self._executor, self._frames, hashes, pos, peer,
                                                           stream)
 
     def _frames(self, hashes: list[bytes], pos: int, peer: str,
-                stream: wire.BatchStreamEncoder | None = None) -> tuple[bytes, list[str], int]:
-        """(frames, the hashes they carry, where the next group starts): the line blobs
+                stream: wire.BatchStreamEncoder | None = None) -> Group:
+        """(frames, the hashes they carry, where the next group starts, the raw bytes of their
+        lines, this worker thread's CPU seconds for them): the line blobs
         offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are
         left out, exactly as if they did not exist.  Without a `stream`, stored bytes are sent
         as they are: the store's codec numbers (store/layout.py) are the wire's (0 raw, 1 zstd);
         with one, each line is decoded and goes on through the response's zstd stream."""
+        cpu = time.thread_time()
         parts: list[bytes] = []
         carried: list[str] = []
-        size = 0
+        size = raw = 0
         while pos < len(hashes) and size < GROUP_BYTES:
             h = hashes[pos]
             pos += 1
@@ -501,7 +539,8 @@ class PeerServer:
                       else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))
             carried.append(h.hex())
             size += len(blob.stored)
-        return b"".join(parts), carried, pos
+            raw += blob.raw_len
+        return b"".join(parts), carried, pos, raw, time.thread_time() - cpu
 
 
 OPEN_FILES_WANTED = 65536
@@ -560,6 +599,7 @@ class _HeadDeadline(asyncio.Protocol):
                 mine.discard(self.transport)
                 if not mine:
                     self.server._connections.pop(self.fingerprint, None)
+                    self.server._drop_lanes(format_node_id(self.fingerprint))
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:

@@ -57,6 +57,17 @@ LINK_RATE_HEADER = "X-P2P-Link-Rate"
 while its reads wait on the socket (a decimal integer; peer/pace.py)."""
 FETCH_BYTES_HEADER = "X-P2P-Fetch-Bytes"
 """Sent with the offer: the raw bytes of the lines the fetch asks for in all (a decimal integer)."""
+STREAM_LANE_HEADER = "X-P2P-Stream-Lane"
+STREAM_CONTINUE_HEADER = "X-P2P-Stream-Continue"
+"""Sent by a fetcher with the offer: a lane (0 to MAX_STREAM_LANES - 1, a sequence of its batch
+requests to this server, one at a time) and how many stream answers of the lane's zstd frame
+it decoded.  A server that streams answers with STREAM_CONTINUE_HEADER: that same number if
+the answer continues the lane's frame (its encoder carried exactly that many answers in
+full), else 0 (a new frame).  The fetcher refuses any other number."""
+MAX_STREAM_LANES = 8
+STREAM_CONTINUED_WINDOW_LOG = 23
+"""zstd window of a stream that may go on across a connection's answers (8 MiB, the decoder's
+bound): a Pi session repeats itself at distances of a few MB, beyond one answer."""
 STREAM_LEVEL = 3
 """zstd level of a batch stream (docs/BENCHMARKS.md: ratio and CPU per MB of levels 1-6)."""
 ZSTD_BLOCK_MAX = 128 << 10
@@ -108,9 +119,9 @@ class Limits:
     bytes (the bytes count only for a line too big to arrive in that time); its lines go to
     the other holders.  The batch phase's stricter form of `progress_timeout`."""
     stream_batches: bool = True
-    """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a quarter fewer
-    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while it waits on
-    its sockets rather than on its CPU (peer/batches.py); the server decides (peer/pace.py)."""
+    """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a third fewer
+    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while that costs it
+    less time than per-line frames (peer/pace.py, FetchPace); the server decides (LinkPace)."""
     serve_stream_batches: bool = True
     """Server: make stream batches, where the fetcher offered them and peer/pace.py's rule
     calls for them (a small transfer, or a link slower than `stream_link_rate`)."""
@@ -119,8 +130,8 @@ class Limits:
     batches when it offers them: a small transfer (a +1 % append) pays next to no CPU for it."""
     stream_link_rate: int = 20_000_000
     """Server: a link slower than this many bytes per second (the slower of the server's and
-    the fetcher's measures) gets stream batches, at the highest zstd level the server can
-    afford at the link's pace (peer/pace.py: level 6 below ~17.6 MB/s, else 3)."""
+    the fetcher's measures) gets stream batches, at the highest zstd level the server's
+    measured CPU affords at the link's pace (peer/pace.py), continued across the fetcher's lane."""
     fetch_timeout: float = 3600.0
     """Total bound on one fetch run by the node (`/v1/fetch`)."""
     request_timeout: float = 10.0
@@ -522,10 +533,14 @@ class BatchStreamEncoder:
     history: the wire carries about what whole-stream zstd would (a flush costs a block
     header), and each line is still verified on its own as it arrives."""
 
-    def __init__(self, level: int = STREAM_LEVEL) -> None:
-        params = zstandard.ZstdCompressionParameters.from_level(level)
+    def __init__(self, level: int = STREAM_LEVEL, window_log: int | None = None) -> None:
+        params = (zstandard.ZstdCompressionParameters.from_level(level) if window_log is None
+                  else zstandard.ZstdCompressionParameters.from_level(level, window_log=window_log))
         if 1 << params.window_log > WINDOW_MAX:
             raise ValueError(f"zstd level {level} uses a window over the decoder's {WINDOW_MAX} bytes")
+        self.level = level
+        self.answers = 0
+        """Answers this stream carried in full (a continued stream's next answer says so)."""
         self._stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
 
     def frame_parts(self, blob: StoredBlob) -> tuple[bytes, bytes]:
@@ -545,11 +560,15 @@ class BatchStreamDecoder:
     frame header) that decode to exactly the declared length; the decoder is fed one block at
     a time and a block yields at most ZSTD_BLOCK_MAX bytes, so a lying segment costs at most
     its declared length plus one block of memory, whatever it claims; the window is bounded
-    by store.codec.WINDOW_MAX.  Sans-IO, not thread-safe: one thread at a time, in order."""
+    by store.codec.WINDOW_MAX.  Sans-IO, not thread-safe: one thread at a time, in order.
+    A stream continued across a connection's answers (STREAM_CONTINUE_HEADER) is one decoder
+    fed the answers' segments in the order the answers came."""
 
     def __init__(self) -> None:
         self._stream = zstandard.ZstdDecompressor(max_window_size=WINDOW_MAX).decompressobj()
         self._started = False
+        self.answers = 0
+        """Answers whose segments this decoder was given in full (the fetcher counts them)."""
 
     def decode(self, data: bytes | memoryview, raw_len: int) -> bytes:
         """The raw bytes of the next segment; DecodeError for anything but exactly `raw_len`
