@@ -6,6 +6,7 @@ error, and afterwards nothing new is stored and nothing that existed has changed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -375,7 +376,10 @@ async def test_untrusted_server_is_not_dialled(world, tmp_path: Path) -> None:
 
 
 async def test_one_liar_among_honest_peers(world, tmp_path: Path) -> None:
-    """The liar is tried first, sends wrong bytes, is dropped; the honest peer delivers."""
+    """The liar sends wrong bytes for every line it is asked for and is dropped; the honest
+    peer delivers.  The honest peer answers its batches only once the liar has answered one
+    (or after 10 s): else, on a loaded machine, the honest answer could come first and the
+    lie be left unread, as a fetch should, with nobody to drop."""
     liar = world["liar"]
     data = (world["corpus"] / A1).read_bytes()
     branch = liar.add(data)
@@ -383,8 +387,25 @@ async def test_one_liar_among_honest_peers(world, tmp_path: Path) -> None:
     honest.trust.trust(world["me"].node_id)
     world["trust"].trust(honest.identity.node_id)
     honest.add(data)
-    victim = next(iter(liar.lines))
-    liar.lines[victim] = b"garbage\n"
+    for victim in liar.lines:
+        liar.lines[victim] = b"garbage\n"
+    lied = asyncio.Event()
+
+    async def lying(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(liar.frames(wire.decode_batch_request(await request.read())))
+        await response.write_eof()  # the lie is on its way before the honest answer is made
+        lied.set()
+        return response
+
+    async def after_the_lie(request: web.Request) -> web.StreamResponse:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await lied.wait()
+        return await honest.batch(request)
+
+    liar.handlers["batch"], honest.handlers["batch"] = lying, after_the_lie
     try:
         peers = [await liar.start(), await honest.start()]
         result = await fetch(world, branch, peers)
