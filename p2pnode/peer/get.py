@@ -43,7 +43,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,7 +59,7 @@ from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
-from p2pnode.peer.getter import LIVE, Assembled, Held, ManifestLied, SessionGetter
+from p2pnode.peer.getter import LIVE, READ_BACK, Assembled, Held, ManifestLied, SessionGetter
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
@@ -278,6 +278,8 @@ class _Stream:
                 while not work.done():      # close the library under it, however often we are cancelled
                     with contextlib.suppress(asyncio.CancelledError):
                         await asyncio.wait([work])
+                if not work.cancelled():
+                    work.exception()  # seen: the cancellation is what goes on (no "never retrieved" at GC)
                 raise
         finally:
             if self._open is not None:
@@ -308,11 +310,11 @@ class _Stream:
         while True:
             self._write(self.getter.ready(), lib)
             wanted = self.getter.from_store()
-            if wanted is None:
+            if not wanted:
                 if self.getter.done and self.out is None and self.getter.refused is None:
                     self._write([], lib, force=True)  # an incremental fetch with nothing new to write
                 return
-            self.getter.read_back(wanted, lib.line(wanted))
+            self.getter.read_back(wanted, lib.lines(wanted))
 
     def _write(self, parts: Iterable[bytes], lib: FetchTarget, force: bool = False) -> None:
         """The getter's parts to the temp file (opened at the first one, or when `force`d);
@@ -340,8 +342,8 @@ class _Stream:
                         prefix.size == prefix.base_size)
         if to is not None:
             return Output(file, to, self.prefix.size)
-        for ref in lib.line_manifest(prefix.base)[:prefix.lines]:
-            file.write(lib.line(ref.hash))
+        for run in _held_runs(lib, lib.line_manifest(prefix.base)[:prefix.lines]):
+            file.write(run)
         return Output(file)
 
     def discard(self) -> None:
@@ -562,10 +564,23 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
                 hasher = None
     if hasher is None:
         hasher = new_hasher()
-        for ref in refs if refs is not None else lib.line_manifest(base)[:after.first]:
-            hasher.update(lib.line(ref.hash))
+        for run in _held_runs(lib, refs if refs is not None else lib.line_manifest(base)[:after.first]):
+            hasher.update(run)
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
     return held, _Prefix(base, version.size, after.first, size)
+
+
+def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:
+    """Held lines from the store, in order, joined in runs of about READ_BACK raw bytes: one
+    store call per run (each line checked against its hash there), one write or update each."""
+    start = 0
+    while start < len(refs):
+        end, size = start, 0
+        while end < len(refs) and size < READ_BACK:
+            size += refs[end].length
+            end += 1
+        yield b"".join(lib.lines([r.hash for r in refs[start:end]]))
+        start = end
 
 
 def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:
