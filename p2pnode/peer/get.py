@@ -60,6 +60,7 @@ from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.getter import LIVE, READ_BACK, Assembled, Held, ManifestLied, SessionGetter
+from p2pnode.peer.heldlines import PlacedLines, placed_lines, read_held
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
@@ -174,10 +175,12 @@ class _ManifestStop(Exception):
 
 @dataclass(frozen=True)
 class Placing:
-    """Where the requested session goes: Pi's agent dir (and its session-dir override)."""
+    """Where the requested session goes: Pi's agent dir (and its session-dir override), and the
+    branch it forks (`parent`), whose placed file may give the lines they share (heldlines.py)."""
 
     agent_dir: Path
     session_dir: Path | None
+    parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,9 @@ class _Stream:
         self._held: FetchTarget
         self._timer: asyncio.TimerHandle | None = None
         self._closing: set[asyncio.Future[None]] = set()
+        self._parent: PlacedLines | None = None
+        """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
+        self._looked_up = False
         missing = sum(r.length for r in getter.refs if r.hash in getter.outstanding)
         self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
@@ -314,7 +320,16 @@ class _Stream:
                 if self.getter.done and self.out is None and self.getter.refused is None:
                     self._write([], lib, force=True)  # an incremental fetch with nothing new to write
                 return
-            self.getter.read_back(wanted, lib.lines(wanted))
+            self.getter.read_back(wanted, read_held(lib, wanted, self._parent_file(lib)))
+
+    def _parent_file(self, lib: FetchTarget) -> PlacedLines | None:
+        """The placed file of the branch this one forks (looked up once), if it can give held lines."""
+        if not self._looked_up:
+            self._looked_up = True
+            place = self.place
+            self._parent = None if place is None or place.parent is None else placed_lines(
+                lib, place.parent, place.agent_dir, place.session_dir)
+        return self._parent
 
     def _write(self, parts: Iterable[bytes], lib: FetchTarget, force: bool = False) -> None:
         """The getter's parts to the temp file (opened at the first one, or when `force`d);
@@ -641,7 +656,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
             wanted = branch == branch_hex and agent_dir is not None
-            place = Placing(agent_dir, session_dir) if wanted and agent_dir is not None else None
+            place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
             assembled, out, extends = await job.session(sc.src, place, held)
             t1 = time.perf_counter()

@@ -1,11 +1,13 @@
 """A fork fetched with its parent held (issue 12: faster than Syncthing): the parent's lines are
-not asked for; they are read back from the fetcher's store in runs (Library.lines: one call per
-run of about READ_BACK bytes, each line checked against its hash), never one call per line, and
-the placed fork is byte-identical.  In one process over mutual TLS on loopback (test_stream_engine's
+not asked for; they are read from the parent's placed file when it is still what this node
+placed (each line hashed), else from the fetcher's store in runs (Library.lines: one call per
+run of about READ_BACK bytes, each line checked against its hash), never one call per line; the
+placed fork is byte-identical.  In one process over mutual TLS on loopback (test_stream_engine's
 Duo)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,13 +42,8 @@ def _fork(duo: Duo, parent: Path, keep: float = 0.9) -> Path:
     return path
 
 
-async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
-        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
-    parent = duo.write(pi_session(4_000_000, seed=21, image_bytes=60_000))
-    assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
-    fork = _fork(duo, parent)
-    branch = duo.sharer.share(str(fork)).branch
-    monkeypatch.setattr(getter, "READ_BACK", 1 << 20)  # several runs of a 4 MB parent
+def _counted(duo: Duo, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of lines of each Library.lines call of the fetcher; Library.line refused."""
     calls: list[int] = []
     read = duo.fetcher.lines
 
@@ -56,10 +53,56 @@ async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
 
     monkeypatch.setattr(duo.fetcher, "lines", counted)
     monkeypatch.setattr(duo.fetcher, "line", lambda h: pytest.fail(f"line({h.hex()}): a store call per line"))
+    return calls
+
+
+async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's file, still what this node placed: every held line comes from it (no store read)."""
+    parent = duo.write(pi_session(4_000_000, seed=20, image_bytes=60_000))
+    assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    calls = _counted(duo, monkeypatch)
+    got = await duo.fetch(branch)
+    assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
+    assert got.lines_total - got.lines_fetched > 20 and calls == []
+
+
+async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's file gone: the held lines come from the store in runs."""
+    parent = duo.write(pi_session(4_000_000, seed=21, image_bytes=60_000))
+    first = await duo.fetch(duo.sharer.share(str(parent)).branch)
+    Path(first.path or "").unlink()
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    monkeypatch.setattr(getter, "READ_BACK", 1 << 20)  # several runs of a 4 MB parent
+    calls = _counted(duo, monkeypatch)
     got = await duo.fetch(branch)
     assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
     held = got.lines_total - got.lines_fetched
     assert held > 20 and sum(calls) == held and 3 <= len(calls) < held / 5
+
+
+async def test_lines_changed_in_the_parents_file_behind_its_stat_come_from_the_store(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's placed file changed on disk (same size, mtime restored: its stat says
+    unchanged): the lines that no longer hash right are read from the store, the others from
+    the file, and the fork placed is the sharer's, byte for byte."""
+    parent = duo.write(pi_session(3_000_000, seed=23, image_bytes=60_000))
+    placed = Path((await duo.fetch(duo.sharer.share(str(parent)).branch)).path or "")
+    before = placed.stat()
+    tampered = placed.read_bytes().replace(b"look at image", b"LOOK AT IMAGE")
+    placed.write_bytes(tampered)
+    os.utime(placed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    fork = _fork(duo, parent)
+    changed = sum(1 for line in split_lines(fork.read_bytes()) if b"look at image" in line)
+    branch = duo.sharer.share(str(fork)).branch
+    calls = _counted(duo, monkeypatch)
+    got = await duo.fetch(branch)
+    assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
+    assert 0 < sum(calls) <= changed < got.lines_total - got.lines_fetched
 
 
 async def test_a_damaged_held_line_refuses_the_fork_and_places_nothing(duo: Duo, tmp_path: Path) -> None:
@@ -71,6 +114,7 @@ async def test_a_damaged_held_line_refuses_the_fork_and_places_nothing(duo: Duo,
     fork = _fork(duo, parent)
     branch = duo.sharer.share(str(fork)).branch
     victim = split_lines(parent.read_bytes())[5]
+    (duo.agent / PROJECT / parent.name).unlink()  # the parent's file gone: the store gives the held lines
     duo.fetcher.close()
     pack = NodePaths(tmp_path / "fetcher").store / "blobs.pack"
     data = bytearray(pack.read_bytes())
