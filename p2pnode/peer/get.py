@@ -320,7 +320,9 @@ class _Stream:
                 if self.getter.done and self.out is None and self.getter.refused is None:
                     self._write([], lib, force=True)  # an incremental fetch with nothing new to write
                 return
-            self.getter.read_back(wanted, read_held(lib, wanted, self._parent_file(lib)))
+            at, parent = self.getter.cursor, self._parent_file(lib)
+            held = read_held(lib, self.getter.refs[at:at + len(wanted)], self.getter.size, parent)
+            self.getter.read_back(wanted, held)
 
     def _parent_file(self, lib: FetchTarget) -> PlacedLines | None:
         """The placed file of the branch this one forks (looked up once), if it can give held lines."""
@@ -328,7 +330,7 @@ class _Stream:
             self._looked_up = True
             place = self.place
             self._parent = None if place is None or place.parent is None else placed_lines(
-                lib, place.parent, place.agent_dir, place.session_dir)
+                lib, place.parent, place.agent_dir, place.session_dir, self.getter.refs[0].length)
         return self._parent
 
     def _write(self, parts: Iterable[bytes], lib: FetchTarget, force: bool = False) -> None:

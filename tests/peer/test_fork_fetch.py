@@ -58,7 +58,8 @@ def _counted(duo: Duo, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
         duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The parent's file, still what this node placed: every held line comes from it (no store read)."""
+    """The parent's file, still what this node placed: every line the fork copied from it comes
+    from it (no store read)."""
     parent = duo.write(pi_session(4_000_000, seed=20, image_bytes=60_000))
     assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
     fork = _fork(duo, parent)
@@ -66,7 +67,9 @@ async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
     calls = _counted(duo, monkeypatch)
     got = await duo.fetch(branch)
     assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
-    assert got.lines_total - got.lines_fetched > 20 and calls == []
+    copied = int((len(split_lines(parent.read_bytes())) - 1) * 0.9)
+    new = got.lines_total - 1 - copied  # pi_session's new lines repeat some of the parent's (held,
+    assert copied > 20 and sum(calls) <= new  # elsewhere in its file: those come from the store)
 
 
 async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
