@@ -59,6 +59,7 @@ from store.layout import (
     CODEC_RAW,
     PATCH_REPLACE,
     PATCH_TOMBSTONE,
+    TURN_SIZE,
     WAL_DELETE,
     WAL_HEAD,
     WAL_TURN,
@@ -88,6 +89,8 @@ P = ParamSpec("P")
 LOCK = "LOCK"
 PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on PREPARE_THREADS threads
 PREPARE_THREADS = 2
+WALK_RUN = 512
+"""Turn records a walk towards the root reads at once (a chain's turns sit mostly together)."""
 
 
 def _sizes(items: Sequence[Any]) -> list[int]:
@@ -340,8 +343,15 @@ class Store:
     def _walk(self, turn_id: int, n: int) -> list[Turn]:
         """Up to n turns from turn_id towards the root, chronological."""
         out: list[Turn] = []
+        run, first = b"", 0  # records read ahead (towards the root) in one read, WALK_RUN at a time
         while turn_id != NO_TURN and len(out) < n:
-            t = self._read_turn(turn_id)
+            t = self._turn_cache.get(turn_id)
+            if t is None:
+                if not first <= turn_id < first + len(run) // TURN_SIZE:
+                    first = max(1, turn_id - WALK_RUN + 1, turn_id - (n - len(out)) + 1)
+                    run = self._turns.read_run(first, turn_id)
+                t = self._turns.decode(run, first, turn_id)
+                self._turn_cache.put(turn_id, t)
             out.append(t)
             turn_id = t.parent_turn_id
         out.reverse()
