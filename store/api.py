@@ -59,10 +59,12 @@ from store.layout import (
     CODEC_RAW,
     PATCH_REPLACE,
     PATCH_TOMBSTONE,
+    TURN_SIZE,
     WAL_DELETE,
     WAL_HEAD,
     WAL_TURN,
     ZERO_HASH,
+    BlobLocation,
     WalRecord,
     encode_blob,
     encode_wal,
@@ -87,6 +89,8 @@ P = ParamSpec("P")
 LOCK = "LOCK"
 PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on PREPARE_THREADS threads
 PREPARE_THREADS = 2
+WALK_RUN = 512
+"""Turn records a walk towards the root reads at once (a chain's turns sit mostly together)."""
 
 
 def _sizes(items: Sequence[Any]) -> list[int]:
@@ -100,6 +104,20 @@ def _parallel(items: Sequence[Any], sizes: list[int]) -> bool:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _decode_checked(h: bytes, loc: BlobLocation, record: bytes | CorruptRecord) -> bytes | CorruptRecord:
+    """A pack record decoded and hashed to its name, or why not (no state touched: it runs on
+    the prepare threads)."""
+    if isinstance(record, CorruptRecord):
+        return record
+    try:
+        data = decode_stored(loc.codec, record, loc.raw_len)
+    except DecodeError as exc:
+        return CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not decode: {exc}")
+    if blob_hash(data) != h:
+        return CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not hash to its name")
+    return data
 
 
 def _writes(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
@@ -325,8 +343,15 @@ class Store:
     def _walk(self, turn_id: int, n: int) -> list[Turn]:
         """Up to n turns from turn_id towards the root, chronological."""
         out: list[Turn] = []
+        run, first = b"", 0  # records read ahead (towards the root) in one read, WALK_RUN at a time
         while turn_id != NO_TURN and len(out) < n:
-            t = self._read_turn(turn_id)
+            t = self._turn_cache.get(turn_id)
+            if t is None:
+                if not first <= turn_id < first + len(run) // TURN_SIZE:
+                    first = max(1, turn_id - WALK_RUN + 1, turn_id - (n - len(out)) + 1)
+                    run = self._turns.read_run(first, turn_id)
+                t = self._turns.decode(run, first, turn_id)
+                self._turn_cache.put(turn_id, t)
             out.append(t)
             turn_id = t.parent_turn_id
         out.reverse()
@@ -379,18 +404,47 @@ class Store:
             if lost is not None:
                 raise CorruptRecord(PACK, -1, f"blob {h.hex()} is damaged: {lost}")
             raise UnknownBlob(h)
+        return self._checked(h, loc, self._read_record(h, loc))
+
+    def get_blobs(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """Many blobs at once, each checked as get_blob checks it (CRC, decoding, BLAKE3): the
+        records read in order, then decoded and hashed on the prepare threads (zstd and blake3
+        release the GIL), not one call per blob.  UnknownBlob or CorruptRecord as get_blob."""
+        self._check_open()
+        out: list[bytes | None] = [self._blob_cache.get(h) for h in hashes]
+        with self._gate.shared():
+            wanted: list[tuple[int, bytes, BlobLocation, bytes | CorruptRecord]] = []
+            for i, h in enumerate(hashes):
+                if out[i] is not None:
+                    continue
+                loc = self._pack.locate(h)
+                if loc is None:
+                    out[i] = self._load_blob(h)  # pending, damaged or unknown: get_blob's answer
+                else:
+                    wanted.append((i, h, loc, self._read_record(h, loc)))
+            decoded = self._map(lambda w: _decode_checked(w[1], w[2], w[3]), wanted,
+                                [w[2].raw_len for w in wanted])
+            for (i, h, loc, _), got in zip(wanted, decoded, strict=True):
+                out[i] = self._keep_checked(h, loc, got)
+        return [data for data in out if data is not None]
+
+    def _read_record(self, h: bytes, loc: BlobLocation) -> bytes | CorruptRecord:
+        """The record's stored bytes, CRC-checked, or why they are damaged."""
         try:
-            data = decode_stored(loc.codec, self._pack.read(h, loc), loc.raw_len)
-            if blob_hash(data) != h:
-                raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not hash to its name")
-        except DecodeError as exc:
-            self._found_damaged(h, f"its record at offset {loc.offset} of {PACK} does not decode: {exc}")
-            raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} does not decode: {exc}") from None
+            return self._pack.read(h, loc)
         except CorruptRecord as exc:
-            self._found_damaged(h, f"{exc.file} at offset {exc.offset}: {exc.reason}")
-            raise
-        self._blob_cache.put(h, data)
-        return data
+            return exc
+
+    def _checked(self, h: bytes, loc: BlobLocation, record: bytes | CorruptRecord) -> bytes:
+        return self._keep_checked(h, loc, _decode_checked(h, loc, record))
+
+    def _keep_checked(self, h: bytes, loc: BlobLocation, got: bytes | CorruptRecord) -> bytes:
+        """A checked blob cached and returned; a damaged one noted (damage.log) and raised."""
+        if isinstance(got, CorruptRecord):
+            self._found_damaged(h, f"{got.file} at offset {got.offset}: {got.reason}")
+            raise got
+        self._blob_cache.put(h, got)
+        return got
 
     def _found_damaged(self, h: bytes, reason: str) -> None:
         """A read found blob h damaged: lookups stop finding that record (an append of the same
@@ -681,11 +735,11 @@ class Store:
             return self._map(functools.partial(packer.prepare, self), items)
         return [packer.prepare(self, i, defer=True) for i in items]
 
-    def _map(self, fn: Callable[[Any], R], items: Sequence[Any]) -> list[R]:
-        """fn over items; a big batch on a small thread pool (zstd and blake3 release the GIL),
-        handed over in a few runs of similar size, not item by item: one hand-off per item
-        cost more than hashing and compressing a 10 KB line."""
-        sizes = _sizes(items)
+    def _map(self, fn: Callable[[Any], R], items: Sequence[Any], sizes: list[int] | None = None) -> list[R]:
+        """fn over items (of `sizes` bytes each, else measured); a big batch on a small thread
+        pool (zstd and blake3 release the GIL), handed over in a few runs of similar size, not
+        item by item: one hand-off per item cost more than hashing and compressing a 10 KB line."""
+        sizes = _sizes(items) if sizes is None else sizes
         if not _parallel(items, sizes):
             return [fn(i) for i in items]
         total = sum(sizes)

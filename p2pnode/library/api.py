@@ -39,6 +39,7 @@ from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
+from store.errors import UnknownBlob
 from sysio.files import atomic_write
 from sysio.locks import exclusive_if_free
 
@@ -758,6 +759,14 @@ class Library:
         if not self.store.has_blob(line_hash):
             raise NotFound(f"line {line_hash.hex()} is not in this node's store")
         return self.sessions.blob(line_hash, "line")
+
+    def lines(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """Many lines' bytes from the store at once, each checked against its hash once (a
+        fetch's held lines: one call per run, not per line); NotFound if the store lacks one."""
+        try:
+            return self.sessions.blobs(hashes, "a line")
+        except UnknownBlob as exc:
+            raise NotFound(f"line {exc.blob_hash.hex()} is not in this node's store") from None
 
     def stored_line(self, line_hash: bytes) -> StoredBlob:
         """One line as the store keeps it (compressed or raw), for serving it as it is."""

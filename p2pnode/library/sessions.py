@@ -42,7 +42,7 @@ from p2pnode.pi.session import (
     titles_after,
 )
 from store.api import Store
-from store.errors import StoreError
+from store.errors import StoreError, UnknownBlob
 from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
 from sysio.files import atomic_write
 from sysio.locks import locked
@@ -456,6 +456,16 @@ class SessionStore:
     def sidecar_bytes(self, branch: str) -> bytes:
         turn = self.store.get_turn(self.branch(branch).head)
         return self.blob(turn.payload_hash, f"sidecar of branch {branch}")
+
+    def blobs(self, hashes: Sequence[bytes], what: str) -> list[bytes]:
+        """Many blobs, each checked against its name as `blob`'s is (store.get_blobs: read in
+        order, decoded and hashed on several threads); UnknownBlob when one is missing."""
+        try:
+            return self.store.get_blobs(hashes)
+        except UnknownBlob:
+            raise
+        except StoreError as exc:
+            raise VerificationFailed(f"{what} cannot be read back from the store: {exc}") from None
 
     def blob(self, h: bytes, what: str) -> bytes:
         """A blob re-hashed to its name; a damaged or missing one is a VerificationFailed."""

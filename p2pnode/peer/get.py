@@ -43,7 +43,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,7 +59,8 @@ from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
-from p2pnode.peer.getter import LIVE, Assembled, Held, ManifestLied, SessionGetter
+from p2pnode.peer.getter import LIVE, READ_BACK, Assembled, Held, ManifestLied, SessionGetter
+from p2pnode.peer.heldlines import PlacedLines, placed_lines, read_held
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
@@ -174,10 +175,12 @@ class _ManifestStop(Exception):
 
 @dataclass(frozen=True)
 class Placing:
-    """Where the requested session goes: Pi's agent dir (and its session-dir override)."""
+    """Where the requested session goes: Pi's agent dir (and its session-dir override), and the
+    branch it forks (`parent`), whose placed file may give the lines they share (heldlines.py)."""
 
     agent_dir: Path
     session_dir: Path | None
+    parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,9 @@ class _Stream:
         self._held: FetchTarget
         self._timer: asyncio.TimerHandle | None = None
         self._closing: set[asyncio.Future[None]] = set()
+        self._parent: PlacedLines | None = None
+        """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
+        self._looked_up = False
         missing = sum(r.length for r in getter.refs if r.hash in getter.outstanding)
         self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
@@ -278,6 +284,8 @@ class _Stream:
                 while not work.done():      # close the library under it, however often we are cancelled
                     with contextlib.suppress(asyncio.CancelledError):
                         await asyncio.wait([work])
+                if not work.cancelled():
+                    work.exception()  # seen: the cancellation is what goes on (no "never retrieved" at GC)
                 raise
         finally:
             if self._open is not None:
@@ -308,11 +316,22 @@ class _Stream:
         while True:
             self._write(self.getter.ready(), lib)
             wanted = self.getter.from_store()
-            if wanted is None:
+            if not wanted:
                 if self.getter.done and self.out is None and self.getter.refused is None:
                     self._write([], lib, force=True)  # an incremental fetch with nothing new to write
                 return
-            self.getter.read_back(wanted, lib.line(wanted))
+            at, parent = self.getter.cursor, self._parent_file(lib)
+            held = read_held(lib, self.getter.refs[at:at + len(wanted)], self.getter.size, parent)
+            self.getter.read_back(wanted, held)
+
+    def _parent_file(self, lib: FetchTarget) -> PlacedLines | None:
+        """The placed file of the branch this one forks (looked up once), if it can give held lines."""
+        if not self._looked_up:
+            self._looked_up = True
+            place = self.place
+            self._parent = None if place is None or place.parent is None else placed_lines(
+                lib, place.parent, place.agent_dir, place.session_dir, self.getter.refs[0].length)
+        return self._parent
 
     def _write(self, parts: Iterable[bytes], lib: FetchTarget, force: bool = False) -> None:
         """The getter's parts to the temp file (opened at the first one, or when `force`d);
@@ -340,8 +359,8 @@ class _Stream:
                         prefix.size == prefix.base_size)
         if to is not None:
             return Output(file, to, self.prefix.size)
-        for ref in lib.line_manifest(prefix.base)[:prefix.lines]:
-            file.write(lib.line(ref.hash))
+        for run in _held_runs(lib, lib.line_manifest(prefix.base)[:prefix.lines]):
+            file.write(run)
         return Output(file)
 
     def discard(self) -> None:
@@ -562,10 +581,23 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
                 hasher = None
     if hasher is None:
         hasher = new_hasher()
-        for ref in refs if refs is not None else lib.line_manifest(base)[:after.first]:
-            hasher.update(lib.line(ref.hash))
+        for run in _held_runs(lib, refs if refs is not None else lib.line_manifest(base)[:after.first]):
+            hasher.update(run)
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
     return held, _Prefix(base, version.size, after.first, size)
+
+
+def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:
+    """Held lines from the store, in order, joined in runs of about READ_BACK raw bytes: one
+    store call per run (each line checked against its hash there), one write or update each."""
+    start = 0
+    while start < len(refs):
+        end, size = start, 0
+        while end < len(refs) and size < READ_BACK:
+            size += refs[end].length
+            end += 1
+        yield b"".join(lib.lines([r.hash for r in refs[start:end]]))
+        start = end
 
 
 def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:
@@ -626,7 +658,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
             wanted = branch == branch_hex and agent_dir is not None
-            place = Placing(agent_dir, session_dir) if wanted and agent_dir is not None else None
+            place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
             assembled, out, extends = await job.session(sc.src, place, held)
             t1 = time.perf_counter()

@@ -36,6 +36,8 @@ from p2pnode.pi.session import (
 
 AHEAD_LIMIT = 16 << 20
 """Raw bytes of verified lines kept in memory ahead of the in-order cursor."""
+READ_BACK = 8 << 20
+"""Raw bytes of consecutive held lines read back from the store in one call (`from_store`)."""
 READY_PART = 1 << 20
 """Bytes of consecutive lines handed out (and hashed into the session) as one part."""
 
@@ -226,18 +228,28 @@ class SessionGetter:
             self.ahead[line_hash] = raw
             self.ahead_bytes += len(raw)
 
-    def from_store(self) -> bytes | None:
-        """The hash the cursor waits for that only the store can give (held before the fetch,
-        or let go from the buffer), else None (it is in the buffer, or still to come)."""
-        if self.done:
-            return None
-        h = self.refs[self.cursor].hash
-        return None if h in self.ahead or h in self.outstanding else h
+    def from_store(self, limit: int = READ_BACK) -> list[bytes]:
+        """The hashes the cursor waits for that only the store can give (held before the fetch,
+        or let go from the buffer): the run of them at the cursor, each once, up to about
+        `limit` raw bytes, for one read of the store; empty when the cursor waits on a peer
+        (or the buffer has the line)."""
+        wanted: dict[bytes, None] = {}
+        size = 0
+        at = self.cursor
+        while at < len(self.refs) and size < limit:
+            h = self.refs[at].hash
+            if h in self.ahead or h in self.outstanding or h in wanted:
+                break  # a line repeated within the run is read again at its turn (ahead holds one copy)
+            wanted[h] = None
+            size += self.refs[at].length
+            at += 1
+        return list(wanted)
 
-    def read_back(self, line_hash: bytes, raw: bytes) -> None:
-        """The line `from_store` asked for (the store checked it against its hash)."""
-        self.ahead[line_hash] = raw
-        self.ahead_bytes += len(raw)
+    def read_back(self, hashes: list[bytes], raws: list[bytes]) -> None:
+        """The lines `from_store` asked for (the store checked each against its hash)."""
+        for line_hash, raw in zip(hashes, raws, strict=True):
+            self.ahead[line_hash] = raw
+            self.ahead_bytes += len(raw)
 
     def ready(self) -> Iterator[bytes]:
         """The bytes that can be handed out now, in file order (nothing while the cursor

@@ -37,10 +37,20 @@ class TurnLog:
     # --- records -------------------------------------------------------------------------------
 
     def read(self, turn_id: int) -> Turn:
-        if not 0 < turn_id <= self.count:
-            raise UnknownTurn(turn_id)
+        return self.decode(self.read_run(turn_id, turn_id), turn_id, turn_id)
+
+    def read_run(self, first: int, last: int) -> bytes:
+        """The records of turns first..last in one read (a walk towards the root: a chain's
+        turns were mostly appended together); `decode` takes them out one by one."""
+        if not 0 < first <= last <= self.count:
+            raise UnknownTurn(last if first > 0 else first)
+        return os.pread(self._fd, (last - first + 1) * TURN_SIZE, (first - 1) * TURN_SIZE)
+
+    def decode(self, run: bytes, first: int, turn_id: int) -> Turn:
+        """Turn turn_id from `run` (read_run's, from turn `first`), checked: its CRC, and that
+        its slot holds it."""
         off = (turn_id - 1) * TURN_SIZE
-        buf = os.pread(self._fd, TURN_SIZE, off)
+        buf = run[(turn_id - first) * TURN_SIZE : (turn_id - first + 1) * TURN_SIZE]
         t = decode_turn(buf, LOG, 0) if len(buf) == TURN_SIZE else None
         if t is None:
             raise CorruptRecord(LOG, off, f"turn {turn_id} is missing")

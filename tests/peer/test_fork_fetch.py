@@ -1,0 +1,155 @@
+"""A fork fetched with its parent held (issue 12: faster than Syncthing): the parent's lines are
+not asked for; they are read from the parent's placed file when it is still what this node
+placed (each line hashed), else from the fetcher's store in runs (Library.lines: one call per
+run of about READ_BACK bytes, each line checked against its hash), never one call per line; the
+placed fork is byte-identical.  In one process over mutual TLS on loopback (test_stream_engine's
+Duo)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import blake3
+import pytest
+from test_stream_engine import PROJECT, Duo, duo
+from test_stream_fetch import pi_session
+
+from p2pnode.errors import VerificationFailed
+from p2pnode.library.api import Library
+from p2pnode.paths import NodePaths
+from p2pnode.peer import getter
+from p2pnode.peer.getter import SessionGetter
+from p2pnode.pi.lines import LineRef, split_lines
+from store.files.blobpack import scan_pack
+from store.layout import BLOB_HEADER
+
+__all__ = ["duo"]  # the fixture, shared with test_stream_engine
+
+FORK_ID = "01a1ff93-0000-7000-8000-00000000f0c4"
+
+
+def _fork(duo: Duo, parent: Path, keep: float = 0.9) -> Path:
+    """What `pi --fork` writes: a new header naming the parent, the parent's first lines, new ones."""
+    lines = split_lines(parent.read_bytes())[1:]
+    header = json.dumps({"type": "session", "version": 3, "id": FORK_ID, "cwd": "/w",
+                         "timestamp": "2026-11-21T21:00:00.000Z", "parentSession": str(parent)})
+    header += "\n"
+    more = b"".join(pi_session(400_000, seed=77, image_bytes=30_000).splitlines(keepends=True)[1:])
+    path = duo.share_agent / PROJECT / f"2026-11-21T21-00-00-000Z_{FORK_ID}.jsonl"
+    path.write_bytes(header.encode() + b"".join(lines[: int(len(lines) * keep)]) + more)
+    return path
+
+
+def _counted(duo: Duo, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of lines of each Library.lines call of the fetcher; Library.line refused."""
+    calls: list[int] = []
+    read = duo.fetcher.lines
+
+    def counted(hashes: Sequence[bytes]) -> list[bytes]:
+        calls.append(len(hashes))
+        return read(hashes)
+
+    monkeypatch.setattr(duo.fetcher, "lines", counted)
+    monkeypatch.setattr(duo.fetcher, "line", lambda h: pytest.fail(f"line({h.hex()}): a store call per line"))
+    return calls
+
+
+async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's file, still what this node placed: every line the fork copied from it comes
+    from it (no store read)."""
+    parent = duo.write(pi_session(4_000_000, seed=20, image_bytes=60_000))
+    assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    calls = _counted(duo, monkeypatch)
+    got = await duo.fetch(branch)
+    assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
+    copied = int((len(split_lines(parent.read_bytes())) - 1) * 0.9)
+    new = got.lines_total - 1 - copied  # pi_session's new lines repeat some of the parent's (held,
+    assert copied > 20 and sum(calls) <= new  # elsewhere in its file: those come from the store)
+
+
+async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's file gone: the held lines come from the store in runs."""
+    parent = duo.write(pi_session(4_000_000, seed=21, image_bytes=60_000))
+    first = await duo.fetch(duo.sharer.share(str(parent)).branch)
+    Path(first.path or "").unlink()
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    monkeypatch.setattr(getter, "READ_BACK", 1 << 20)  # several runs of a 4 MB parent
+    calls = _counted(duo, monkeypatch)
+    got = await duo.fetch(branch)
+    assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
+    held = got.lines_total - got.lines_fetched
+    assert held > 20 and sum(calls) == held and 3 <= len(calls) < held / 5
+
+
+async def test_lines_changed_in_the_parents_file_behind_its_stat_come_from_the_store(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's placed file changed on disk (same size, mtime restored: its stat says
+    unchanged): the lines that no longer hash right are read from the store, the others from
+    the file, and the fork placed is the sharer's, byte for byte."""
+    parent = duo.write(pi_session(3_000_000, seed=23, image_bytes=60_000))
+    placed = Path((await duo.fetch(duo.sharer.share(str(parent)).branch)).path or "")
+    before = placed.stat()
+    tampered = placed.read_bytes().replace(b"look at image", b"LOOK AT IMAGE")
+    placed.write_bytes(tampered)
+    os.utime(placed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    fork = _fork(duo, parent)
+    changed = sum(1 for line in split_lines(fork.read_bytes()) if b"look at image" in line)
+    branch = duo.sharer.share(str(fork)).branch
+    calls = _counted(duo, monkeypatch)
+    got = await duo.fetch(branch)
+    assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
+    assert 0 < sum(calls) <= changed < got.lines_total - got.lines_fetched
+
+
+async def test_a_damaged_held_line_refuses_the_fork_and_places_nothing(duo: Duo, tmp_path: Path) -> None:
+    """A held line whose stored copy was damaged (a bit flipped in the fetcher's blobs.pack) is
+    found when it is read back: the fetch fails naming the store, not the peer, and no fork
+    file is placed."""
+    parent = duo.write(pi_session(2_000_000, seed=22, image_bytes=60_000))
+    assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    victim = split_lines(parent.read_bytes())[5]
+    (duo.agent / PROJECT / parent.name).unlink()  # the parent's file gone: the store gives the held lines
+    duo.fetcher.close()
+    pack = NodePaths(tmp_path / "fetcher").store / "blobs.pack"
+    data = bytearray(pack.read_bytes())
+    (at,) = [o for o, hdr in scan_pack(bytes(data)).records if hdr.hash == blake3.blake3(victim).digest()]
+    data[at + BLOB_HEADER.size + 5] ^= 0x08
+    pack.write_bytes(bytes(data))
+    with (Library.open(NodePaths(tmp_path / "fetcher"), duo.agent) as lib,
+          pytest.raises(VerificationFailed, match="cannot be read back from the store")):
+        await duo.fetch(branch, lib)
+    assert not (duo.agent / PROJECT / fork.name).exists()
+
+
+def test_from_store_gives_the_run_at_the_cursor_once_each_up_to_the_limit() -> None:
+    """Sans-IO: the held run stops before a line still to come from a peer, at a line repeated
+    within the run (the buffer holds one copy), and after `limit` bytes; read back, it is
+    handed out in joined parts and the next run follows."""
+    lines = split_lines(pi_session(300_000, seed=5, image_bytes=20_000))
+    lines = [*lines[:6], lines[2], *lines[6:]]  # a repeat of line 3 as line 7
+    refs = [LineRef(blake3.blake3(x).digest(), len(x)) for x in lines]
+    g = SessionGetter(blake3.blake3(b"".join(lines)).hexdigest(), refs, [refs[9].hash])
+    first = g.from_store(limit=1 << 30)
+    assert first == [r.hash for r in refs[:6]]  # not the repeat (line 7)
+    g.read_back(first, lines[:6])
+    assert b"".join(g.ready()) == b"".join(lines[:6])
+    assert g.from_store(limit=1 << 30) == [r.hash for r in refs[6:9]]  # stops before the peer's line 10
+    assert g.from_store(limit=1) == [refs[6].hash]  # at least one line, however small the limit
+    g.read_back([r.hash for r in refs[6:9]], lines[6:9])
+    list(g.ready())
+    assert g.from_store() == []  # the cursor waits on a peer
+    g.arrived(refs[9].hash, lines[9])
+    list(g.ready())
+    rest = g.from_store()
+    g.read_back(rest, [lines[refs.index(next(r for r in refs if r.hash == h))] for h in rest])
+    list(g.ready())
+    assert g.done and g.finish().src == g.src
