@@ -14,8 +14,9 @@ The order of work, and why (verify once, stream, commit last):
    validate; follow `parent` until a branch this node already holds, with a depth limit and
    cycle detection.  Nothing is stored yet, so a lying chain costs nothing.
 2. For each missing branch, oldest first: the session's line manifest, then only the lines
-   the store lacks (lines staged by an earlier fetch that was killed count as held), in
-   framed batches (batches.py decodes and hashes each line once, on arrival).  Verified lines
+   the store lacks (lines staged by an earlier fetch that was killed count as held; its
+   manifest, kept in `fetching/`, is not asked for again: KeptManifests), in framed batches
+   (batches.py decodes and hashes each line once, on arrival).  Verified lines
    are staged in the store at once, as the peer sent them, in runs (STAGE_RUNS;
    `Library.stage_lines`: not decoded or hashed again), and handed to the getter
    (getter.py, sans-IO), which walks the manifest in order: it hashes the session, checks
