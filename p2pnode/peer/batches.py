@@ -46,13 +46,16 @@ Have = Callable[[bytes], bool]
 
 
 async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: wire.Limits,
-                    have: Have, received: Received) -> None:
+                    have: Have, received: Received, sized_as: int | None = None) -> None:
     """Every line of `missing` from the pool's peers, handed to `received` once verified: the
     lines are shared out among all holders (downloader.Share); a broken link or a dropped
-    holder leaves its lines not received yet to the others."""
+    holder leaves its lines not received yet to the others.  `sized_as`: the raw bytes the
+    groups are sized for, when not `missing`'s (a resumed fetch is cut as the fetch it
+    continues: smaller groups are smaller zstd streams, which compress worse)."""
     wanted = [r for r in missing if not have(r.hash)]
     holders = sum(1 for p in pool.peers if not p.dropped)
-    groups = _groups(wanted, limits, group_bytes(wanted, holders, limits))
+    total = sum(r.length for r in wanted) if sized_as is None else sized_as
+    groups = _groups(wanted, limits, group_bytes(total, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
     pace = FetchPace(sum(r.length for r in wanted))
     lanes = Lanes()
@@ -64,10 +67,10 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     await share.run(ask)
 
 
-def group_bytes(missing: list[LineRef], holders: int, limits: wire.Limits) -> int:
-    """Raw bytes per batch request: GROUPS_PER_HOLDER groups per holder or more, each within
-    [MIN_GROUP_BYTES, batch_target_bytes] (a smaller configured target wins)."""
-    total = sum(r.length for r in missing)
+def group_bytes(total: int, holders: int, limits: wire.Limits) -> int:
+    """Raw bytes per batch request of a fetch of `total` raw bytes: GROUPS_PER_HOLDER groups
+    per holder or more, each within [MIN_GROUP_BYTES, batch_target_bytes] (a smaller
+    configured target wins)."""
     even = total // (GROUPS_PER_HOLDER * max(1, holders))
     return min(limits.batch_target_bytes, max(MIN_GROUP_BYTES, even))
 

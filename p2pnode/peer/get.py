@@ -14,8 +14,9 @@ The order of work, and why (verify once, stream, commit last):
    validate; follow `parent` until a branch this node already holds, with a depth limit and
    cycle detection.  Nothing is stored yet, so a lying chain costs nothing.
 2. For each missing branch, oldest first: the session's line manifest, then only the lines
-   the store lacks (lines staged by an earlier fetch that was killed count as held), in
-   framed batches (batches.py decodes and hashes each line once, on arrival).  Verified lines
+   the store lacks (lines staged by an earlier fetch that was killed count as held; its
+   manifest, kept in `fetching/`, is not asked for again: KeptManifests), in framed batches
+   (batches.py decodes and hashes each line once, on arrival).  Verified lines
    are staged in the store at once, as the peer sent them, in runs (STAGE_RUNS;
    `Library.stage_lines`: not decoded or hashed again), and handed to the getter
    (getter.py, sans-IO), which walks the manifest in order: it hashes the session, checks
@@ -42,6 +43,7 @@ import contextlib
 import functools
 import logging
 import re
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -82,6 +84,7 @@ from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
 from store.errors import StoreLocked
 from store.layout import CODEC_RAW
+from sysio.files import atomic_write
 from sysio.memory import give_back_freed
 
 log = logging.getLogger(__name__)
@@ -161,6 +164,54 @@ STAGE_RUNS = 128
 """Verified lines are staged in the store in runs of 1/STAGE_RUNS of what is missing, within
 [STAGE_MIN, STAGE_MAX] raw bytes: one durable commit (and for a one-shot fetch one opening of
 the store) per run, and a kill -9 loses at most about one run's worth of transfer."""
+
+
+KEPT_HEAD = struct.Struct("<Q")
+"""A kept manifest's file (`KeptManifests`): the raw bytes of the lines the fetch's first run
+asked for, then the line manifest as the peer sent it (PROTOCOL.md's version 1)."""
+
+
+@dataclass(frozen=True)
+class KeptManifests:
+    """Line manifests kept in the fetch's staging dir (`fetching/<src>.lines`) from the first
+    run of a fetch until its version is verified: a fetch killed (or failed) and run again
+    asks the peer only for the lines it still lacks, not for the manifest again (36 bytes a
+    line: ~1 % of a session's wire bytes), and cuts its batches as the first run did.  Not
+    trusted: decoded and checked as a peer's is, and its lines must hash to `src` as a peer's
+    must; one that fails is removed and a peer asked.  Not durable (no fsync): a lost or torn
+    one fails the decode and costs one manifest."""
+
+    directory: Path
+
+    def path(self, src: str) -> Path:
+        return self.directory / f"{src}.lines"
+
+    def load(self, src: str, limits: wire.Limits) -> tuple[list[LineRef], int] | None:
+        """The kept manifest of `src` and the raw bytes its first run asked for, if any."""
+        try:
+            data = self.path(src).read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            if len(data) < KEPT_HEAD.size:
+                raise wire.WireError(f"kept line manifest of {src}: {len(data)} bytes")
+            (sized,) = KEPT_HEAD.unpack_from(data)
+            return wire.decode_line_manifest(data[KEPT_HEAD.size:], bytes.fromhex(src), limits), sized
+        except wire.WireError as exc:
+            log.info("%s; asking a peer", exc)
+            self.drop(src)
+            return None
+
+    def save(self, src: str, body: bytes, sized: int) -> None:
+        """Keep `body` (a version-1 manifest of `src`); a failure only costs the next run a manifest."""
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write(self.path(src), KEPT_HEAD.pack(sized) + body, durable=False)
+        except OSError as exc:
+            log.info("line manifest of %s not kept: %s", src, exc)
+
+    def drop(self, src: str) -> None:
+        self.path(src).unlink(missing_ok=True)
 
 
 class _ManifestStop(Exception):
@@ -382,6 +433,7 @@ class _Fetch:
     def __init__(self, lib: FetchTarget | OpenPerUse, pool: PeerPool, limits: wire.Limits,
                  progress: Progress | None) -> None:
         self.lib = _opener(lib)
+        self.kept = KeptManifests(lib.paths.fetching)
         self.pool = pool
         self.limits = limits
         self.progress = progress
@@ -425,14 +477,23 @@ class _Fetch:
         that `src` may extend (asked for with `?after=`)."""
         after = held or []
         while True:
-            try:
-                manifest_peer, got = await self.pool.run(
-                    f"line manifest of {src}", functools.partial(self._manifest, src=src, after=after))
-            except NotFound:
-                return await self._from_whole(src, place)
+            kept = await asyncio.to_thread(self.kept.load, src, self.limits)
+            manifest_peer: PeerLink | None = None
+            got: list[LineRef] | wire.ManifestAfter
+            sized_as: int | None = None
+            body = b""
+            if kept is not None:
+                got, sized_as = kept
+            else:
+                try:
+                    manifest_peer, got, body = await self.pool.run(
+                        f"line manifest of {src}", functools.partial(self._manifest, src=src, after=after))
+                except NotFound:
+                    return await self._from_whole(src, place)
             prefix: _Prefix | None = None
             held_start: Held | None = None
             if isinstance(got, wire.ManifestAfter):
+                assert manifest_peer is not None  # only a peer's manifest continues a held version
                 try:
                     held_start, found, missing = await self._lib(functools.partial(_start_after, after=got,
                                                                                    place=place))
@@ -444,6 +505,8 @@ class _Fetch:
             else:
                 manifest = got
                 missing = await self._missing(manifest)
+                if kept is None and missing:
+                    await asyncio.to_thread(self.kept.save, src, body, sum(r.length for r in missing))
             getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start)
             stream = _Stream(self, getter, place, prefix)
             try:
@@ -452,7 +515,7 @@ class _Fetch:
                         self._total = sum(r.length for r in missing)
                         self._done = 0
                         await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
-                                                stream.have, stream.received)
+                                                stream.have, stream.received, sized_as)
                     await stream.flush()
                     assembled = stream.getter.finish()
                 finally:
@@ -463,23 +526,31 @@ class _Fetch:
                 lie = exc
             except BaseException:
                 stream.discard()
+                if stream.getter.done:  # refused whole: a rerun would be refused again
+                    await asyncio.to_thread(self.kept.drop, src)
                 raise
             else:
+                await asyncio.to_thread(self.kept.drop, src)
                 self.lines_total += len(manifest)
                 return assembled, stream.out, prefix
             await stream.abandon()  # what was verified stays staged for the next manifest
+            await asyncio.to_thread(self.kept.drop, src)
+            if manifest_peer is None:
+                log.info("the kept line manifest of %s was wrong (%s); asking a peer", src, lie)
+                continue
             self.pool.drop(manifest_peer, f"sent a line manifest of {src} that does not hash to it, "
                                           f"or does not cut it at its newlines (failed verification: {lie})",
                            VerificationFailed)
 
     async def _manifest(self, peer: PeerLink, src: str,
-                        after: list[str]) -> tuple[PeerLink, list[LineRef] | wire.ManifestAfter]:
+                        after: list[str]) -> tuple[PeerLink, list[LineRef] | wire.ManifestAfter, bytes]:
+        """The peer's line manifest of `src`, decoded, and as it came (to be kept)."""
         path = wire.PATH_LINES.format(src=src)
         if after:
             path += f"?after={wire.encode_after_query(after)}"
         limit = wire.LINE_MANIFEST_AFTER_HEAD.size + self.limits.max_manifest_lines * wire.LINE_ENTRY.size
         body = await peer.get_small(path, limit, f"line manifest of {src}")
-        return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits)
+        return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits), body
 
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
         return await self._lib(functools.partial(_missing_in, refs=manifest))

@@ -313,10 +313,10 @@ def test_group_size_follows_the_session_and_the_holders() -> None:
     a smaller configured target wins; the groups keep the lines' order."""
     limits = wire.DEFAULT_LIMITS
     refs = [LineRef(blake3.blake3(b"%d" % i).digest(), 100_000) for i in range(640)]  # 64 MB
-    one, two = (batches.group_bytes(refs, n, limits) for n in (1, 2))
+    one, two = (batches.group_bytes(64_000_000, n, limits) for n in (1, 2))
     assert one == 64_000_000 // batches.GROUPS_PER_HOLDER and two == batches.MIN_GROUP_BYTES
-    assert batches.group_bytes(refs * 20, 1, limits) == limits.batch_target_bytes  # 1.28 GB
-    assert batches.group_bytes(refs, 1, FETCH_LIMITS) == FETCH_LIMITS.batch_target_bytes
+    assert batches.group_bytes(1_280_000_000, 1, limits) == limits.batch_target_bytes
+    assert batches.group_bytes(64_000_000, 1, FETCH_LIMITS) == FETCH_LIMITS.batch_target_bytes
     groups = batches._groups(refs, limits, two)
     assert [r for g in groups for r in g] == refs
     assert len(groups) >= 64_000_000 // (batches.MIN_GROUP_BYTES + 100_000)

@@ -143,8 +143,11 @@ async def test_cli_killed_at_half_resumes_with_the_rest(pair) -> None:
         relayed = await fetch_killed_at(b, branch, port, clean["bytes_received"] // 2, staged=True)
         assert placed_sessions(b) == []
         assert json.loads(b.run("ls", "--all", "--json").stdout) == []
+        kept = NodePaths(b.home).fetching / f"{clean['src']}.lines"  # the manifest, not asked for again
+        assert kept.exists()
         resumed = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
     check_complete(b, resumed, path)
+    assert not kept.exists()
     whole = clean["bytes_received"]
     print(f"killed at {relayed / whole:.3f} relayed: the rerun moved {resumed['bytes_received'] / whole:.3f}")
     assert resumed["bytes_received"] <= 0.55 * clean["bytes_received"], (resumed, clean)
