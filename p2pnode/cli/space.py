@@ -49,6 +49,8 @@ def print_gc(report: dict[str, Any]) -> None:
         print(f"forgot  {short(branch)}")
     print(f"gc freed {report['bytes_freed']} bytes: store {report['store_bytes_before']} -> "
           f"{report['store_bytes_after']} bytes ({len(report['versions'])} version(s) dropped)")
+    if report.get("staging_bytes_freed"):
+        print(f"gc removed {report['staging_bytes_freed']} bytes that interrupted fetches left behind")
 
 
 def add_space_commands(sub: argparse._SubParsersAction) -> None:

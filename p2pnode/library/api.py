@@ -1002,8 +1002,9 @@ class Library:
                 for branch in drop.branches:
                     self.manifest.remove(branch)
                 stats = self.store.gc(phase)
+                staged = space.sweep_fetching(self.paths.fetching, self.store.config.gc_grace_seconds)
                 report = space.GCReport(drop.branches, drop.versions, stats.bytes_freed, before,
-                                        space.store_bytes(self.paths.store))
+                                        space.store_bytes(self.paths.store), staging_bytes_freed=staged)
                 self.audit.append("gc", branches=drop.branches, versions=len(drop.versions),
                                   bytes=stats.bytes_freed)
                 self._changed()

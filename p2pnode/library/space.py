@@ -14,6 +14,7 @@ except blobs a kept chain still reaches: lines shared with other versions stay.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class GCReport:
     store_bytes_after: int
     skipped: str | None = None
     """Why GC did not run (a fetch held a transfer lease); nothing was changed then."""
+    staging_bytes_freed: int = 0
+    """Left in the fetch staging dir by fetches that no longer run (sweep_fetching)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +93,31 @@ def reclaimable_bytes(sessions: SessionStore, store: Store) -> int:
             live.add(turn.payload_hash)
             tid = turn.parent_turn_id
     return sum(len(store.get_stored_blob(h).stored) for h in store.blob_hashes() if h not in live)
+
+
+def sweep_fetching(directory: Path, grace_seconds: float) -> int:
+    """Remove what fetches that no longer run left in the node's fetch staging dir; the bytes
+    removed.  Called by GC only while no fetch runs (FETCHING_LOCK and the library's leases):
+    every temp session file there is a killed or failed fetch's, and a kept line manifest
+    (peer/get.py's KeptManifests) older than `grace_seconds` belongs to a fetch nobody ran
+    again (a younger one still spares a rerun its manifest)."""
+    freed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return 0
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+            if not e.is_file(follow_symlinks=False):
+                continue
+            if e.name.endswith(".tmp") or (e.name.endswith(".lines") and now - st.st_mtime > grace_seconds):
+                os.unlink(e.path)
+                freed += st.st_size
+        except FileNotFoundError:
+            continue
+    return freed
 
 
 def store_bytes(root: Path) -> int:

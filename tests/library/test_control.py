@@ -361,3 +361,28 @@ def test_gc_killed_at_random_moments_leaves_every_live_session_readable(agent: P
         _check_live(home, agent, live)
         with Library.open(NodePaths(home), agent_dir=agent) as lib:  # garbage again for the next round
             lib.unshare(lib.share(str(find(agent, A3))).branch)
+
+
+def test_gc_removes_what_killed_fetches_left_in_the_staging_dir(lib: Library) -> None:
+    """A fetch killed mid-way leaves its temp session file (as large as what it had written)
+    and its kept line manifest in <home>/fetching; GC, which runs only while no fetch does,
+    removes the temp files and the manifests older than the GC grace (a younger one still
+    saves a rerun its manifest)."""
+    from p2pnode.peer.get import KeptManifests
+
+    staging = lib.paths.fetching
+    staging.mkdir(mode=0o700, exist_ok=True)
+    temp = staging / f".p2pnode-{'ab' * 8}.4242.tmp"
+    temp.write_bytes(b"x" * 5000)
+    kept = KeptManifests(staging)
+    old, young = kept.path("c" * 64), kept.path("d" * 64)
+    old.write_bytes(b"m" * 300)
+    young.write_bytes(b"m" * 200)
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    assert lib.leases.try_acquire()  # a fetch runs: nothing is touched
+    assert lib.gc().skipped and temp.exists() and old.exists()
+    lib.leases.release()
+    report = lib.gc()
+    assert not temp.exists() and not old.exists() and young.exists()
+    assert report.staging_bytes_freed == 5300
