@@ -301,7 +301,9 @@ class _Importer:
                 before: Future[None] | None) -> None:
         if before is not None:
             before.result()  # appended already (one worker, in order); if it failed, so does this one
-        inputs, prepared = ready.result()
+        self._store(*ready.result())
+
+    def _store(self, inputs: list[TurnInput | TurnBlobRef], prepared: list[Prepared] | None = None) -> None:
         turns = self.store.append_turns(self._context(), inputs, expected_parent=self.head, prepared=prepared)
         self.head = turns[-1].turn_id
 
@@ -344,8 +346,12 @@ class _Importer:
             self._shutdown()
             raise InvalidInput(f"{self.where} is empty")
         self._batch.append(TurnInput(self.header, TAG_HEADER))  # on top, in the last batch
-        self._flush()
-        self._wait()
+        if self._inflight:
+            self._flush()
+            self._wait()
+        else:  # the only batch (a re-share's new lines): appended here, no hand-off to wait for
+            batch, self._batch = self._batch, []
+            self._store(self._from_stored(batch))
         self._shutdown()
 
     def discard(self) -> None:
