@@ -26,6 +26,7 @@ from store.files import blobpack
 from store.fsck import fsck
 
 A3 = "*173a-7744-89ad-bbc16c12cc22.jsonl"  # 1.4 MB, images
+B1 = "*4f3f-74a0-8c1a-0b533764bed8.jsonl"  # names itself (session_info)
 
 
 @pytest.fixture
@@ -104,3 +105,22 @@ def test_a_full_disk_in_a_middle_batch_fails_the_share_and_nothing_is_offered(
         result = lib.share(str(path))
         assert lib.session_bytes(result.src) == path.read_bytes()
     assert fsck(home.store, full=True).ok
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 4099, 1 << 22])
+def test_the_session_name_is_found_whatever_the_chunks(agent: Path, tmp_path: Path, chunk: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks without a session_info are not searched line by line once the first user message
+    is known: a name in a line cut by the chunk edges (small chunks), in a chunk of its own,
+    and renamed again far after the first user message is still the session's title."""
+    path = find(agent, B1)  # names itself "beta main line" at line 16
+    with open(path, "ab") as f:
+        for i in range(300):
+            entry: dict[str, Any] = {"type": "message", "id": f"{i:08x}", "parentId": None,
+                                     "message": {"role": "assistant", "content": "x" * (i * 37 % 900)}}
+            if i == 250:
+                entry = {"type": "session_info", "id": "0000beef", "parentId": None, "name": "renamed late"}
+            f.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+    monkeypatch.setattr("p2pnode.pi.hashing.CHUNK", chunk)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
+        assert lib.share(str(path)).title == "renamed late"
