@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from store.api import Store
 from store.config import GCStats, StoreConfig
+from store.durability.packer import Prepared
 from store.errors import (
     BlobMismatch,
     CorruptRecord,
@@ -27,7 +28,7 @@ from store.types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, Tur
 
 __all__ = [
     "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "DamagedPayload", "GCStats", "Page",
-    "ParentConflict", "Patch", "PayloadTooLarge", "Store", "StoreClosed", "StoreConfig", "StoreError",
-    "StoreFailed", "StoreFull", "StoreLocked", "StoredBlob", "Turn", "TurnBlobRef", "TurnInput",
+    "ParentConflict", "Patch", "PayloadTooLarge", "Prepared", "Store", "StoreClosed", "StoreConfig",
+    "StoreError", "StoreFailed", "StoreFull", "StoreLocked", "StoredBlob", "Turn", "TurnBlobRef", "TurnInput",
     "TurnNotInContext", "UnknownBlob", "UnknownContext", "UnknownTurn",
 ]

@@ -662,29 +662,40 @@ class Store:
                     expected_parent: int | None = None) -> Turn:
         return self.append_turns(context_id, [TurnInput(payload, type_tag, codec)], expected_parent)[0]
 
+    def prepare_turns(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[packer.Prepared]:
+        """Hash and compress a batch's payloads for a later `append_turns(..., prepared=)`.
+        No lock is taken, so a writer of many batches (an import) prepares the next batch
+        while the store writes this one: zstd and BLAKE3 run beside the write's own work."""
+        self._check_open()
+        return self._prepare_all(inputs)
+
     @_writes
     def append_turns(self, context_id: int, inputs: Sequence[TurnInput | TurnBlobRef],
-                     expected_parent: int | None = None) -> list[Turn]:
-        """Append turns in order as one durable batch; the head moves once they are durable."""
+                     expected_parent: int | None = None,
+                     prepared: Sequence[packer.Prepared] | None = None) -> list[Turn]:
+        """Append turns in order as one durable batch; the head moves once they are durable.
+        `prepared`: what `prepare_turns(inputs)` returned (else the payloads are prepared here)."""
         if not inputs:
             return []
+        if prepared is not None and len(prepared) != len(inputs):
+            raise ValueError(f"{len(prepared)} prepared payloads for {len(inputs)} turns")
         with self._gate.shared(), self._ctx_lock(context_id):
             with self._commit.writing():
                 head = self.get_head(context_id)
                 if expected_parent is not None and expected_parent != head.head_turn_id:
                     raise ParentConflict(context_id, expected_parent, head.head_turn_id)
-                turns, head, ticket = self._write_turns(head, inputs)
+                turns, head, ticket = self._write_turns(head, inputs, prepared)
             self._commit.wait(ticket)
             self._heads[context_id] = head
             for t in turns:  # referenced now: no longer in flight (GC rebuilds _pins only under the gate)
                 self._pins.pop(t.payload_hash, None)
         return turns
 
-    def _write_turns(self, head: ContextHead, inputs: Sequence[TurnInput | TurnBlobRef]
-                     ) -> tuple[list[Turn], ContextHead, int]:
+    def _write_turns(self, head: ContextHead, inputs: Sequence[TurnInput | TurnBlobRef],
+                     ready: Sequence[packer.Prepared] | None = None) -> tuple[list[Turn], ContextHead, int]:
         """Blobs first; then, under the write lock, TurnIDs, WAL records (with blob copies),
         turn records and jump pointers, each file written once per run that fits the WAL."""
-        prepared = self._prepare_all(inputs)
+        prepared = self._prepare_all(inputs) if ready is None else self._still_prepared(inputs, ready)
         copies = self._ensure_blobs(prepared)
         turns: list[Turn] = []
         with self._write_lock:
@@ -727,12 +738,20 @@ class Store:
         self._turns.write_run(run, jumps)
         self._note_head(WAL_TURN, head)
 
+    def _still_prepared(self, inputs: Sequence[TurnInput | TurnBlobRef],
+                        ready: Sequence[packer.Prepared]) -> list[packer.Prepared]:
+        """`ready` (prepared before the gate was taken), with each payload that was found stored
+        then and is no longer (collected since) prepared again: the caller holds the gate now."""
+        return [p if p.stored is not None or self._pack.locate(p.hash) is not None or p.hash in self._pending
+                else packer.prepare(self, i.payload if isinstance(i, TurnInput) else i)
+                for p, i in zip(ready, inputs, strict=True)]
+
     def _prepare_all(self, inputs: Sequence[TurnInput | TurnBlobRef]) -> list[packer.Prepared]:
-        """Big batches on the prepare threads; small ones here, leaving their new blobs to
+        """Big batches compressed on PREPARE_THREADS of zstd's; small ones here, leaving their new blobs to
         the packer (packer.prepare with defer)."""
         items = [i.payload if isinstance(i, TurnInput) else i for i in inputs]
         if _parallel(items, _sizes(items)):
-            return self._map(functools.partial(packer.prepare, self), items)
+            return packer.prepare_many(self, items, PREPARE_THREADS)
         return [packer.prepare(self, i, defer=True) for i in items]
 
     def _map(self, fn: Callable[[Any], R], items: Sequence[Any], sizes: list[int] | None = None) -> list[R]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+from ahocorasick_rs import BytesAhoCorasick
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.pi.hashing import Prefix, Scan, Sink, new_hasher
@@ -41,6 +43,7 @@ from p2pnode.pi.session import (
     parse_header,
     titles_after,
 )
+from store import Prepared
 from store.api import Store
 from store.errors import StoreError, UnknownBlob
 from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
@@ -58,6 +61,13 @@ OUR_TAGS = frozenset({TAG_LINE, TAG_SIDECAR, TAG_HEADER})
 BATCH_BYTES = 8 * 1024 * 1024
 BATCH_LINES = 4096
 JSON_CHECK_MAX = 4096
+_SESSION_INFO = BytesAhoCorasick([b'"session_info"'])
+"""Whether a chunk may name the session, in one pass without the GIL (ahocorasick-rs, ~4 GB/s)
+instead of a search of each line holding it (`in`, ~1.8 GB/s): most chunks of a big session
+hold no session_info, and once the first user message is known their lines need no title check."""
+IN_FLIGHT = 3
+"""Batches an import may have handed over and not yet appended (each up to BATCH_BYTES,
+raw and compressed): what lets reading, compressing and writing overlap, within bounded memory."""
 """Lines up to this size are JSON-parsed to warn about broken ones (like the glued lines of
 a half-copied file); longer ones only get a shape check ({...}): parsing every byte of a
 large session would cost more than storing it."""
@@ -212,8 +222,10 @@ class _Importer:
         self._splitter = LineSplitter()
         self._batch: list[TurnInput] = []
         self._batch_bytes = 0
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-prepare")
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import")
-        self._inflight: Future[None] | None = None
+        self._inflight: deque[Future[None]] = deque()
+        """The batches handed over and not yet appended, oldest first (at most IN_FLIGHT)."""
 
     def begin(self, appended: bool) -> int:
         base = self.grown
@@ -238,10 +250,16 @@ class _Importer:
 
     def feed(self, data: memoryview) -> None:
         # one copy of the chunk, then one per line (the turn's payload)
-        for line in self._splitter.feed(bytes(data)):
-            self._line(line)
+        chunk = bytes(data)
+        straddling = self._splitter.pending  # the first line out began in an earlier chunk
+        titled = self.first_user is None or bool(_SESSION_INFO.find_matches_as_indexes(chunk))
+        for line in self._splitter.feed(chunk):
+            self._line(line, titles=titled or straddling)
+            straddling = False
 
-    def _line(self, line: bytes) -> None:
+    def _line(self, line: bytes, titles: bool = True) -> None:
+        """`titles`: the line may change the session's name or first user message (false only
+        when its chunk holds no session_info and the first user message is known)."""
         self.lines_seen += 1
         if len(line) > (limit := self.store.config.max_payload):  # one line is one turn payload
             raise InvalidInput(f"{self.where}: line {self.lines_seen} is {len(line)} bytes, over the store's "
@@ -252,7 +270,8 @@ class _Importer:
             self._offset += len(line)
         if self.check_json and not _is_json(line):
             self.warnings.append(f"{self.where}: line {self.lines_seen} is not JSON (shared verbatim anyway)")
-        self.name, self.first_user = titles_after(line, self.name, self.first_user)
+        if titles:
+            self.name, self.first_user = titles_after(line, self.name, self.first_user)
         if self.header is None:
             self.header = line
             return
@@ -275,15 +294,29 @@ class _Importer:
         return self.context
 
     def _flush(self) -> None:
-        """Hand the batch to the worker, after the previous one: the store compresses and
-        syncs (without the GIL) while this thread reads and splits the next batch."""
+        """Hand the batch on, in three stages that overlap: this thread reads and splits the
+        next batch while the preparer has the store hash and compress this one (zstd and
+        BLAKE3 without the GIL) and the worker appends the one before, in order."""
         if self._batch:
             batch, self._batch, self._batch_bytes = self._batch, [], 0
-            self._wait()
-            self._inflight = self._worker.submit(self._append, batch)
+            if len(self._inflight) >= IN_FLIGHT:
+                self._wait_oldest()
+            ready = self._preparer.submit(self._prepare, batch)
+            before = self._inflight[-1] if self._inflight else None
+            self._inflight.append(self._worker.submit(self._append, ready, before))
 
-    def _append(self, batch: list[TurnInput]) -> None:
-        turns = self.store.append_turns(self._context(), self._from_stored(batch), expected_parent=self.head)
+    def _prepare(self, batch: list[TurnInput]) -> tuple[list[TurnInput | TurnBlobRef], list[Prepared]]:
+        inputs = self._from_stored(batch)
+        return inputs, self.store.prepare_turns(inputs)
+
+    def _append(self, ready: Future[tuple[list[TurnInput | TurnBlobRef], list[Prepared]]],
+                before: Future[None] | None) -> None:
+        if before is not None:
+            before.result()  # appended already (one worker, in order); if it failed, so does this one
+        self._store(*ready.result())
+
+    def _store(self, inputs: list[TurnInput | TurnBlobRef], prepared: list[Prepared] | None = None) -> None:
+        turns = self.store.append_turns(self._context(), inputs, expected_parent=self.head, prepared=prepared)
         self.head = turns[-1].turn_id
 
     def _from_stored(self, batch: list[TurnInput]) -> list[TurnInput | TurnBlobRef]:
@@ -305,26 +338,39 @@ class _Importer:
             self.store.put_stored_blobs(blobs)
         return turns
 
+    def _wait_oldest(self) -> None:
+        self._inflight.popleft().result()
+
     def _wait(self) -> None:
-        if self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
-            inflight.result()
+        """Until every batch handed over is appended; the first failure is raised (the
+        batches after a failed one fail too, and nothing is appended after it)."""
+        while self._inflight:
+            self._wait_oldest()
+
+    def _shutdown(self) -> None:
+        self._preparer.shutdown()
+        self._worker.shutdown()
 
     def finish(self) -> None:
         if (last := self._splitter.rest()) is not None:
             self._line(last)
         if self.header is None:
-            self._worker.shutdown()
+            self._shutdown()
             raise InvalidInput(f"{self.where} is empty")
         self._batch.append(TurnInput(self.header, TAG_HEADER))  # on top, in the last batch
-        self._flush()
-        self._wait()
-        self._worker.shutdown()
+        if self._inflight:
+            self._flush()
+            self._wait()
+        else:  # the only batch (a re-share's new lines): appended here, no hand-off to wait for
+            batch, self._batch = self._batch, []
+            self._store(self._from_stored(batch))
+        self._shutdown()
 
     def discard(self) -> None:
-        with contextlib.suppress(Exception):
-            self._wait()
-        self._worker.shutdown()
+        while self._inflight:
+            with contextlib.suppress(Exception):
+                self._wait_oldest()
+        self._shutdown()
         if self.context:
             self.store.delete_context(self.context)
 

@@ -17,6 +17,11 @@ class LineSplitter:
     def __init__(self) -> None:
         self._pending: list[bytes] = []
 
+    @property
+    def pending(self) -> bool:
+        """Whether a line has begun and not ended: the next line out began in an earlier chunk."""
+        return bool(self._pending)
+
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         start = 0
         while (end := chunk.find(b"\n", start)) >= 0:

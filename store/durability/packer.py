@@ -12,8 +12,11 @@ prepare threads, and put_blob, which has no WAL record, always compresses first.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import zstandard
 
 from store.codec import blob_hash, compressor
 from store.errors import PayloadTooLarge, UnknownBlob
@@ -66,12 +69,51 @@ def prepare(store: Store, payload: bytes | TurnBlobRef, defer: bool = False) -> 
     return compress(store, h, bytes(payload))
 
 
+def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: int) -> list[Prepared]:
+    """prepare() of a big batch, its compression in one call on zstd's own `threads`
+    (`multi_compress_to_buffer`): the GIL is released once per batch, not once per line, so
+    the other Python threads of a busy process (an import's reader and writer) do not hold
+    each line's compression back at every hand-back of the GIL."""
+    cctx = compressor(store.config.zstd_level)
+    out: list[Prepared] = []
+    todo: list[int] = []
+    raw: list[bytes | bytearray | memoryview] = []  # zstandard's stubs want this list type
+    for item in items:
+        if isinstance(item, TurnBlobRef):
+            out.append(prepare(store, item))
+            continue
+        n = len(item)
+        if n > store.config.max_payload:
+            raise PayloadTooLarge(n, store.config.max_payload)
+        h = blob_hash(item)
+        if store._pack.locate(h) is not None or h in store._pending:
+            out.append(Prepared(h, n))
+        elif _incompressible(cctx, item):
+            out.append(Prepared(h, n, CODEC_RAW, bytes(item)))
+        else:
+            payload = bytes(item)
+            todo.append(len(out))
+            raw.append(payload)
+            out.append(Prepared(h, n, CODEC_RAW, payload))  # until compressed below, if it shrinks
+    if todo:
+        packed = cctx.multi_compress_to_buffer(raw, threads=threads)
+        for k, i in enumerate(todo):
+            if len(packed[k]) < out[i].raw_len:
+                out[i] = Prepared(out[i].hash, out[i].raw_len, CODEC_ZSTD, packed[k].tobytes())
+    return out
+
+
+def _incompressible(cctx: zstandard.ZstdCompressor, payload: bytes) -> bool:
+    """A big payload whose first PROBE bytes zstd cannot shrink (an image): not compressed."""
+    return len(payload) > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97
+
+
 def compress(store: Store, h: bytes, payload: bytes) -> Prepared:
     """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
     payloads (images) without compressing all of them."""
     cctx = compressor(store.config.zstd_level)
     n = len(payload)
-    if n > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97:
+    if _incompressible(cctx, payload):
         return Prepared(h, n, CODEC_RAW, payload)
     packed = cctx.compress(payload)
     if len(packed) >= n:
