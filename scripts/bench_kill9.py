@@ -13,7 +13,7 @@ ratio, so that runs can be compared like with like:
 - `rx_queue_at_kill`: bytes waiting in h2's sockets when it was killed.
 
 Needs root (network namespaces).  Usage:
-    .venv/bin/python scripts/bench_kill9.py [--reps 3] [--mb 256]
+    .venv/bin/python scripts/bench_kill9.py [--reps 3] [--mb 256] [--quick]
 Run it from another checkout's scripts/ to measure that tree (PYTHONPATH follows the script).
 """
 from __future__ import annotations
@@ -75,7 +75,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="kill -9 + rerun pairs (default 3)")
     ap.add_argument("--mb", type=int, default=256, help="session size in MB (default 256)")
+    ap.add_argument("--quick", action="store_true", help="a 32 MB session, one pair (about a minute)")
     args = ap.parse_args()
+    if args.quick:
+        args.mb, args.reps = 32, 1
     reason = bt.unavailable_reason()
     if reason:
         bt.log(f"bench_kill9: cannot build a namespace lab: {reason}")
@@ -103,7 +106,8 @@ def main() -> int:
                 runs.append(kill_and_rerun(bench, p2p, branch, full, size))
                 bt.log(f"  {runs[-1]}")
         ratio = median(r["rerun_over_full"] for r in runs)
-        bt.emit({"benchmark": "kill9", "session_bytes": size, "full": fulls, "runs": runs,
+        bt.emit({"benchmark": "kill9", "quick": args.quick, "session_bytes": size, "full": fulls,
+                 "runs": runs,
                  "rerun_over_full_median": ratio,
                  "rerun_raw_share_median": median(r["rerun_raw_share"] for r in runs),
                  "goals": [bt.goal("kill -9 at ~50 %, rerun bytes / full fetch (median)", ratio, 0.55, "x")]})
