@@ -91,6 +91,9 @@ PARALLEL_BYTES = 256 << 10  # a batch this big is hashed and compressed on PREPA
 PREPARE_THREADS = 2
 WALK_RUN = 512
 """Turn records a walk towards the root reads at once (a chain's turns sit mostly together)."""
+BATCH_COPY_MAX = 128 << 10
+"""A batch's new blob records up to this many bytes are copied into the head WAL (its one
+fdatasync makes them durable); more go durable by a pack fdatasync before the WAL's."""
 
 
 def _sizes(items: Sequence[Any]) -> list[int]:
@@ -300,7 +303,10 @@ class Store:
     def _ensure_blobs(self, prepared: Sequence[packer.Prepared]) -> list[bytes]:
         """_ensure_blob of each, with the new compressed blobs written to the pack in one write
         (one syscall per batch, not per line) under their shard locks, taken in shard order (no
-        deadlock between batches; single inserts take one)."""
+        deadlock between batches; single inserts take one).  When the new records come to more
+        than BATCH_COPY_MAX bytes, the WAL gets no copies of them: the commit syncs the pack
+        first (one fdatasync more), where copies would fill the 1 MiB WAL every few batches
+        and each time stall the writers for a checkpoint."""
         fresh = [p for p in prepared
                  if p.stored is not None and not p.deferred and self._pack.locate(p.hash) is None]
         if len(fresh) < 2:
@@ -315,6 +321,9 @@ class Store:
                     assert p.stored is not None
                     written[p.hash] = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
             self._pack.append_many(list(written.values()))
+        if sum(map(len, written.values())) > BATCH_COPY_MAX and self.config.durable:
+            self._pack_wanted = True
+            return [b"" if p.hash in written else self._ensure_blob(p) for p in prepared]
         return [self._copy_or_sync(written[p.hash]) if p.hash in written else self._ensure_blob(p)
                 for p in prepared]
 
