@@ -707,9 +707,14 @@ class Bench:
         rerun = self.links.total("h2") - wire1
         log(f"  p2pnode kill -9 at {before / full_wire:.0%}, the rerun moved {rerun / full_wire:.0%} "
             f"(exit {again.rc})")
-        return {"killed_exit": killed.rc, "bytes_before_kill": before, "rerun_bytes": rerun,
-                "rerun_exit": again.rc, "rerun_error": again.err.strip()[-500:] if again.rc else None,
-                "full_fetch_bytes": full_wire, "rerun_over_full": round(rerun / full_wire, 4)}
+        out = {"killed_exit": killed.rc, "bytes_before_kill": before, "rerun_bytes": rerun,
+               "rerun_exit": again.rc, "rerun_error": again.err.strip()[-500:] if again.rc else None,
+               "full_fetch_bytes": full_wire, "rerun_over_full": round(rerun / full_wire, 4)}
+        if again.rc == 0:  # why a rerun moved what it did: how much of the session, at what ratio
+            got = json.loads(again.out)
+            raw = sum(s["bytes"] for s in got["served"].values())
+            out.update(rerun_raw_bytes=raw, rerun_body_per_raw=round(got["bytes_received"] / max(1, raw), 4))
+        return out
 
     def memory(self, size: int, seed: int) -> None:
         """Peak RSS of share (one-shot), the serving node and fetch (one-shot) on a big session
