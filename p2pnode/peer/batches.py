@@ -46,18 +46,22 @@ Have = Callable[[bytes], bool]
 
 
 async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: wire.Limits,
-                    have: Have, received: Received, sized_as: int | None = None) -> None:
+                    have: Have, received: Received, sized_as: int | None = None,
+                    not_shared: Callable[[], float] | None = None) -> None:
     """Every line of `missing` from the pool's peers, handed to `received` once verified: the
     lines are shared out among all holders (downloader.Share); a broken link or a dropped
     holder leaves its lines not received yet to the others.  `sized_as`: the raw bytes the
     groups are sized for, when not `missing`'s (a resumed fetch is cut as the fetch it
-    continues: smaller groups are smaller zstd streams, which compress worse)."""
+    continues: smaller groups are smaller zstd streams, which compress worse).  `not_shared`:
+    the CPU seconds so far of work the received lines do not cause (pace.FetchPace)."""
     wanted = [r for r in missing if not have(r.hash)]
     holders = sum(1 for p in pool.peers if not p.dropped)
     total = sum(r.length for r in wanted) if sized_as is None else sized_as
     groups = _groups(wanted, limits, group_bytes(total, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
     pace = FetchPace(sum(r.length for r in wanted))
+    if not_shared is not None:
+        pace.not_shared = not_shared
     lanes = Lanes()
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:

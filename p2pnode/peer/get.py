@@ -285,6 +285,7 @@ class _Stream:
         self._parent: PlacedLines | None = None
         """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
         self._looked_up = False
+        self._held_cpu = 0.0
         missing = sum(r.length for r in getter.refs if r.hash in getter.outstanding)
         self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
@@ -371,9 +372,16 @@ class _Stream:
                 if self.getter.done and self.out is None and self.getter.refused is None:
                     self._write([], lib, force=True)  # an incremental fetch with nothing new to write
                 return
+            cpu = time.thread_time()
             at, parent = self.getter.cursor, self._parent_file(lib)
             held = read_held(lib, self.getter.refs[at:at + len(wanted)], self.getter.size, parent)
             self.getter.read_back(wanted, held)
+            self._write(self.getter.ready(), lib)  # their parts: written here, timed with them
+            self._held_cpu += time.thread_time() - cpu
+
+    def held_cpu(self) -> float:
+        """CPU seconds the worker spent reading held lines back: work no received byte causes."""
+        return self._held_cpu
 
     def _parent_file(self, lib: FetchTarget) -> PlacedLines | None:
         """The placed file of the branch this one forks (looked up once), if it can give held lines."""
@@ -515,7 +523,8 @@ class _Fetch:
                         self._total = sum(r.length for r in missing)
                         self._done = 0
                         await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
-                                                stream.have, stream.received, sized_as)
+                                                stream.have, stream.received, sized_as,
+                                                stream.held_cpu)
                     await stream.flush()
                     assembled = stream.getter.finish()
                 finally:

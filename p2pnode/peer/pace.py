@@ -31,6 +31,7 @@ lane, 8 MiB window: peer/batches.py's Lanes, PeerServer's lanes).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2pnode.peer import wire
@@ -224,6 +225,10 @@ class FetchPace:
     decode_cpu: float = 0.0
     """The decoding threads' CPU seconds so far."""
     started: float = field(default_factory=time.process_time)
+    not_shared: Callable[[], float] = lambda: 0.0
+    """CPU seconds of this process, since it began, spent on work no received byte causes
+    (reading held lines back from the store or the parent's file: a resumed fetch's first
+    half), which must not be charged per received byte."""
 
     def link(self, holder: object) -> WaitMeter:
         return self.links.setdefault(holder, WaitMeter())
@@ -249,11 +254,11 @@ class FetchPace:
         """A format's time per raw byte, max(CPU, wire / the links' rate), or None before the
         links' rate and the CPU are measured.  The CPU is the decoding threads' for that format
         plus the rest of the process's (reading, TLS, the store) per raw byte so far, which
-        both formats share."""
+        both formats share, less `not_shared`."""
         rates = [m.rate for m in self.links.values() if m.rate is not None]
         if not rates or self.raw < MIN_COST_BYTES:
             return None
-        shared = max(0.0, time.process_time() - self.started - self.decode_cpu) / self.raw
+        shared = max(0.0, time.process_time() - self.started - self.decode_cpu - self.not_shared()) / self.raw
         return max(shared + cost.decode, cost.wire / sum(rates))
 
     def offer(self, holder: object, limits: wire.Limits) -> dict[str, str]:
