@@ -141,22 +141,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+async def _fetch_via(proxy: Relay, node: Node, target: str) -> dict:
+    """`p2pnode fetch TARGET --json` by `node`, from the peer behind the started `proxy`,
+    which is closed afterwards; the fetch's result."""
+    proxy_port = await proxy.start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            PY, "-m", "p2pnode", "fetch", target, "--from", f"127.0.0.1:{proxy_port}", "--json",
+            env=node.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await proxy.close()
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
 async def test_cut_link_resumes_without_starting_over(nodes) -> None:
     a, b, c = nodes
     branch = a.run("share", str(a.agent / A3)).stdout.split()[0]
     with a.serving() as port:
         clean = c.fetch_json(branch, "--from", f"127.0.0.1:{port}")
         proxy = Relay(port, drop_first_after=clean["bytes_received"] // 2)
-        proxy_port = await proxy.start()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                PY, "-m", "p2pnode", "fetch", branch, "--from", f"127.0.0.1:{proxy_port}", "--json",
-                env=b.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            await proxy.close()
-    assert proc.returncode == 0, err
-    resumed = json.loads(out)
+        resumed = await _fetch_via(proxy, b, branch)
     assert proxy.connections >= 2  # the link was cut and a new connection made
     # no verified line was fetched twice: the retry asked only for what was still missing
     assert resumed["lines_fetched"] == clean["lines_fetched"]
@@ -219,16 +225,7 @@ async def test_one_shot_fetch_of_a_prefix_makes_one_connection_per_peer(nodes, c
     branch = a.run("share", str(a.agent / B2)).stdout.split()[0]
     with a.serving() as port:
         proxy = Relay(port)
-        proxy_port = await proxy.start()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                PY, "-m", "p2pnode", "fetch", branch[:12], "--from", f"127.0.0.1:{proxy_port}", "--json",
-                env=b.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            await proxy.close()
-    assert proc.returncode == 0, err
-    result = json.loads(out)
+        result = await _fetch_via(proxy, b, branch[:12])
     assert result["branch"] == branch and len(result["fetched"]) == 2  # B2 → B1: several steps, one link
     assert Path(result["path"]).read_bytes() == (corpus_dir / B2).read_bytes()
     assert proxy.connections == 1
