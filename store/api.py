@@ -413,7 +413,7 @@ class Store:
             if lost is not None:
                 raise CorruptRecord(PACK, -1, f"blob {h.hex()} is damaged: {lost}")
             raise UnknownBlob(h)
-        return self._checked(h, loc, self._read_record(h, loc))
+        return self._keep_checked(h, loc, _decode_checked(h, loc, self._read_record(h, loc)))
 
     def get_blobs(self, hashes: Sequence[bytes]) -> list[bytes]:
         """Many blobs at once, each checked as get_blob checks it (CRC, decoding, BLAKE3): the
@@ -443,9 +443,6 @@ class Store:
             return self._pack.read(h, loc)
         except CorruptRecord as exc:
             return exc
-
-    def _checked(self, h: bytes, loc: BlobLocation, record: bytes | CorruptRecord) -> bytes:
-        return self._keep_checked(h, loc, _decode_checked(h, loc, record))
 
     def _keep_checked(self, h: bytes, loc: BlobLocation, got: bytes | CorruptRecord) -> bytes:
         """A checked blob cached and returned; a damaged one noted (damage.log) and raised."""

@@ -61,6 +61,9 @@ OUR_TAGS = frozenset({TAG_LINE, TAG_SIDECAR, TAG_HEADER})
 BATCH_BYTES = 8 * 1024 * 1024
 BATCH_LINES = 4096
 JSON_CHECK_MAX = 4096
+"""Lines up to this size are JSON-parsed to warn about broken ones (like the glued lines of
+a half-copied file); longer ones only get a shape check ({...}): parsing every byte of a
+large session would cost more than storing it."""
 _SESSION_INFO = BytesAhoCorasick([b'"session_info"'])
 """Whether a chunk may name the session, in one pass without the GIL (ahocorasick-rs, ~4 GB/s)
 instead of a search of each line holding it (`in`, ~1.8 GB/s): most chunks of a big session
@@ -68,9 +71,6 @@ hold no session_info, and once the first user message is known their lines need 
 IN_FLIGHT = 3
 """Batches an import may have handed over and not yet appended (each up to BATCH_BYTES,
 raw and compressed): what lets reading, compressing and writing overlap, within bounded memory."""
-"""Lines up to this size are JSON-parsed to warn about broken ones (like the glued lines of
-a half-copied file); longer ones only get a shape check ({...}): parsing every byte of a
-large session would cost more than storing it."""
 STATE_VERSION = 1
 
 
