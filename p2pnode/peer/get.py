@@ -44,8 +44,10 @@ import functools
 import logging
 import re
 import struct
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -244,6 +246,9 @@ class _Prefix:
     base_size: int
     lines: int
     size: int
+    hashing: Future[blake3.blake3] | None = None
+    """The placed file of `base` being hashed on a thread of its own while the new lines come
+    (the getter's Held has no hasher then): checked against `base` when taken, `_Stream._held_hash`."""
 
 
 HELD = LineRef(bytes(32), 0)
@@ -286,7 +291,8 @@ class _Stream:
         """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
         self._looked_up = False
         self._held_cpu = 0.0
-        missing = sum(r.length for r in getter.refs if r.hash in getter.outstanding)
+        new = getter.refs[getter.cursor:]  # not the held prefix: it has no outstanding lines
+        missing = sum(r.length for r in new if r.hash in getter.outstanding)
         self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
     async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
@@ -360,6 +366,8 @@ class _Stream:
                 await asyncio.to_thread(opened.__exit__, None, None, None)
 
     def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget) -> None:
+        if self.getter.held_hash_due:
+            self._held_hash(lib)
         if run:
             lib.stage_lines([blob for blob, _ in run])
         for blob, raw in run:
@@ -378,6 +386,19 @@ class _Stream:
             self.getter.read_back(wanted, held)
             self._write(self.getter.ready(), lib)  # their parts: written here, timed with them
             self._held_cpu += time.thread_time() - cpu
+
+    def _held_hash(self, lib: FetchTarget) -> None:
+        """The held lines' hash state for the getter: the placed file's, hashed meanwhile, if
+        it is still `base` (it changed under its unchanged stat, or went: the store's lines)."""
+        assert self.prefix is not None and self.prefix.hashing is not None
+        try:
+            hasher: blake3.blake3 | None = self.prefix.hashing.result()
+        except OSError as exc:
+            log.info("held version %s not hashed from its placed file: %s", self.prefix.base, exc)
+            hasher = None
+        if hasher is None or hasher.hexdigest() != self.prefix.base:
+            hasher = _store_hasher(lib, lib.line_manifest(self.prefix.base)[:self.prefix.lines])
+        self.getter.hash_held(hasher)
 
     def held_cpu(self) -> float:
         """CPU seconds the worker spent reading held lines back: work no received byte causes."""
@@ -653,18 +674,38 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
         size = sum(r.length for r in refs)
     header = SessionHeader(**version.header)
     hasher = LIVE.get(base, size)
+    hashing = None
     if hasher is None and place is not None and size == version.size:
         target = target_path(place.agent_dir, header, place.session_dir)
         if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
-            hasher = prefix_hasher(target, size)
-            if hasher.hexdigest() != base:  # changed under us after all: the store's copy
-                hasher = None
-    if hasher is None:
-        hasher = new_hasher()
-        for run in _held_runs(lib, refs if refs is not None else lib.line_manifest(base)[:after.first]):
-            hasher.update(run)
+            hashing = _in_background(functools.partial(prefix_hasher, target, size))
+    if hasher is None and hashing is None:
+        hasher = _store_hasher(lib, refs if refs is not None else lib.line_manifest(base)[:after.first])
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
-    return held, _Prefix(base, version.size, after.first, size)
+    return held, _Prefix(base, version.size, after.first, size, hashing)
+
+
+def _store_hasher(lib: FetchTarget, refs: list[LineRef]) -> blake3.blake3:
+    """The hash state after held lines read back from the store (decompressed: the slowest way)."""
+    hasher = new_hasher()
+    for run in _held_runs(lib, refs):
+        hasher.update(run)
+    return hasher
+
+
+def _in_background(fn: Callable[[], T]) -> Future[T]:
+    """fn() on a thread of its own, its result (or exception) when asked for: hashing a file
+    releases the GIL, so it runs beside the fetch instead of before it."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # handed to whoever takes the result
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="p2pnode-hash", daemon=True).start()
+    return future
 
 
 def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:

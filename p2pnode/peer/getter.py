@@ -95,11 +95,13 @@ class ManifestLied(VerificationFailed):
 @dataclass(frozen=True)
 class Held:
     """What a fetch continues from: the first `lines` lines of the version (a version this
-    node holds, of the same session), hashed already (`hasher`: the live state after them)."""
+    node holds, of the same session), hashed already (`hasher`: the live state after them), or
+    being hashed (None: given with `SessionGetter.hash_held` before the first line goes out, so
+    the driver can hash the held file while the new lines come)."""
 
     lines: int
     size: int
-    hasher: blake3.blake3
+    hasher: blake3.blake3 | None
     header: SessionHeader
     name: str | None
     first_user: str | None
@@ -199,7 +201,8 @@ class SessionGetter:
         self.ahead_limit = ahead_limit
         self.cursor = held.lines if held else 0
         self.size = held.size if held else 0
-        self.hasher = held.hasher.copy() if held else new_hasher()
+        self.hasher = held.hasher.copy() if held and held.hasher else new_hasher()
+        self.held_hash_due = held is not None and held.hasher is None
         self.header = held.header if held else None
         self.name = held.name if held else None
         self.first_user = held.first_user if held else None
@@ -217,6 +220,13 @@ class SessionGetter:
     @property
     def done(self) -> bool:
         return self.cursor == len(self.refs)
+
+    def hash_held(self, hasher: blake3.blake3) -> None:
+        """The held lines' hash state, when Held came without it (due before `ready`)."""
+        if not self.held_hash_due:
+            raise ValueError(f"{self.where}: the held lines' hash is given already")
+        self.hasher = self._before_last = hasher.copy()
+        self.held_hash_due = False
 
     def arrived(self, line_hash: bytes, raw: bytes) -> None:
         """A verified line from a peer (it is staged in the store by the driver already)."""
@@ -256,6 +266,8 @@ class SessionGetter:
         waits), in parts of about READY_PART bytes: whole lines joined, each part hashed into
         the session as one update and written by the driver as one write (not one per line).
         Made as they are consumed (consume them all): one part in memory at a time."""
+        if self.held_hash_due:
+            raise ValueError(f"{self.where}: the held lines' hash is due before their successors go out")
         while taken_parts := self._take(READY_PART):
             yield from self._hashed(*taken_parts)
 
@@ -341,6 +353,8 @@ class SessionGetter:
         """The verified version, or ManifestLied when its lines do not hash to `src`."""
         if not self.done:
             raise ManifestLied(f"{self.where}: line {self.cursor + 1} never arrived")
+        if self.held_hash_due:
+            raise ValueError(f"{self.where}: the held lines' hash was never given")
         if (got := self.hasher.hexdigest()) != self.src:
             raise ManifestLied(f"{self.where}: its manifest's lines hash to {got}")
         if self.refused is not None:

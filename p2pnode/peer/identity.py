@@ -142,8 +142,23 @@ def _open_ca() -> tuple[Ed25519PrivateKey, x509.Certificate]:
     return key, cert
 
 
+OPEN_CA_PEM = b"""-----BEGIN CERTIFICATE-----
+MIIBQzCB9qADAgECAgEBMAUGAytlcDAnMSUwIwYDVQQDDBxwMnBub2RlIG9wZW4g
+Q0EgKHB1YmxpYyBrZXkpMCAXDTIwMDEwMTAwMDAwMFoYDzIxMjAwMTAxMDAwMDAw
+WjAnMSUwIwYDVQQDDBxwMnBub2RlIG9wZW4gQ0EgKHB1YmxpYyBrZXkpMCowBQYD
+K2VwAyEAWEQX8ZONJSnA3Neyern0xwM0rf6damwH+MzUawdrb/ijRTBDMBIGA1Ud
+EwEB/wQIMAYBAf8CAQAwDgYDVR0PAQH/BAQDAgEGMB0GA1UdDgQWBBSBvn2pRHoG
+QVcK9Rt1COxb/iFR4jAFBgMrZXADQQDVofgPkKHBWcdoBQCsI/9U/NdgsAy4pdNK
+1RFhJPA1n62Zet2EE5Tofdns2o5QMKrhSEE03AN6riN8yr+IhoIM
+-----END CERTIFICATE-----
+"""
+"""_open_ca()'s certificate, as it always comes out (Ed25519 signs deterministically): every
+TLS context loads it, and deriving it costs a signature (~14 ms of each CLI command's start).
+tests/peer/test_identity.py checks it against the derivation."""
+
+
 def open_ca_pem() -> bytes:
-    return _open_ca()[1].public_bytes(serialization.Encoding.PEM)
+    return OPEN_CA_PEM
 
 
 def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:

@@ -30,18 +30,17 @@ def index_entry(h: bytes, loc: BlobLocation) -> bytes:
 
 
 def encode_index(entries: list[bytes], covered_len: int, last: tuple[int, bytes] | None) -> bytes:
-    """entries: sorted packed BlobIndexEntry bytes; last: (offset, hash) of the last covered record."""
-    fan = [0] * 256
-    for e in entries:
-        fan[e[0]] += 1
-    total = 0
-    for i in range(256):
-        total += fan[i]
-        fan[i] = total
+    """entries: sorted runs of packed BlobIndexEntry bytes (one entry each, or many: joined as
+    they are); last: (offset, hash) of the last covered record."""
     body = b"".join(entries)
+    firsts = body[::IDX_ENTRY.size]  # each entry's first hash byte: its fan-out bucket
+    fan, total = [], 0
+    for i in range(256):
+        total += firsts.count(i)
+        fan.append(total)
     last_off, last_hash = last if last else (0, ZERO_HASH)
     head = IDX_HEADER.pack(
-        IDX_MAGIC, IDX_VERSION, 0, len(entries), covered_len, last_off, last_hash, zlib.crc32(body)
+        IDX_MAGIC, IDX_VERSION, 0, len(firsts), covered_len, last_off, last_hash, zlib.crc32(body)
     ) + IDX_FANOUT.pack(*fan)
     return head + IDX_HEADER_CRC.pack(zlib.crc32(head)) + body
 
@@ -57,9 +56,19 @@ class BlobIndex:
 
     def locate(self, h: bytes) -> BlobLocation | None:
         """Binary search within blob h's fan-out bucket."""
-        mm = self.mm
-        if mm is None or len(h) != 32:
+        if self.mm is None or len(h) != 32:
             return None
+        at, found = self._position(h)
+        if not found:
+            return None
+        entry = IDX_ENTRY.unpack_from(self.mm, IDX_PREFIX_LEN + at * IDX_ENTRY.size)
+        _, pack_off, raw_len, stored_len, codec, _ = entry
+        return BlobLocation(pack_off, raw_len, stored_len, codec)
+
+    def _position(self, h: bytes) -> tuple[int, bool]:
+        """Where h's entry is, or would go (its index in the run), and whether it is there."""
+        mm = self.mm
+        assert mm is not None
         b = h[0]
         lo = self.fan[b - 1] if b else 0
         hi = self.fan[b]
@@ -73,18 +82,28 @@ class BlobIndex:
             elif key > h:
                 hi = mid
             else:
-                _, pack_off, raw_len, stored_len, codec, _ = IDX_ENTRY.unpack_from(mm, off)
-                return BlobLocation(pack_off, raw_len, stored_len, codec)
-        return None
+                return mid, True
+        return lo, False
 
-    def entries(self) -> list[bytes]:
-        """Every packed BlobIndexEntry, in hash order."""
-        mm = self.mm
+    def merged(self, new: dict[bytes, BlobLocation]) -> list[bytes]:
+        """This index's entries with `new`'s put in their places (a new location replaces the
+        one indexed for the same hash), as sorted runs for encode_index: the runs between them
+        are sliced from the mapping, not decoded, so folding a few blobs into a big index
+        costs a copy of it, not a Python object per entry."""
+        mm, esize = self.mm, IDX_ENTRY.size
         if mm is None:
-            return []
-        esize = IDX_ENTRY.size
-        body = mm[IDX_PREFIX_LEN:]
-        return [body[i : i + esize] for i in range(0, len(body), esize)]
+            return [index_entry(h, new[h]) for h in sorted(new)]
+        runs: list[bytes] = []
+        done = 0
+        with memoryview(mm) as view:  # released at once: the mapping is closed when replaced
+            body = view[IDX_PREFIX_LEN:]
+            for h in sorted(new):
+                at, found = self._position(h)
+                runs += (body[done * esize : at * esize].tobytes(), index_entry(h, new[h]))
+                done = at + found
+            runs.append(body[done * esize :].tobytes())
+            body.release()
+        return runs
 
 
 def check_index(mm: mmap.mmap, size: int, pack_size: int,

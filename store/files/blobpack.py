@@ -8,7 +8,6 @@ rebuilt from the pack.
 """
 from __future__ import annotations
 
-import heapq
 import mmap
 import os
 import threading
@@ -296,9 +295,7 @@ class BlobPack:
     def write_index(self) -> None:
         """Fold the tail into a new blobs.idx (temp file + rename)."""
         with self._lock:
-            old = [e for e in self._index.entries() if e[:32] not in self._tail]  # a new copy wins
-            new = sorted(index_entry(h, loc) for h, loc in self._tail.items())
-            merged = list(heapq.merge(old, new)) if old else new
+            merged = self._index.merged(self._tail)  # a new copy wins
             atomic_write(self.root / INDEX, encode_index(merged, self.end, self._last), durable=self.durable)
             self._reload_index()
             self._tail.clear()  # only now: a lookup finds a blob in the old tail or the new index

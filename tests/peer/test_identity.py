@@ -15,7 +15,9 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from p2pnode.errors import NotFound
 from p2pnode.peer.identity import (
+    OPEN_CA_PEM,
     InvalidNodeId,
+    _open_ca,
     format_node_id,
     load_or_create_identity,
     normalise_node_id,
@@ -49,6 +51,10 @@ def test_node_id_typos_are_refused() -> None:
     # Syncthing's typo fixes: 0→O, 1→I, 8→B
     assert parse_node_id(SYNCTHING_FORMATTED.replace("O", "0").replace("I", "1")) == parse_node_id(
         SYNCTHING_FORMATTED)
+
+
+def test_the_open_ca_certificate_constant_is_the_derived_one() -> None:
+    assert _open_ca()[1].public_bytes(Encoding.PEM) == OPEN_CA_PEM
 
 
 def test_identity_files_and_reissue(tmp_path: Path) -> None:

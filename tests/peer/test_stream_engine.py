@@ -17,6 +17,7 @@ from test_stream_fetch import SESSION_ID, pi_session
 from p2pnode.errors import InvalidInput
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
+from p2pnode.peer import get as get_module
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, fetch_branch
@@ -24,6 +25,7 @@ from p2pnode.peer.getter import LIVE
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.hashing import hash_file
 from p2pnode.pi.lines import LineRef, split_lines
 
 PROJECT = "sessions/--w--"
@@ -154,6 +156,37 @@ async def test_a_one_shot_fetch_rehashes_the_held_prefix(duo: Duo) -> None:
     third = await duo.fetch(duo.sharer.share(str(path)).branch)
     assert third.written and 0 < third.lines_fetched < third.lines_total
     assert duo.placed.read_bytes() == path.read_bytes()
+
+
+async def test_a_one_shot_fetch_checks_the_placed_file_it_hashed_meanwhile(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held prefix's hash state comes from the placed file, hashed on a thread while the
+    new lines come (the store's lines are not read for it); a file changed behind an unchanged
+    stat does not hash to the held version, so the store's lines give the state instead: the
+    new version is still verified and committed (the file is appended to, after bytes this
+    node did not write, as its stat said)."""
+    from_store: list[int] = []
+    store_hasher = get_module._store_hasher
+    monkeypatch.setattr(get_module, "_store_hasher", lambda lib, refs: from_store.append(len(refs))
+                        or store_hasher(lib, refs))
+    path = duo.write(pi_session(2_000_000, seed=6))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    LIVE.clear()
+    _grow(path, seed=8)
+    assert (await duo.fetch(duo.sharer.share(str(path)).branch)).written
+    assert from_store == [] and duo.placed.read_bytes() == path.read_bytes()
+    before = duo.placed.stat()
+    tampered = duo.placed.read_bytes().replace(b"look at image", b"LOOK AT IMAGE")
+    assert tampered != path.read_bytes()
+    duo.placed.write_bytes(tampered)
+    os.utime(duo.placed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    LIVE.clear()
+    new = _grow(path, seed=7)
+    got = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert got.written and got.conflict is None
+    assert duo.fetcher.branch(got.branch).src == got.src == hash_file(path)
+    assert duo.placed.read_bytes() == tampered + new
+    assert len(from_store) == 1 and from_store[0] > 0  # the held lines, read back once
 
 
 async def test_a_grown_version_is_committed_without_reading_the_held_lines(
