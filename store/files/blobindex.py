@@ -4,6 +4,7 @@ blob.  No I/O of its own: the pack maps it, checks it against the pack and write
 """
 from __future__ import annotations
 
+import heapq
 import mmap
 import zlib
 from collections.abc import Callable
@@ -65,6 +66,14 @@ class BlobIndex:
         _, pack_off, raw_len, stored_len, codec, _ = entry
         return BlobLocation(pack_off, raw_len, stored_len, codec)
 
+    def _entries(self) -> list[bytes]:
+        """Every packed BlobIndexEntry, in hash order."""
+        if self.mm is None:
+            return []
+        esize = IDX_ENTRY.size
+        body = self.mm[IDX_PREFIX_LEN:]
+        return [body[i : i + esize] for i in range(0, len(body), esize)]
+
     def _position(self, h: bytes) -> tuple[int, bool]:
         """Where h's entry is, or would go (its index in the run), and whether it is there."""
         mm = self.mm
@@ -87,19 +96,21 @@ class BlobIndex:
 
     def merged(self, new: dict[bytes, BlobLocation]) -> list[bytes]:
         """This index's entries with `new`'s put in their places (a new location replaces the
-        one indexed for the same hash), as sorted runs for encode_index: the runs between them
-        are sliced from the mapping, not decoded, so folding a few blobs into a big index
-        costs a copy of it, not a Python object per entry."""
+        one indexed for the same hash), as sorted runs for encode_index.  A few new entries
+        (a +1 % fetch into a big store) are each found by binary search and the runs between
+        them sliced from the mapping, not decoded: a copy of the index, not a Python object
+        per entry.  Many (a first share) cost less merged with the decoded entries."""
         mm, esize = self.mm, IDX_ENTRY.size
-        if mm is None:
-            return [index_entry(h, new[h]) for h in sorted(new)]
+        added = sorted(index_entry(h, loc) for h, loc in new.items())
+        if mm is None or len(new) * max(self.count.bit_length(), 1) > self.count:
+            return list(heapq.merge([e for e in self._entries() if e[:32] not in new], added))
         runs: list[bytes] = []
         done = 0
         with memoryview(mm) as view:  # released at once: the mapping is closed when replaced
             body = view[IDX_PREFIX_LEN:]
-            for h in sorted(new):
-                at, found = self._position(h)
-                runs += (body[done * esize : at * esize].tobytes(), index_entry(h, new[h]))
+            for entry in added:
+                at, found = self._position(entry[:32])
+                runs += (body[done * esize : at * esize].tobytes(), entry)
                 done = at + found
             runs.append(body[done * esize :].tobytes())
             body.release()

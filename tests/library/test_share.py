@@ -462,3 +462,32 @@ def _split(data: bytes) -> list[bytes]:
 
 def _complete(data: bytes) -> bytes:
     return data[: data.rfind(b"\n") + 1]
+
+
+@pytest.mark.parametrize(("line", "is_json"), [
+    (b'{"type":"message","id":"1"}\n', True),
+    (b'{"type":"message","id":"1"}', True),  # a last line without its newline
+    (b'{"n":18446744073709552000}\n', True),  # over 64 bits (JS writes 2**64 so): json.loads takes it
+    (b'{"x":NaN}\n', True),  # json.loads takes it (Python's own JSON)
+    (b'{"type":"message","id":"baf6","pare{"type":"m"}\n', False),  # glued lines of a half-copied file
+    (b'{"a":1}{"b":2}\n', False),
+    (b'{"a":"\xff"}\n', False),  # not UTF-8
+    (b'{"a":1\n', False),
+    (b"plain text\n", False),
+])
+def test_the_json_check_of_a_line_is_json_loads(line: bytes, is_json: bool) -> None:
+    import json
+
+    import simdjson
+
+    from p2pnode.library.sessions import _is_json
+
+    parser = simdjson.Parser()
+    assert _is_json(line, parser) is is_json
+    assert _is_json(line, parser) is is_json  # the parser is used again
+    try:
+        json.loads(line)
+        expected = True
+    except ValueError:
+        expected = False
+    assert expected is is_json

@@ -47,9 +47,17 @@ def test_merged_index_equals_a_full_rebuild(tmp_path: Path) -> None:
     assert len(rebuilt) == IDX_PREFIX_LEN + len(expected) * IDX_ENTRY.size
 
 
-def test_an_empty_index_takes_the_new_entries_sorted(tmp_path: Path) -> None:
-    new = {os.urandom(32): _loc(i) for i in range(50)}
-    index = _mapped(tmp_path / "e.idx", encode_index([], 0, None))
-    encoded = encode_index(index.merged(new), 0, None)
-    assert encoded == encode_index(BlobIndex().merged(new), 0, None)
-    assert _mapped(tmp_path / "f.idx", encoded).locate(min(new)) == new[min(new)]
+def test_many_new_entries_merge_as_a_few_splice(tmp_path: Path) -> None:
+    """Into an empty, a small and a big index: the same bytes as a rebuild, whichever way."""
+    rng = random.Random(3)
+    for old_count, new_count in ((0, 50), (40, 400), (3000, 3000), (3000, 20)):
+        old = {rng.randbytes(32): _loc(i) for i in range(old_count)}
+        new = {rng.randbytes(32): _loc(5000 + i) for i in range(new_count)}
+        new.update({h: _loc(9) for h in list(old)[:3]})
+        index = _mapped(tmp_path / f"{old_count}.idx",
+                        encode_index([index_entry(h, old[h]) for h in sorted(old)], 0, None))
+        expected = {**old, **new}
+        assert encode_index(index.merged(new), 0, None) == encode_index(
+            [index_entry(h, expected[h]) for h in sorted(expected)], 0, None)
+    assert encode_index(BlobIndex().merged(new), 0, None) == encode_index(
+        [index_entry(h, new[h]) for h in sorted(new)], 0, None)
