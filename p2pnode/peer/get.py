@@ -266,11 +266,12 @@ class Output:
 
 
 class _Stream:
-    """One session version's lines as they come: staged in the store in runs of `stage_bytes`,
-    handed to the getter, and its in-order output written to the temp file (if any).  All of
-    it on a worker thread, one run at a time."""
+    """One session version's lines as they come: staged in the store in runs of `stage_bytes`
+    (sized from the `missing` raw bytes peers are asked for), handed to the getter, and its
+    in-order output written to the temp file (if any).  All of it on a worker thread, one run
+    at a time."""
 
-    def __init__(self, job: _Fetch, getter: SessionGetter, place: Placing | None,
+    def __init__(self, job: _Fetch, getter: SessionGetter, missing: int, place: Placing | None,
                  prefix: _Prefix | None = None) -> None:
         self.job = job
         self.getter = getter
@@ -291,8 +292,6 @@ class _Stream:
         """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
         self._looked_up = False
         self._held_cpu = 0.0
-        new = getter.refs[getter.cursor:]  # not the held prefix: it has no outstanding lines
-        missing = sum(r.length for r in new if r.hash in getter.outstanding)
         self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
     async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
@@ -537,11 +536,12 @@ class _Fetch:
                 if kept is None and missing:
                     await asyncio.to_thread(self.kept.save, src, body, sum(r.length for r in missing))
             getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start)
-            stream = _Stream(self, getter, place, prefix)
+            missing_bytes = sum(r.length for r in missing)
+            stream = _Stream(self, getter, missing_bytes, place, prefix)
             try:
                 try:
                     if missing:
-                        self._total = sum(r.length for r in missing)
+                        self._total = missing_bytes
                         self._done = 0
                         await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
                                                 stream.have, stream.received, sized_as,
@@ -591,7 +591,7 @@ class _Fetch:
         data = await self._whole(src)
         lines = split_lines(data)
         refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
-        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), place)
+        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), len(data), place)
         blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line) for r, line in zip(refs, lines, strict=True)]
         try:
             try:

@@ -216,6 +216,9 @@ class SessionGetter:
         self._last_line_start = self.size
         self._ends_with_newline = True
         self._before_last = self.hasher
+        self._held_lines: set[bytes] = set()
+        """Lines read back (`read_back`): their nesting is not checked again.  This node holds
+        them, so they passed that check when they came (or are its user's own)."""
 
     @property
     def done(self) -> bool:
@@ -257,6 +260,7 @@ class SessionGetter:
 
     def read_back(self, hashes: list[bytes], raws: list[bytes]) -> None:
         """The lines `from_store` asked for (the store checked each against its hash)."""
+        self._held_lines.update(hashes)
         for line_hash, raw in zip(hashes, raws, strict=True):
             self.ahead[line_hash] = raw
             self.ahead_bytes += len(raw)
@@ -317,14 +321,14 @@ class SessionGetter:
         if self.refused is not None:
             return []
         try:
-            return self._check(line, number)
+            return self._check(line, number, ref.hash not in self._held_lines)
         except InvalidInput as exc:  # InvalidHeader, HostileHeader, too deep
             self.refused = exc
             return []
 
-    def _check(self, line: bytes, number: int) -> list[bytes]:
-        """The checks of a line at the cursor (Pi's header first, then its nesting), and what
-        of it can be handed out now."""
+    def _check(self, line: bytes, number: int, new: bool) -> list[bytes]:
+        """The checks of a line at the cursor (Pi's header first, then the nesting of a `new`
+        line, one not read back), and what of it can be handed out now."""
         parts = [line]
         if self._scan is not None:
             header = self._scan.feed(line)
@@ -338,7 +342,8 @@ class SessionGetter:
                 if before:  # the header first, as every Pi version reads it (pi_readable)
                     self._placed = new_hasher()
                     parts = [line if line.endswith(b"\n") else line + b"\n", *before]
-        check_nesting(line, number, self.src)
+        if new:
+            check_nesting(line, number, self.src)
         self.name, self.first_user = titles_after(line, self.name, self.first_user)
         return self._out(parts)
 

@@ -95,6 +95,31 @@ def test_a_long_line_nested_too_deep_is_refused_a_long_shallow_one_is_not() -> N
     check_nesting(shallow, 8, "src")  # brackets in strings are text; a flat list of lists is 2 deep
 
 
+def test_a_deep_line_is_refused_when_it_comes_not_when_it_is_read_back() -> None:
+    """Nesting is checked on the lines that come from peers; a line read back from the store
+    (a fork's held lines) passed it when it came, or is the user's own, and is not checked again."""
+    deep: object = "x"
+    for _ in range(MAX_JSON_DEPTH + 5):
+        deep = [deep]
+    header = pi_session(10_000, seed=13).split(b"\n", 1)[0] + b"\n"
+    data = header + json.dumps(deep).encode() + b"\n"
+    lines = split_lines(data)
+    refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
+    for held in (False, True):
+        getter = SessionGetter(blake3.blake3(data).hexdigest(), refs, [] if held else [r.hash for r in refs])
+        if held:
+            getter.read_back(getter.from_store(), lines)
+        else:
+            for ref, line in zip(refs, lines, strict=True):
+                getter.arrived(ref.hash, line)
+        parts = list(getter.ready())
+        if held:
+            assert b"".join(parts) == data and getter.finish().src == blake3.blake3(data).hexdigest()
+        else:
+            with pytest.raises(InvalidInput, match="line 2 nests JSON deeper"):
+                getter.finish()
+
+
 def test_a_placed_file_is_hashed_in_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = random.Random(4).randbytes(100_003)
     path = tmp_path / "placed.jsonl"
