@@ -67,7 +67,9 @@ from store.layout import (
     BlobLocation,
     WalRecord,
     encode_blob,
+    encode_turn,
     encode_wal,
+    encode_wal_fields,
 )
 from store.types import (
     NO_TURN,
@@ -704,10 +706,12 @@ class Store:
         prepared = self._prepare_all(inputs) if ready is None else self._still_prepared(inputs, ready)
         copies = self._ensure_blobs(prepared)
         turns: list[Turn] = []
+        ctx, created, flags = head.context_id, head.created_at_unix_ms, head.flags
         with self._write_lock:
             next_id = self._turns.count + 1
             wal: list[bytes] = []
             run: list[Turn] = []
+            records: list[bytes] = []
             jumps: list[int] = []
             size = 0
             fresh: dict[int, Turn] = {}  # this batch's turns: most jump lookups land here, not in the LRU
@@ -715,33 +719,37 @@ class Store:
             def get(turn_id: int) -> Turn:
                 return fresh.get(turn_id) or self._read_turn(turn_id)
 
-            for p, i, copy in zip(prepared, inputs, copies, strict=True):
-                parent = head.head_turn_id
-                depth = head.head_depth + 1 if parent != NO_TURN else 0
+            parent, depth = head.head_turn_id, head.head_depth
+            for p, i, copy in zip(prepared, inputs, copies, strict=True):  # per turn: a hot loop
+                depth = depth + 1 if parent != NO_TURN else 0
                 t = Turn(next_id, parent, depth, i.type_tag, i.codec, p.hash, 0, _now_ms())
-                new_head = ContextHead(head.context_id, t.turn_id, depth, head.created_at_unix_ms, head.flags)
-                rec = self._wal_record(WAL_TURN, new_head, t, copy)
-                if wal and not self._wal.has_room(size + len(rec)):
-                    self._flush_run(wal, run, jumps, head)
-                    wal, run, jumps, size = [], [], [], 0
+                record = encode_turn(t)
+                rec = encode_wal_fields(WAL_TURN, ctx, next_id, depth, flags, created, record, copy)
+                if wal and not self._wal.has_room(size + len(rec)):  # the run so far ends at `parent`
+                    before = ContextHead(ctx, parent, depth - 1, created, flags)
+                    self._flush_run(wal, run, records, jumps, before)
+                    wal, run, records, jumps, size = [], [], [], [], 0
                 wal.append(rec)
                 size += len(rec)
-                self._turn_cache.put(t.turn_id, t)
-                fresh[t.turn_id] = t
+                self._turn_cache.put(next_id, t)
+                fresh[next_id] = t
                 jump = self._turns.compute_jump(t, get)
-                self._turns.remember_jump(t.turn_id, jump)
+                self._turns.remember_jump(next_id, jump)
                 run.append(t)
+                records.append(record)
                 jumps.append(jump)
                 turns.append(t)
-                head, next_id = new_head, next_id + 1
-            self._flush_run(wal, run, jumps, head)
+                parent, next_id = next_id, next_id + 1
+            head = ContextHead(ctx, parent, depth, created, flags)
+            self._flush_run(wal, run, records, jumps, head)
             ticket = self._commit.note_write(turns[-1].turn_id)
         return turns, head, ticket
 
-    def _flush_run(self, wal: list[bytes], run: list[Turn], jumps: list[int], head: ContextHead) -> None:
+    def _flush_run(self, wal: list[bytes], run: list[Turn], records: list[bytes], jumps: list[int],
+                   head: ContextHead) -> None:
         """The WAL records of a run of new turns, then the turns; head is the run's last."""
         self._append_wal(b"".join(wal))
-        self._turns.write_run(run, jumps)
+        self._turns.write_run(run, records, jumps)
         self._note_head(WAL_TURN, head)
 
     def _still_prepared(self, inputs: Sequence[TurnInput | TurnBlobRef],

@@ -153,12 +153,23 @@ class WalRecord:
 
 
 def encode_wal(r: WalRecord) -> bytes:
-    turn = encode_turn(r.turn) if r.turn is not None else bytes(TURN_SIZE)
+    turn = encode_turn(r.turn) if r.turn is not None else NO_TURN_RECORD
+    return encode_wal_fields(r.kind, r.context_id, r.head_turn_id, r.head_depth, r.ctx_flags,
+                             r.ctx_created_ms, turn, r.blob_record)
+
+
+NO_TURN_RECORD = bytes(TURN_SIZE)
+
+
+def encode_wal_fields(kind: int, context_id: int, head_turn_id: int, head_depth: int, ctx_flags: int,
+                      ctx_created_ms: int, turn_record: bytes, blob_record: bytes) -> bytes:
+    """encode_wal of a WalRecord's fields, its turn already encoded (encode_turn): the store's
+    batch writer encodes each turn once for the WAL and turns.log, and makes no WalRecord."""
     body = WAL.pack(
-        WAL_MAGIC, r.kind, 0, r.context_id, r.head_turn_id, r.head_depth, r.ctx_flags,
-        r.ctx_created_ms, turn, len(r.blob_record), 0,
+        WAL_MAGIC, kind, 0, context_id, head_turn_id, head_depth, ctx_flags, ctx_created_ms,
+        turn_record, len(blob_record), 0,
     )[:-4]
-    return body + struct.pack("<I", zlib.crc32(body)) + r.blob_record
+    return body + struct.pack("<I", zlib.crc32(body)) + blob_record
 
 
 def decode_wal(buf: bytes, offset: int, file: str) -> WalRecord:

@@ -67,10 +67,11 @@ class TurnLog:
         if t.turn_id > self.count:
             self.count = t.turn_id
 
-    def write_run(self, turns: list[Turn], jumps: list[int]) -> None:
-        """Consecutive new turns and their jump pointers, one pwrite per file."""
+    def write_run(self, turns: list[Turn], records: list[bytes], jumps: list[int]) -> None:
+        """Consecutive new turns (and their `records`, encode_turn's), and their jump pointers,
+        one pwrite per file."""
         first = turns[0].turn_id
-        write_at(self._fd, b"".join(encode_turn(t) for t in turns), (first - 1) * TURN_SIZE)
+        write_at(self._fd, b"".join(records), (first - 1) * TURN_SIZE)
         entries = b"".join(SKIP.pack(j, skip_crc(t.turn_id, j)) for t, j in zip(turns, jumps, strict=True))
         write_at(self._skip_fd, entries, (first - 1) * SKIP.size)
         self.count = max(self.count, turns[-1].turn_id)
