@@ -8,7 +8,7 @@ import heapq
 import mmap
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from store.layout import (
     IDX_ENTRY,
@@ -24,6 +24,8 @@ from store.layout import (
 )
 
 INDEX = "blobs.idx"
+FOUND_MAX = 1 << 14
+"""BlobIndex.found's bound: a batch's worth of lines (the library appends 4096 at a time)."""
 
 
 def index_entry(h: bytes, loc: BlobLocation) -> bytes:
@@ -54,9 +56,15 @@ class BlobIndex:
     mm: mmap.mmap | None = None
     fan: tuple[int, ...] = (0,) * 256
     count: int = 0
+    found: dict[bytes, BlobLocation] = field(default_factory=dict, compare=False, repr=False)
+    """Blobs located lately (at most FOUND_MAX): a batch of turns that reference stored blobs
+    looks each up twice (prepared, then made durable), and a binary search in Python costs
+    microseconds.  Valid as long as this index: it is replaced whole, never changed."""
 
     def locate(self, h: bytes) -> BlobLocation | None:
         """Binary search within blob h's fan-out bucket."""
+        if (loc := self.found.get(h)) is not None:
+            return loc
         if self.mm is None or len(h) != 32:
             return None
         at, found = self._position(h)
@@ -64,7 +72,10 @@ class BlobIndex:
             return None
         entry = IDX_ENTRY.unpack_from(self.mm, IDX_PREFIX_LEN + at * IDX_ENTRY.size)
         _, pack_off, raw_len, stored_len, codec, _ = entry
-        return BlobLocation(pack_off, raw_len, stored_len, codec)
+        if len(self.found) >= FOUND_MAX:
+            self.found.clear()
+        loc = self.found[h] = BlobLocation(pack_off, raw_len, stored_len, codec)
+        return loc
 
     def _entries(self) -> list[bytes]:
         """Every packed BlobIndexEntry, in hash order."""
