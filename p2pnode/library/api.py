@@ -117,6 +117,27 @@ class Catalog:
     branches: list[BranchInfo]
 
 
+@dataclass(frozen=True, slots=True)
+class _Visible:
+    """What one peer may be served at a catalog generation (Library._visible): hash hex ->
+    (kind, branch), from the walks of the servable branches offered to it (`roots`) through
+    their servable ancestors (all of `servable`'s, at that generation)."""
+
+    generation: int
+    kinds: dict[str, tuple[str, str]]
+    servable: frozenset[str]
+    roots: frozenset[str]
+
+    def extends_to(self, servable: set[str], roots: list[str]) -> bool:
+        """Whether the map of a later generation is this one's plus the walks of its new roots:
+        nothing servable then has stopped being so, no root has stopped being one, and every
+        branch servable only now is a root (else an old walk that stopped before it would now
+        go on through it, or it would be reached only as an ancestor).  A share then costs its
+        own lines, not every offered session's."""
+        return (self.servable <= servable and self.roots <= set(roots)
+                and servable - self.servable <= set(roots))
+
+
 def _check_placeable(path: Path, header: pisession.SessionHeader) -> None:
     """Refuse to offer what peers would refuse to place (the same id and name rules as fetch)."""
     try:
@@ -201,7 +222,7 @@ class Library:
         self.hasher = FileHasher(paths.home / "hashcache.json", complete_lines=True)
         self.manifest = Manifest(paths.manifest)
         self._lock = threading.RLock()
-        self._access: dict[str | None, tuple[int, dict[str, tuple[str, str]]]] = {}
+        self._access: dict[str | None, _Visible] = {}
         """Per peer (None: any trusted peer): the generation and what it may be served, by hash
         (kind, the branch that makes it visible)."""
         self._next_expiry: int | None = 0
@@ -803,31 +824,31 @@ class Library:
                 self._expire_due(now)
             generation = self.sessions.generation
             cached = self._access.get(peer)
-            if cached is not None and cached[0] == generation:
-                return cached[1]
+            if cached is not None and cached.generation == generation:
+                return cached.kinds
             self.scan_unrecorded()  # branches offered before scans were recorded: once
             scanned = self._scanned()
-
-            def servable(r: BranchRecord) -> bool:
-                return (r.offered and not access.expired(r.expires_at, now)
-                        and (r.secrets_allowed or scanned.get(r.src) == []))
-
-            kinds: dict[str, tuple[str, str]] = {}
-            for first in self.sessions.branches():
-                if not servable(first) or (first.to is not None and peer not in first.to):
+            records = self.sessions.branches()
+            servable = {r.branch for r in records if r.offered and not access.expired(r.expires_at, now)
+                        and (r.secrets_allowed or scanned.get(r.src) == [])}
+            roots = [r.branch for r in records if r.branch in servable and (r.to is None or peer in r.to)]
+            if cached is not None and cached.extends_to(servable, roots):
+                kinds, walked = dict(cached.kinds), cached.roots  # a copy: the old one may be in use
+            else:
+                kinds, walked = {}, frozenset()
+            for first in roots:
+                if first in walked:
                     continue
-                branch: str | None = first.branch
-                while branch is not None and branch not in kinds and self.has_branch(branch):
+                branch: str | None = first
+                while branch is not None and branch not in kinds and branch in servable:
                     record = self.sessions.branch(branch)
-                    if not servable(record):
-                        break
                     kinds[branch] = ("sidecar", branch)
                     if record.src not in kinds:
                         for line_hash in self._known_line_hashes(record.src):
                             kinds.setdefault(line_hash.hex(), ("line", branch))
                         kinds[record.src] = ("session", branch)
                     branch = record.parent
-            self._access[peer] = (generation, kinds)
+            self._access[peer] = _Visible(generation, kinds, frozenset(servable), frozenset(roots))
             return kinds
 
     # --- fetched versions ---
