@@ -59,7 +59,8 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     total = sum(r.length for r in wanted) if sized_as is None else sized_as
     groups = _groups(wanted, limits, group_bytes(total, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
-    pace = FetchPace(sum(r.length for r in wanted))
+    pace = FetchPace(sum(r.length for r in wanted),
+                     live=lambda peer: isinstance(peer, PeerLink) and not peer.dropped)
     if not_shared is not None:
         pace.not_shared = not_shared
     lanes = Lanes()

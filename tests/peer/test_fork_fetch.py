@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import blake3
@@ -19,7 +20,7 @@ from test_stream_fetch import pi_session
 from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.peer import getter
+from p2pnode.peer import batches, getter
 from p2pnode.peer.getter import SessionGetter
 from p2pnode.pi.lines import LineRef, split_lines
 from store.files.blobpack import scan_pack
@@ -86,6 +87,39 @@ async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
     assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
     held = got.lines_total - got.lines_fetched
     assert held > 20 and sum(calls) == held and 3 <= len(calls) < held / 5
+
+
+async def test_the_cpu_of_reading_held_lines_back_counts_the_stores_threads(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading held lines back is CPU no received byte causes (pace.FetchPace.not_shared).
+    The store decodes and hashes them on its own threads: the worker's clock alone missed
+    half of it (a resumed 256 MB fetch then looked CPU-bound and withheld the stream), so
+    the whole process's CPU over the reads is counted, at least all that the reads took."""
+    parent = duo.write(pi_session(8_000_000, seed=24, image_bytes=60_000))
+    first = await duo.fetch(duo.sharer.share(str(parent)).branch)
+    Path(first.path or "").unlink()  # the held lines come from the store
+    branch = duo.sharer.share(str(_fork(duo, parent))).branch
+    reads: list[float] = []
+    read = duo.fetcher.lines
+
+    def timed(hashes: Sequence[bytes]) -> list[bytes]:
+        cpu = time.process_time()
+        try:
+            return read(hashes)
+        finally:
+            reads.append(time.process_time() - cpu)
+
+    not_shared: list[Callable[[], float]] = []
+    get_lines = batches.get_lines
+
+    async def noted(*args: object) -> None:
+        not_shared.append(args[7])  # type: ignore[arg-type]  # get.py hands _Stream.held_cpu on
+        await get_lines(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(duo.fetcher, "lines", timed)
+    monkeypatch.setattr(batches, "get_lines", noted)
+    assert (await duo.fetch(branch)).written
+    assert reads and not_shared[0]() >= sum(reads) > 0
 
 
 async def test_lines_changed_in_the_parents_file_behind_its_stat_come_from_the_store(

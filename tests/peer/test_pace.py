@@ -16,7 +16,15 @@ import test_holders
 from test_holders import World
 
 from p2pnode.peer import wire
-from p2pnode.peer.pace import HYSTERESIS, MIN_COST_BYTES, FetchPace, LinkPace, stream_level
+from p2pnode.peer.pace import (
+    HYSTERESIS,
+    LINES_DECODE,
+    MIN_COST_BYTES,
+    STREAM_DECODE,
+    FetchPace,
+    LinkPace,
+    stream_level,
+)
 from p2pnode.peer.tls import client_context
 
 THRESHOLD = 500_000
@@ -146,6 +154,31 @@ def test_cpu_no_received_byte_causes_is_not_charged_to_them() -> None:
     assert pace.offer("a", wire.Limits()) == {}  # 30 ms a received MB more: looks CPU-bound
     pace.not_shared = lambda: 6.0  # that was reading held lines back
     assert pace.offer("a", wire.Limits())[wire.BATCH_FORMAT_HEADER] == wire.BATCH_FORMAT_STREAM
+
+
+def test_a_dropped_holders_link_no_longer_counts() -> None:
+    """Two links at 100 Mbit/s each carry per-line frames faster than this fetcher's CPU makes
+    the stream; once one holder is dropped (cut), the one left is the bottleneck and the stream
+    is offered again (counting the dropped link's rate kept a cut fetch on per-line frames:
+    0.41 body bytes per raw byte against 0.24)."""
+    dropped: set[str] = set()
+    pace = priced(12_500_000, stream=(0.27, 0.02), lines=(0.42, 0.004))
+    pace.live = lambda holder: holder not in dropped
+    pace.link("b").rate = 12_500_000
+    assert pace.offer("a", wire.Limits()) == {}
+    dropped.add("b")
+    assert pace.offer("a", wire.Limits())[wire.BATCH_FORMAT_HEADER] == wire.BATCH_FORMAT_STREAM
+
+
+def test_a_format_not_measured_yet_is_priced_at_this_machines_speed() -> None:
+    """The priors come from one machine: where the stream's decoding measures 2.6 times its
+    prior, the per-line frames' prior is taken 2.6 times too, until they are measured."""
+    pace = FetchPace(1 << 30)
+    assert pace.decode(pace.lines) == LINES_DECODE / 1e6
+    pace.decoded(True, 100 * MB, 100 * STREAM_DECODE * 2.6)
+    assert pace.decode(pace.lines) == pytest.approx(LINES_DECODE * 2.6 / 1e6)
+    pace.decoded(False, 100 * MB, 0.5)
+    assert pace.decode(pace.lines) == 0.5 / (100 * MB)
 
 
 def test_the_fetchers_choice_does_not_flap_near_break_even() -> None:
