@@ -554,9 +554,13 @@ class Store:
             return StoredBlob(h, loc.codec, loc.raw_len, self._pack.read(h, loc))
 
     def has_blob(self, h: bytes) -> bool:
+        return self.has_blobs([h])[0]
+
+    def has_blobs(self, hashes: Sequence[bytes]) -> list[bool]:
+        """has_blob of each, under one hold of the gate (a fetch asks a manifest's worth)."""
         self._check_open()
         with self._gate.shared():
-            return self._pack.locate(h) is not None or h in self._pending
+            return [self._pack.locate(h) is not None or h in self._pending for h in hashes]
 
     # --- contexts ----------------------------------------------------------------------------
 

@@ -796,6 +796,9 @@ class Library:
     def has_line(self, line_hash: bytes) -> bool:
         return self.store.has_blob(line_hash)
 
+    def has_lines(self, hashes: Sequence[bytes]) -> list[bool]:
+        return self.store.has_blobs(hashes)
+
     def has_branch(self, branch_hex: str) -> bool:
         try:
             self.sessions.branch(branch_hex)

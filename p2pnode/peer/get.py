@@ -647,7 +647,8 @@ class _Fetch:
 
 def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
     """The lines the store lacks, once each (lines staged by an earlier, killed run count as held)."""
-    return [r for r in {r.hash: r for r in refs}.values() if not lib.has_line(r.hash)]
+    unique = list({r.hash: r for r in refs}.values())
+    return [r for r, held in zip(unique, lib.has_lines([r.hash for r in unique]), strict=True) if not held]
 
 
 def _start_after(lib: FetchTarget, after: wire.ManifestAfter,

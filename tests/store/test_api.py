@@ -98,6 +98,8 @@ def test_dedup_stores_a_payload_once(store: Store, tmp_path: Path) -> None:
         store.put_blob(payload)
     assert store._pack.end == end and os.path.getsize(tmp_path / "store" / "blobs.pack") == size
     assert len(store.blob_hashes()) == 1
+    (held,) = store.blob_hashes()
+    assert store.has_blobs([held, bytes(32), held]) == [True, False, True] and store.has_blob(held)
 
 
 def test_concurrent_puts_of_one_payload_store_it_once(store: Store) -> None:
