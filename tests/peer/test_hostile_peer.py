@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import random
 import shutil
@@ -377,9 +378,10 @@ async def test_untrusted_server_is_not_dialled(world, tmp_path: Path) -> None:
 
 async def test_one_liar_among_honest_peers(world, tmp_path: Path) -> None:
     """The liar sends wrong bytes for every line it is asked for and is dropped; the honest
-    peer delivers.  The honest peer answers its batches only once the liar has answered one
-    (or after 10 s): else, on a loaded machine, the honest answer could come first and the
-    lie be left unread, as a fetch should, with nobody to drop."""
+    peer delivers.  The honest peer answers its batches only once the fetch has dropped the
+    liar (or after 10 s): else, on a loaded machine, the honest answer (to its own groups, or
+    to the liar's taken over as the fetch ends) could complete the fetch while the lie was
+    still unread, as a fetch should, with nobody to drop."""
     liar = world["liar"]
     data = (world["corpus"] / A1).read_bytes()
     branch = liar.add(data)
@@ -389,27 +391,29 @@ async def test_one_liar_among_honest_peers(world, tmp_path: Path) -> None:
     honest.add(data)
     for victim in liar.lines:
         liar.lines[victim] = b"garbage\n"
-    lied = asyncio.Event()
+    dropped_liar = asyncio.Event()
+    loop = asyncio.get_running_loop()
 
-    async def lying(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
-        await response.write(liar.frames(wire.decode_batch_request(await request.read())))
-        await response.write_eof()  # the lie is on its way before the honest answer is made
-        lied.set()
-        return response
+    class OnDrop(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("dropping peer"):
+                loop.call_soon_threadsafe(dropped_liar.set)
 
-    async def after_the_lie(request: web.Request) -> web.StreamResponse:
+    async def after_the_drop(request: web.Request) -> web.StreamResponse:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
-                await lied.wait()
+                await dropped_liar.wait()
         return await honest.batch(request)
 
-    liar.handlers["batch"], honest.handlers["batch"] = lying, after_the_lie
+    honest.handlers["batch"] = after_the_drop
+    on_drop = OnDrop()
+    downloader_log = logging.getLogger("p2pnode.peer.downloader")
+    downloader_log.addHandler(on_drop)
     try:
         peers = [await liar.start(), await honest.start()]
         result = await fetch(world, branch, peers)
     finally:
+        downloader_log.removeHandler(on_drop)
         await honest.close()
     assert Path(result.path or "").read_bytes() == data
     (dropped,) = result.dropped_peers.values()
