@@ -4,10 +4,10 @@ nothing gives, through shares, re-shares, grown versions, audiences, unshares an
 from __future__ import annotations
 
 import random
-import shutil
 from pathlib import Path
 
 import pytest
+from test_share import agent  # noqa: F401  (the corpus, as test_share copies it)
 
 from p2pnode.library import access
 from p2pnode.library.api import Library
@@ -15,15 +15,6 @@ from p2pnode.library.api import Library
 ALICE = "a" * 56
 BOB = "b" * 56
 PEERS = (None, ALICE, BOB)
-
-
-@pytest.fixture
-def agent(corpus_dir: Path, tmp_path: Path) -> Path:
-    agent = tmp_path / "agent"
-    shutil.copytree(corpus_dir / "sessions", agent / "sessions")
-    for f in agent.rglob("*.jsonl"):
-        f.chmod(0o644)
-    return agent
 
 
 def _kinds(lib: Library, peer: str | None) -> dict[str, str]:
@@ -40,7 +31,7 @@ def _from_nothing(lib: Library, peer: str | None) -> dict[str, str]:
         lib._access.update(kept)
 
 
-def test_the_kept_map_is_always_a_rebuilt_one(lib: Library, agent: Path,
+def test_the_kept_map_is_always_a_rebuilt_one(lib: Library, agent: Path,  # noqa: F811
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(7)
     files = sorted((agent / "sessions").rglob("*.jsonl"))
@@ -65,7 +56,7 @@ def test_the_kept_map_is_always_a_rebuilt_one(lib: Library, agent: Path,
             assert _kinds(lib, peer) == _from_nothing(lib, peer), f"step {step} ({op}), peer {peer}"
 
 
-def test_a_new_share_walks_only_its_own_lines(lib: Library, agent: Path,
+def test_a_new_share_walks_only_its_own_lines(lib: Library, agent: Path,  # noqa: F811
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Another session shared: the map of a peer gains its lines (and its new ancestors'),
     without the versions offered before being walked again."""
