@@ -26,10 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
-import simdjson
 from ahocorasick_rs import BytesAhoCorasick
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
@@ -50,6 +49,9 @@ from store.errors import StoreError, UnknownBlob
 from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
 from sysio.files import atomic_write
 from sysio.locks import locked
+
+if TYPE_CHECKING:
+    import simdjson
 
 TAG_LINE = 0x5069_0001
 """type_tag of a turn that holds one session line (0x5069 is "Pi": tags other store users
@@ -175,6 +177,13 @@ def _line_hash(line: bytes) -> bytes:
     return blake3.blake3(line).digest()  # one thread: lines are small
 
 
+def _json_parser() -> simdjson.Parser:
+    """Imported here: a fetch, which checks no line's JSON, does not pay for it (~10 ms)."""
+    import simdjson
+
+    return simdjson.Parser()
+
+
 def _is_json(line: bytes, parser: simdjson.Parser) -> bool:
     """simdjson validates a line without making Python objects (~12x json.loads on Pi's lines,
     which was a sixth of a share's CPU); what it refuses, json.loads decides (it takes what
@@ -211,8 +220,7 @@ class _Importer:
                  stored: Mapping[bytes, StoredBlob] | None = None) -> None:
         self.store = store
         self.where = where
-        self.check_json = check_json
-        self._json = simdjson.Parser()
+        self._json = _json_parser() if check_json else None
         self.stored = stored or {}
         self.grown = grown
         self.like = like or []
@@ -279,7 +287,7 @@ class _Importer:
             if is_header_candidate(line):
                 self.header_line = line
             self._offset += len(line)
-        if self.check_json and not _is_json(line, self._json):
+        if self._json is not None and not _is_json(line, self._json):
             self.warnings.append(f"{self.where}: line {self.lines_seen} is not JSON (shared verbatim anyway)")
         if titles:
             self.name, self.first_user = titles_after(line, self.name, self.first_user)
