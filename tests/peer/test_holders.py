@@ -100,10 +100,10 @@ class World:
     branch: str
     holders: list[Holder]
 
-    async def serve(self, i: int, *, rate: int | None = None, cut_after: int | None = None,
-                    lie_on: bytes | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
-                    hold: float = 0.0) -> PeerAddress:
-        """Start holder i (behind a relay if `rate`, `cut_after` or `hold`); its address."""
+    async def serve(self, i: int, *, rate: int | None = None, slow_from: int = 0,
+                    cut_after: int | None = None, lie_on: bytes | None = None,
+                    limits: wire.Limits = wire.DEFAULT_LIMITS, hold: float = 0.0) -> PeerAddress:
+        """Start holder i (behind a relay if `rate`, `cut_after` or `hold`: see Relay); its address."""
         h = self.holders[i]
         served = LyingLibrary(h.lib, lie_on) if lie_on is not None else h.lib
         trust = TrustStore(h.lib.paths.home / "trust-of-holder.json")
@@ -112,7 +112,7 @@ class World:
         await h.server.start("127.0.0.1", 0)
         port = h.port
         if rate is not None or cut_after is not None or hold:
-            h.relay = Relay(port, rate=rate, cut_after=cut_after, hold=hold)
+            h.relay = Relay(port, rate=rate, slow_from=slow_from, cut_after=cut_after, hold=hold)
             port = await h.relay.start()
         return PeerAddress(h.identity.node_id, "127.0.0.1", port)
 
@@ -219,10 +219,11 @@ async def test_a_trickling_holder_is_dropped_at_the_stall_deadline(world: World)
 
 async def test_a_slow_holder_is_kept_and_its_last_groups_re_asked(world: World,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """A holder slowed to 40 KB/s per connection (above the stall threshold) is not dropped;
-    it gets the first group, whose 270 KB image line takes it seconds.  The fast holder, idle
-    once the queue is empty, re-asks that group (the first verified copy wins)."""
-    slow = await world.serve(0, rate=40_000)
+    """A holder slowed to 200 KB/s per connection (above the stall and hedge thresholds:
+    `progress_bytes` per `hedge_timeout`) is not dropped; it gets the first group, whose 270 KB
+    image line takes it over a second.  The fast holder, idle once the queue is empty, re-asks
+    that group (the first verified copy wins)."""
+    slow = await world.serve(0, rate=200_000)
     fast = await world.serve(1)
     with caplog.at_level(logging.INFO, logger="p2pnode.peer.downloader"):
         result = await world.fetch([slow, fast])
@@ -232,6 +233,27 @@ async def test_a_slow_holder_is_kept_and_its_last_groups_re_asked(world: World,
     assert any(m.startswith(f"re-asking {fast} for") and m.endswith(f"that {slow} is serving")
                for m in re_asked)
     assert result.served[str(fast)]["lines"] > len(set(world.lines())) // 2
+
+
+async def test_a_silent_holders_groups_are_asked_of_the_other_before_its_stall_deadline(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """A holder whose link goes silent after 200 KB (a cut cable: nothing closes) has its
+    groups asked of the other holder once it has stalled for `hedge_timeout`, before any group
+    nobody is serving yet: the fetch goes on in order long before the stall deadline (here
+    far beyond the fetch), and the silent holder is kept, never dropped, as it never reached it."""
+    limits = dataclasses.replace(FETCH_LIMITS, stall_timeout=60.0, progress_timeout=60.0)
+    silent = await world.serve(0, rate=1, slow_from=200_000)
+    other = await world.serve(1, rate=400_000)  # fresh groups are left when the hedge starts
+    with caplog.at_level(logging.INFO, logger="p2pnode.peer.downloader"):
+        result = await world.fetch([silent, other], limits)
+    assert placed(world, result) == world.data
+    assert result.dropped_peers == {}
+    hedges = [r.getMessage() for r in caplog.records if "has not delivered" in r.getMessage()]
+    assert hedges and all(m.startswith(f"re-asking {other} for") and
+                          m.endswith(f"that {silent} has not delivered for {limits.hedge_timeout:g} s")
+                          for m in hedges)
+    assert sum(s["lines"] for s in result.served.values()) == result.lines_fetched == len(set(world.lines()))
+    assert result.served[str(other)]["lines"] > len(set(world.lines())) // 2
 
 
 @pytest.mark.parametrize(("client_stream", "server_stream"),
