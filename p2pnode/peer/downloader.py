@@ -293,6 +293,12 @@ class Share:
                         self._cancel(task)
         return first
 
+    def delivering(self, peer: object) -> bool:
+        """Whether `peer` is a holder neither dropped nor stalled (`hedge_timeout`): one whose
+        link the fetch's pace counts on (peer/pace.py, FetchPace.live)."""
+        holder = self.holders.get(peer) if isinstance(peer, PeerLink) else None
+        return holder is not None and not holder.peer.dropped and not holder.hedged
+
     async def run(self, op: Op) -> None:
         try:
             while any(g.left for g in self.groups):

@@ -5,6 +5,7 @@ did (served lines, or dropped and why).  No assertion on wall time: the stall de
 checked through the reason the result gives."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
@@ -24,8 +25,10 @@ from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.downloader import PeerPool, Share
 from p2pnode.peer.get import FetchResult, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
+from p2pnode.peer.link import PeerLink
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef
@@ -354,3 +357,35 @@ async def test_the_only_holder_slow_to_answer_is_kept_to_the_progress_bound(worl
     result = await world.fetch([slow], limits)
     assert placed(world, result) == world.data
     assert result.dropped_peers == {} and result.served[str(slow)]["lines"] == len(set(world.lines()))
+
+
+async def test_a_stalled_holder_stops_counting_in_the_fetchs_pace_until_it_progresses(world: World) -> None:
+    """Share's own clock, with a real PeerPool and requests that are only awaited: a holder
+    whose requests deliver nothing for `hedge_timeout` is no longer `delivering` (its link
+    must not price the batch format, peer/pace.py) and the other holder is asked for its
+    group before the fresh ones; it stays in the fetch until `stall_timeout`."""
+    limits = dataclasses.replace(FETCH_LIMITS, hedge_timeout=0.2, stall_timeout=60.0)
+    silent_addr, other_addr = await world.serve(0), await world.serve(1)
+    pool = PeerPool([silent_addr, other_addr], world.me, world.trust, limits)
+    silent, other = pool.peers
+    refs = [LineRef(blake3.blake3(b"%d" % i).digest(), 1000) for i in range(12)]
+    groups = [refs[:4], refs[4:8], refs[8:]]
+    share = Share(pool, "a session", groups, in_flight=1)
+    asked: list[tuple[PeerLink, list[LineRef]]] = []
+    seen: list[bool] = []
+
+    async def op(peer: PeerLink, group: list[LineRef]) -> None:
+        asked.append((peer, group))
+        if peer is silent:
+            await asyncio.Event().wait()  # a cut link: nothing arrives, nothing closes
+        for r in group:  # a line every 0.15 s: progress
+            await asyncio.sleep(0.15)
+            share.verified(peer, [wire.BatchBlob(r.hash, CODEC_RAW, r.length, b"")])
+        seen.append(share.delivering(silent))
+
+    try:
+        await share.run(op)
+    finally:
+        await pool.close()
+    assert asked[:3] == [(silent, groups[0]), (other, groups[1]), (other, groups[0])]  # before the fresh one
+    assert seen and not any(seen) and share.delivering(other) and not silent.dropped
