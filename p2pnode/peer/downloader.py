@@ -329,17 +329,12 @@ class Share:
         self._hedge(now)
         for holder in self._live():
             while holder.retry_at <= now and len(holder.tasks) < self.in_flight:
-                again = False
-                if (group := self._stalled_group(holder)) is not None:
-                    log.info("re-asking %s for %d lines that %s has not delivered for %g s",
-                             holder.peer.addr, len(group.left), next(iter(group.running)).peer.addr,
-                             self.pool.limits.hedge_timeout)
-                elif (group := self._fresh(holder)) is None:
-                    group = self._duplicate(holder, now)
-                    again = group is not None
-                    if group is not None:
-                        log.info("re-asking %s for %d lines that %s is serving", holder.peer.addr,
-                                 len(group.left), next(iter(group.running)).peer.addr)
+                group = self._stalled_group(holder) or self._fresh(holder)
+                again = group is None
+                if again and (group := self._duplicate(holder, now)) is not None:
+                    owner = next(iter(group.running))
+                    log.info("re-asking %s for %d lines that %s is serving", holder.peer.addr,
+                             len(group.left), owner.peer.addr)
                 if group is None:
                     break
                 if not holder.tasks:  # a new busy period: the stall clock starts now
@@ -361,6 +356,9 @@ class Share:
         stalled = [h for h in live if h.tasks and now - h.progress_at > self.pool.limits.hedge_timeout]
         if len(stalled) < len(live):
             for h in stalled:
+                if not h.hedged:
+                    log.info("%s has not delivered for %g s: its groups are asked of the others too",
+                             h.peer.addr, self.pool.limits.hedge_timeout)
                 h.hedged = True
 
     def _stalled_group(self, holder: Holder) -> Group | None:
