@@ -251,9 +251,8 @@ async def test_a_silent_holders_groups_are_asked_of_the_other_before_its_stall_d
         result = await world.fetch([silent, other], limits)
     assert placed(world, result) == world.data
     assert result.dropped_peers == {}
-    hedges = [r.getMessage() for r in caplog.records if "has not delivered" in r.getMessage()]
-    assert hedges == [f"{silent} has not delivered for {limits.hedge_timeout:g} s: its groups are asked "
-                      "of the others too"]
+    hedged = f"{silent} has not delivered for {limits.hedge_timeout:g} s: its groups are asked of the others"
+    assert any(r.getMessage().startswith(hedged) for r in caplog.records)  # a loaded machine may flag both
     assert sum(s["lines"] for s in result.served.values()) == result.lines_fetched == len(set(world.lines()))
     assert result.served[str(other)]["lines"] > len(set(world.lines())) // 2
 
