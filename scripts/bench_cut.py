@@ -4,9 +4,11 @@ bench_transfer's namespace lab: h1 and h3 share the same Pi-shaped session and s
 one-holder fetch's bytes have crossed (Bench._cut_one), and healed after.
 
 Uncut and cut fetches alternate, so that a busy machine weighs on both alike.  Besides the
-goal's difference of medians it reports each cut fetch's body bytes per raw byte (the batch
-format the holder left took: ~0.23 a zstd stream, ~0.42 per-line frames) and the split of
-the lines between the holders.
+goal's difference of medians it reports each pair's difference (cut minus the uncut fetch
+just before it), the fetcher's CPU seconds of each fetch (the cut's extra CPU, e.g. lines
+read back from the store, shows there however busy the machine is), each cut fetch's body
+bytes per raw byte (the batch format the holder left took: ~0.23 a zstd stream, ~0.42
+per-line frames), when the cut came and the split of the lines between the holders.
 
 Needs root (network namespaces).  Usage:
     .venv/bin/python scripts/bench_cut.py [--reps 3] [--mb 256]
@@ -50,22 +52,28 @@ def main() -> int:
         branch, _ = p2p.share(path)
         p2p.share(h3.agent / path.name, holder="h3")
         uncut: list[float] = []
+        uncut_cpu: list[float] = []
         cuts: list[dict[str, Any]] = []
         with bench.throttled("h1", "h3"):
             wire0 = bench.links.total("h2")
             p2p.fetch(branch, p2p.fresh()).check("a one-holder fetch")
             full_wire = bench.links.total("h2") - wire0
             for _ in range(args.reps):
-                uncut.append(round(p2p.fetch(branch, p2p.fresh(), ("h1", "h3")).check("uncut").seconds, 3))
+                whole = p2p.fetch(branch, p2p.fresh(), ("h1", "h3")).check("uncut")
+                uncut.append(round(whole.seconds, 3))
+                uncut_cpu.append(round(whole.cpu, 3))
                 cut = bench._cut_one(p2p, branch, full_wire)
                 got = cut["fetch_result"] or {}
-                cuts.append({"seconds": cut["seconds"], "exit": cut["exit"],
+                cuts.append({"seconds": cut["seconds"], "cpu": cut["cpu"], "cut_at_s": cut["cut_at_s"],
+                             "exit": cut["exit"], "over_uncut": round(cut["seconds"] - uncut[-1], 3),
                              "body_per_raw": round(got.get("bytes_received", 0) / size, 4),
                              "served": got.get("served"), "dropped": got.get("dropped_peers")})
                 bt.log(f"  uncut {uncut[-1]} s, cut {cuts[-1]}")
         cost = median(c["seconds"] for c in cuts) - median(uncut)
         bt.emit({"benchmark": "cut", "session_bytes": size, "one_holder_wire": full_wire,
-                 "uncut_seconds": uncut, "cuts": cuts, "cost_seconds": round(cost, 3),
+                 "uncut_seconds": uncut, "uncut_cpu": uncut_cpu, "cuts": cuts, "cost_seconds": round(cost, 3),
+                 "pairs_median_seconds": round(median(c["over_uncut"] for c in cuts), 3),
+                 "cpu_cost": round(median(c["cpu"] for c in cuts) - median(uncut_cpu), 3),
                  "goals": [bt.goal("a holder cut mid-transfer, seconds over uncut (medians)",
                                    round(cost, 3), 3.0, "s")]})
     finally:

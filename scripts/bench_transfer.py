@@ -675,6 +675,7 @@ class Bench:
         """Two holders, h1 unplugged when 40 % of the bytes have crossed; healed afterwards."""
         wire0 = self.links.total("h2")
         cut_at: list[float] = []
+        t0 = time.monotonic()
 
         def cut(_proc: subprocess.Popen[bytes]) -> None:
             if not cut_at and self.links.total("h2") - wire0 >= 0.4 * full_wire:
@@ -686,7 +687,8 @@ class Bench:
         finally:
             self.lab.heal("h1")
         log(f"  p2pnode two holders, h1 cut: {r.seconds:.3f} s (exit {r.rc})")
-        return {"seconds": round(r.seconds, 3), "exit": r.rc, "cut": bool(cut_at),
+        return {"seconds": round(r.seconds, 3), "cpu": round(r.cpu, 3), "exit": r.rc,
+                "cut": bool(cut_at), "cut_at_s": round(cut_at[0] - t0, 3) if cut_at else None,
                 "error": r.err.strip()[-500:] if r.rc else None,
                 "fetch_result": _short(json.loads(r.out)) if r.rc == 0 and r.out.strip() else None}
 

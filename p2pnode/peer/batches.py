@@ -60,7 +60,7 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
     groups = _groups(wanted, limits, group_bytes(total, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
     pace = FetchPace(sum(r.length for r in wanted),
-                     live=lambda peer: isinstance(peer, PeerLink) and not peer.dropped)
+                     live=share.delivering)
     if not_shared is not None:
         pace.not_shared = not_shared
     lanes = Lanes()

@@ -5,8 +5,9 @@ no peer could do fails with the error that says what each peer did.
 
 The lines of a session are shared out instead (`Share`): every holder pulls groups of lines
 from one queue, at the end an idle holder re-asks the group that would take longest from the
-other end (the first verified copy of a line wins), and a holder without verified progress
-for `Limits.stall_timeout` is dropped, its groups going back to the queue."""
+other end (the first verified copy of a line wins), a holder without verified progress for
+`Limits.hedge_timeout` has its groups asked of the others too, and one without it for
+`Limits.stall_timeout` is dropped, its groups going back to the queue."""
 from __future__ import annotations
 
 import asyncio
@@ -230,7 +231,14 @@ class Holder:
     progress_mark: int = 0
     """When it last made progress (a line verified, or `progress_bytes` moved), and its
     `bytes_received` then: the stall clock."""
+    hedged: bool = False
+    """Stalled for `hedge_timeout`: its groups are asked of the others, and its stall clock
+    runs on through a new busy period (its requests cancelled as the others win them are no
+    progress), until it progresses."""
     retry_at: float = 0.0
+
+    def progressed(self, now: float) -> None:
+        self.progress_at, self.progress_mark, self.hedged = now, self.peer.bytes_received, False
 
     def rate(self, now: float) -> float:
         """Verified raw bytes per second with requests outstanding (0: none verified yet)."""
@@ -247,8 +255,10 @@ class Share:
     Each holder keeps up to `in_flight` groups asked for.  An idle holder takes the next group
     nobody is serving; once there is none (the end of the fetch), it re-asks the group whose
     holder should take longest to finish it, from its last line backwards, so that the two
-    meet in the middle.  The first verified copy of a line wins and a group done cancels the
-    other request for it.  A holder's failure is judged as in PeerPool.run: dropped (lying,
+    meet in the middle.  A holder that is not stalled takes, before any of those, the groups
+    of one stalled for `hedge_timeout` (a cut link: the fetch goes on in order meanwhile).
+    The first verified copy of a line wins and a group done cancels the other request for
+    it.  A holder's failure is judged as in PeerPool.run: dropped (lying,
     refusing, stalled), retried after a pause (a broken link), or not asked again for lines
     it does not serve; its unfinished groups go back to the queue either way.  A holder with
     requests outstanding that, for `stall_timeout` seconds, had no line verified and moved
@@ -266,7 +276,7 @@ class Share:
         """Record lines verified from `peer`; True for each line verified here first (hand it
         on), False for one already delivered by another holder."""
         holder = self.holders[peer]
-        holder.progress_at, holder.progress_mark = time.monotonic(), peer.bytes_received
+        holder.progressed(time.monotonic())
         first = []
         for blob in blobs:
             group = self.where.get(blob.hash)
@@ -283,6 +293,12 @@ class Share:
                         self._cancel(task)
         return first
 
+    def delivering(self, peer: object) -> bool:
+        """Whether `peer` is a holder neither dropped nor stalled (`hedge_timeout`): one whose
+        link the fetch's pace counts on (peer/pace.py, FetchPace.live)."""
+        holder = self.holders.get(peer) if isinstance(peer, PeerLink) else None
+        return holder is not None and not holder.peer.dropped and not holder.hedged
+
     async def run(self, op: Op) -> None:
         try:
             while any(g.left for g in self.groups):
@@ -292,7 +308,7 @@ class Share:
                 pauses = [h.retry_at - now for h in self._live() if h.retry_at > now]
                 if not running and not pauses:
                     raise self.pool.failure(self.what, {h.peer for h in self._live()})
-                tick = min([self.pool.limits.stall_timeout / 4, *pauses])
+                tick = min([self.pool.limits.stall_timeout / 4, self.pool.limits.hedge_timeout / 2, *pauses])
                 if not running:
                     await asyncio.sleep(tick)
                     continue
@@ -310,9 +326,10 @@ class Share:
         return [h for h in self.holders.values() if not h.peer.dropped]
 
     def _assign(self, op: Op, now: float) -> None:
+        self._hedge(now)
         for holder in self._live():
             while holder.retry_at <= now and len(holder.tasks) < self.in_flight:
-                group = self._fresh(holder)
+                group = self._stalled_group(holder) or self._fresh(holder)
                 again = group is None
                 if again and (group := self._duplicate(holder, now)) is not None:
                     owner = next(iter(group.running))
@@ -321,8 +338,9 @@ class Share:
                 if group is None:
                     break
                 if not holder.tasks:  # a new busy period: the stall clock starts now
-                    holder.since = holder.progress_at = now
-                    holder.progress_mark = holder.peer.bytes_received
+                    holder.since = now
+                    if not holder.hedged:
+                        holder.progressed(now)
                     holder.peer.accepted = None
                 asked = [r for r in group.left.values() if r.hash not in holder.lacks]
                 if again:  # from the other end: the two requests meet in the middle
@@ -330,6 +348,26 @@ class Share:
                 task = asyncio.ensure_future(op(holder.peer, asked))
                 holder.tasks[task] = (group, asked)
                 group.running[holder] = task
+
+    def _hedge(self, now: float) -> None:
+        """Mark the holders stalled for `hedge_timeout`, while one that is not is left to
+        take their groups."""
+        live = self._live()
+        stalled = [h for h in live if h.tasks and now - h.progress_at > self.pool.limits.hedge_timeout]
+        if len(stalled) < len(live):
+            for h in stalled:
+                if not h.hedged:
+                    log.info("%s has not delivered for %g s: its groups are asked of the others too",
+                             h.peer.addr, self.pool.limits.hedge_timeout)
+                h.hedged = True
+
+    def _stalled_group(self, holder: Holder) -> Group | None:
+        """For a holder not stalled itself: the first group that only stalled holders are
+        serving (the one the in-order cursor waits for first)."""
+        if holder.hedged:
+            return None
+        return next((g for g in self.groups if g.left and g.running and holder.can_serve(g)
+                     and all(h.hedged for h in g.running)), None)
 
     def _fresh(self, holder: Holder) -> Group | None:
         """The first group nobody is serving that `holder` may have."""
@@ -400,7 +438,7 @@ class Share:
                 continue
             moved = holder.peer.bytes_received - holder.progress_mark
             if moved >= limits.progress_bytes:
-                holder.progress_at, holder.progress_mark = now, holder.peer.bytes_received
+                holder.progressed(now)
             elif now - holder.progress_at > bound:
                 self._drop(holder, f"no verified progress for {bound:g} s (no line verified, "
                                    f"{moved} bytes, fewer than {limits.progress_bytes}); peer dropped",

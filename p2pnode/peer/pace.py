@@ -238,8 +238,9 @@ class FetchPace:
     (reading held lines back from the store or the parent's file: a resumed fetch's first
     half), which must not be charged per received byte."""
     live: Callable[[object], bool] = lambda holder: True
-    """Whether a holder still serves this fetch: a dropped one's link carries nothing more
-    (counted on, a cut holder's rate kept the fetch on per-line frames from the one left)."""
+    """Whether a holder still serves this fetch: a dropped or stalled one's link carries
+    nothing more (counted on, a cut holder's rate kept the fetch on per-line frames from the
+    one left; downloader.Share.delivering)."""
 
     def link(self, holder: object) -> WaitMeter:
         return self.links.setdefault(holder, WaitMeter())

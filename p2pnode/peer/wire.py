@@ -118,6 +118,12 @@ class Limits:
     `stall_timeout` seconds, has had no line verified and has moved fewer than `progress_bytes`
     bytes (the bytes count only for a line too big to arrive in that time); its lines go to
     the other holders.  The batch phase's stricter form of `progress_timeout`."""
+    hedge_timeout: float = 0.5
+    """A fetcher also asks the other holders, before any group nobody is serving yet, for the
+    groups of a holder that by the same measure has stalled for `hedge_timeout` seconds (it
+    stays in the fetch until `stall_timeout`): a cut holder's lines do not hold the fetch's
+    in-order cursor for the whole `stall_timeout` (what arrives meanwhile beyond the look-ahead
+    goes through the store and is read back).  A false alarm costs one copy of its groups."""
     stream_batches: bool = True
     """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a third fewer
     bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while that costs it

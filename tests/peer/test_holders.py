@@ -5,6 +5,7 @@ did (served lines, or dropped and why).  No assertion on wall time: the stall de
 checked through the reason the result gives."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
@@ -24,8 +25,10 @@ from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.downloader import PeerPool, Share
 from p2pnode.peer.get import FetchResult, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
+from p2pnode.peer.link import PeerLink
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef
@@ -100,10 +103,10 @@ class World:
     branch: str
     holders: list[Holder]
 
-    async def serve(self, i: int, *, rate: int | None = None, cut_after: int | None = None,
-                    lie_on: bytes | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
-                    hold: float = 0.0) -> PeerAddress:
-        """Start holder i (behind a relay if `rate`, `cut_after` or `hold`); its address."""
+    async def serve(self, i: int, *, rate: int | None = None, slow_from: int = 0,
+                    cut_after: int | None = None, lie_on: bytes | None = None,
+                    limits: wire.Limits = wire.DEFAULT_LIMITS, hold: float = 0.0) -> PeerAddress:
+        """Start holder i (behind a relay if `rate`, `cut_after` or `hold`: see Relay); its address."""
         h = self.holders[i]
         served = LyingLibrary(h.lib, lie_on) if lie_on is not None else h.lib
         trust = TrustStore(h.lib.paths.home / "trust-of-holder.json")
@@ -112,7 +115,7 @@ class World:
         await h.server.start("127.0.0.1", 0)
         port = h.port
         if rate is not None or cut_after is not None or hold:
-            h.relay = Relay(port, rate=rate, cut_after=cut_after, hold=hold)
+            h.relay = Relay(port, rate=rate, slow_from=slow_from, cut_after=cut_after, hold=hold)
             port = await h.relay.start()
         return PeerAddress(h.identity.node_id, "127.0.0.1", port)
 
@@ -219,10 +222,11 @@ async def test_a_trickling_holder_is_dropped_at_the_stall_deadline(world: World)
 
 async def test_a_slow_holder_is_kept_and_its_last_groups_re_asked(world: World,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """A holder slowed to 40 KB/s per connection (above the stall threshold) is not dropped;
-    it gets the first group, whose 270 KB image line takes it seconds.  The fast holder, idle
-    once the queue is empty, re-asks that group (the first verified copy wins)."""
-    slow = await world.serve(0, rate=40_000)
+    """A holder slowed to 200 KB/s per connection (above the stall and hedge thresholds:
+    `progress_bytes` per `hedge_timeout`) is not dropped; it gets the first group, whose 270 KB
+    image line takes it over a second.  The fast holder, idle once the queue is empty, re-asks
+    that group (the first verified copy wins)."""
+    slow = await world.serve(0, rate=200_000)
     fast = await world.serve(1)
     with caplog.at_level(logging.INFO, logger="p2pnode.peer.downloader"):
         result = await world.fetch([slow, fast])
@@ -232,6 +236,25 @@ async def test_a_slow_holder_is_kept_and_its_last_groups_re_asked(world: World,
     assert any(m.startswith(f"re-asking {fast} for") and m.endswith(f"that {slow} is serving")
                for m in re_asked)
     assert result.served[str(fast)]["lines"] > len(set(world.lines())) // 2
+
+
+async def test_a_silent_holders_groups_are_asked_of_the_other_before_its_stall_deadline(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """A holder whose link goes silent after 200 KB (a cut cable: nothing closes) has its
+    groups asked of the other holder once it has stalled for `hedge_timeout`, before any group
+    nobody is serving yet: the fetch goes on in order long before the stall deadline (here
+    far beyond the fetch), and the silent holder is kept, never dropped, as it never reached it."""
+    limits = dataclasses.replace(FETCH_LIMITS, stall_timeout=60.0, progress_timeout=60.0)
+    silent = await world.serve(0, rate=1, slow_from=200_000)
+    other = await world.serve(1, rate=400_000)  # fresh groups are left when the hedge starts
+    with caplog.at_level(logging.INFO, logger="p2pnode.peer.downloader"):
+        result = await world.fetch([silent, other], limits)
+    assert placed(world, result) == world.data
+    assert result.dropped_peers == {}
+    hedged = f"{silent} has not delivered for {limits.hedge_timeout:g} s: its groups are asked of the others"
+    assert any(r.getMessage().startswith(hedged) for r in caplog.records)  # a loaded machine may flag both
+    assert sum(s["lines"] for s in result.served.values()) == result.lines_fetched == len(set(world.lines()))
+    assert result.served[str(other)]["lines"] > len(set(world.lines())) // 2
 
 
 @pytest.mark.parametrize(("client_stream", "server_stream"),
@@ -332,3 +355,35 @@ async def test_the_only_holder_slow_to_answer_is_kept_to_the_progress_bound(worl
     result = await world.fetch([slow], limits)
     assert placed(world, result) == world.data
     assert result.dropped_peers == {} and result.served[str(slow)]["lines"] == len(set(world.lines()))
+
+
+async def test_a_stalled_holder_stops_counting_in_the_fetchs_pace_until_it_progresses(world: World) -> None:
+    """Share's own clock, with a real PeerPool and requests that are only awaited: a holder
+    whose requests deliver nothing for `hedge_timeout` is no longer `delivering` (its link
+    must not price the batch format, peer/pace.py) and the other holder is asked for its
+    group before the fresh ones; it stays in the fetch until `stall_timeout`."""
+    limits = dataclasses.replace(FETCH_LIMITS, hedge_timeout=0.2, stall_timeout=60.0)
+    silent_addr, other_addr = await world.serve(0), await world.serve(1)
+    pool = PeerPool([silent_addr, other_addr], world.me, world.trust, limits)
+    silent, other = pool.peers
+    refs = [LineRef(blake3.blake3(b"%d" % i).digest(), 1000) for i in range(12)]
+    groups = [refs[:4], refs[4:8], refs[8:]]
+    share = Share(pool, "a session", groups, in_flight=1)
+    asked: list[tuple[PeerLink, list[LineRef]]] = []
+    seen: list[bool] = []
+
+    async def op(peer: PeerLink, group: list[LineRef]) -> None:
+        asked.append((peer, group))
+        if peer is silent:
+            await asyncio.Event().wait()  # a cut link: nothing arrives, nothing closes
+        for r in group:  # a line every 0.15 s: progress
+            await asyncio.sleep(0.15)
+            share.verified(peer, [wire.BatchBlob(r.hash, CODEC_RAW, r.length, b"")])
+        seen.append(share.delivering(silent))
+
+    try:
+        await share.run(op)
+    finally:
+        await pool.close()
+    assert asked[:3] == [(silent, groups[0]), (other, groups[1]), (other, groups[0])]  # before the fresh one
+    assert seen and not any(seen) and share.delivering(other) and not silent.dropped
