@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -33,18 +32,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="uncut + cut pairs (default 3)")
     ap.add_argument("--mb", type=int, default=256, help="session size in MB (default 256)")
     args = ap.parse_args()
-    reason = bt.unavailable_reason()
-    if reason:
-        bt.log(f"bench_cut: cannot build a namespace lab: {reason}")
-        return 2
-    root = Path(tempfile.mkdtemp(prefix="bench_cut-"))
-    lab = bt.Lab.create(3)
-    bench: bt.Bench | None = None
-    try:
-        bench = bt.Bench(lab, root, False, 1)
-        p2p = bt.P2p(lab, root, bench.links)
-        bench.tools["p2pnode"] = p2p
-        path = bench.sessions.make(600, args.mb * bt.MB)
+    with bt.p2p_lab("bench_cut", 600, args.mb) as (bench, p2p, path):
         size = path.stat().st_size
         h3 = p2p.nodes["h3"]
         shutil.copy(path, h3.agent / path.name)
@@ -76,11 +64,6 @@ def main() -> int:
                  "cpu_cost": round(median(c["cpu"] for c in cuts) - median(uncut_cpu), 3),
                  "goals": [bt.goal("a holder cut mid-transfer, seconds over uncut (medians)",
                                    round(cost, 3), 3.0, "s")]})
-    finally:
-        if bench is not None:
-            bench.close()
-        lab.down()
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -22,11 +22,9 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -79,18 +77,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.mb, args.reps = 32, 1
-    reason = bt.unavailable_reason()
-    if reason:
-        bt.log(f"bench_kill9: cannot build a namespace lab: {reason}")
-        return 2
-    root = Path(tempfile.mkdtemp(prefix="bench_kill9-"))
-    lab = bt.Lab.create(3)
-    bench: bt.Bench | None = None
-    try:
-        bench = bt.Bench(lab, root, False, 1)
-        p2p = bt.P2p(lab, root, bench.links)
-        bench.tools["p2pnode"] = p2p
-        path = bench.sessions.make(500, args.mb * bt.MB)
+    with bt.p2p_lab("bench_kill9", 500, args.mb) as (bench, p2p, path):
         size = path.stat().st_size
         branch, _ = p2p.share(path)
         fulls: list[dict[str, Any]] = []
@@ -111,11 +98,6 @@ def main() -> int:
                  "rerun_over_full_median": ratio,
                  "rerun_raw_share_median": median(r["rerun_raw_share"] for r in runs),
                  "goals": [bt.goal("kill -9 at ~50 %, rerun bytes / full fetch (median)", ratio, 0.55, "x")]})
-    finally:
-        if bench is not None:
-            bench.close()
-        lab.down()
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -900,6 +900,30 @@ def _fetch_vs_curl(res: dict[str, Any], why: dict[str, str]) -> dict[str, Any]:
                 higher_is_better=True)
 
 
+@contextlib.contextmanager
+def p2p_lab(name: str, seed: int, mb: int) -> Iterator[tuple[Bench, P2p, Path]]:
+    """The lab with p2pnode alone and one generated session of `mb` MB (for the scripts that
+    measure one scenario of it: bench_kill9.py, bench_cut.py); removed, with every process it
+    started, on the way out.  Exits 2 where no lab can be built."""
+    reason = unavailable_reason()
+    if reason:
+        log(f"{name}: cannot build a namespace lab: {reason}")
+        raise SystemExit(2)
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    lab = Lab.create(3)
+    bench: Bench | None = None
+    try:
+        bench = Bench(lab, root, False, 1)
+        p2p = P2p(lab, root, bench.links)
+        bench.tools["p2pnode"] = p2p
+        yield bench, p2p, bench.sessions.make(seed, mb * MB)
+    finally:
+        if bench is not None:
+            bench.close()
+        lab.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # --- main --------------------------------------------------------------------------------------
 
 
