@@ -835,13 +835,12 @@ class Library:
             servable = {r.branch for r in records if r.offered and not access.expired(r.expires_at, now)
                         and (r.secrets_allowed or scanned.get(r.src) == [])}
             roots = [r.branch for r in records if r.branch in servable and (r.to is None or peer in r.to)]
+            kinds: dict[str, tuple[str, str]] = {}
+            todo = roots
             if cached is not None and cached.extends_to(servable, roots):
-                kinds, walked = dict(cached.kinds), cached.roots  # a copy: the old one may be in use
-            else:
-                kinds, walked = {}, frozenset()
-            for first in roots:
-                if first in walked:
-                    continue
+                todo = [b for b in roots if b not in cached.roots]
+                kinds = dict(cached.kinds) if todo else cached.kinds  # a copy: the old one may be in use
+            for first in todo:
                 branch: str | None = first
                 while branch is not None and branch not in kinds and branch in servable:
                     record = self.sessions.branch(branch)
