@@ -11,6 +11,7 @@ and an exit code from README.md's table (the traceback only with P2PNODE_DEBUG=1
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -451,9 +452,16 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`: the reader went away
 
 
+GC_YOUNG_OBJECTS = 10_000
+"""Allocations between two collections of the youngest generation (Python's default: 700).  A
+transfer makes and drops a few objects per line, none in cycles that matter; at the default,
+collections took ~0.18 s of a 256 MB fetch, ~0.06 s at this."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every failure is one line on stderr and an exit code (README.md)."""
     args: argparse.Namespace | None = None
+    gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
     try:
         args = build_parser().parse_args(argv)
         level = args.log_level or getattr(args, "default_log_level", "WARNING")

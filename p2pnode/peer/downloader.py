@@ -21,11 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import aiohttp
-
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.aiohttp_client import aiohttp
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.link import Connections, NotOffered, PeerLink
 from p2pnode.peer.trust import TrustStore

@@ -53,7 +53,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import blake3
 
 from p2pnode.errors import Conflict, NotFound, VerificationFailed
@@ -62,6 +61,7 @@ from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.aiohttp_client import aiohttp
 from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.getter import LIVE, READ_BACK, Assembled, Held, ManifestLied, SessionGetter
 from p2pnode.peer.heldlines import PlacedLines, placed_lines, read_held
@@ -296,12 +296,16 @@ class _Stream:
 
     async def received(self, blobs: list[wire.BatchBlob], raws: list[bytes]) -> None:
         """batches.py's callback: verified blobs (each decoded and hashed once, there)."""
+        lines = size = 0
         for blob, raw in zip(blobs, raws, strict=True):
             if not self.have(blob.hash):
                 self._pending_hashes.add(blob.hash)
                 self._pending.append((blob, raw))
-                self._pending_bytes += len(raw)
-                self.job.note(len(raw))
+                lines += 1
+                size += len(raw)
+        if lines:
+            self._pending_bytes += size
+            self.job.note(size, lines)
         if self._pending_bytes >= self.stage_bytes:
             await self.flush()
 
@@ -318,7 +322,15 @@ class _Stream:
             except ManifestLied as lie:
                 raise _ManifestStop(lie) from None
 
-    async def _using(self, fn: Callable[[FetchTarget], None]) -> None:
+    async def settle(self, fn: Callable[[FetchTarget], T]) -> T:
+        """fn(library) once the version is verified (its commit and placing), in the library
+        the lines were staged in: a one-shot fetch does not close and reopen the store between
+        its last line and its commit (the store's index of the new lines would be written at
+        the close, and every line looked up in it again)."""
+        async with self._lock:
+            return await self._using(fn)
+
+    async def _using(self, fn: Callable[[FetchTarget], T]) -> T:
         """fn(library) on a worker thread; caller holds the lock.  A one-shot fetch's library
         stays open from one run to the next while lines flow (opening the store per run would
         cost more than the run), and is closed after LINGER seconds without one: a stalled
@@ -327,16 +339,16 @@ class _Stream:
             self._timer.cancel()
             self._timer = None
 
-        def run() -> None:
+        def run() -> T:
             if self._open is None:
                 opened = self.job.lib()
                 self._held, self._open = opened.__enter__(), opened
-            fn(self._held)
+            return fn(self._held)
 
         work = asyncio.ensure_future(asyncio.to_thread(run))
         try:
             try:
-                await asyncio.shield(work)
+                return await asyncio.shield(work)
             except asyncio.CancelledError:  # the thread goes on: nothing else may touch the getter or
                 while not work.done():      # close the library under it, however often we are cancelled
                     with contextlib.suppress(asyncio.CancelledError):
@@ -477,9 +489,10 @@ class _Fetch:
         """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
         return await _using(self.lib, fn)
 
-    def note(self, raw_len: int) -> None:
-        self._done += raw_len
-        self.lines_fetched += 1
+    def note(self, raw_bytes: int, lines: int) -> None:
+        """Lines received (a decoded run's at a time: progress is not redrawn per line)."""
+        self._done += raw_bytes
+        self.lines_fetched += lines
         if self.progress:
             self.progress(self._done, self._total)
 
@@ -502,11 +515,12 @@ class _Fetch:
         return chain
 
     async def session(self, src: str, place: Placing | None,
-                      held: list[str] | None = None) -> tuple[Assembled, Output | None, _Prefix | None]:
+                      held: list[str] | None = None) -> tuple[Assembled, _Stream, _Prefix | None]:
         """Session `src` verified (by line manifest, else as one blob), its lines staged in the
-        store, its bytes in a temp file for `place` (returned, not yet published), and the
-        held version it extends, if fetched incrementally.  `held`: versions this node holds
-        that `src` may extend (asked for with `?after=`)."""
+        store, its bytes in a temp file for `place` (the stream's `out`, not yet published), and
+        the held version it extends, if fetched incrementally.  `held`: versions this node
+        holds that `src` may extend (asked for with `?after=`).  The caller settles the version
+        through the stream (`_Stream.settle`), then releases it."""
         after = held or []
         while True:
             kept = await asyncio.to_thread(self.kept.load, src, self.limits)
@@ -552,8 +566,9 @@ class _Fetch:
                                                 stream.held_cpu)
                     await stream.flush()
                     assembled = stream.getter.finish()
-                finally:
+                except BaseException:
                     await asyncio.shield(stream.release())
+                    raise
             except _ManifestStop as stop:
                 lie: ManifestLied = stop.lie
             except ManifestLied as exc:
@@ -566,7 +581,7 @@ class _Fetch:
             else:
                 await asyncio.to_thread(self.kept.drop, src)
                 self.lines_total += len(manifest)
-                return assembled, stream.out, prefix
+                return assembled, stream, prefix
             await stream.abandon()  # what was verified stays staged for the next manifest
             await asyncio.to_thread(self.kept.drop, src)
             if manifest_peer is None:
@@ -589,7 +604,7 @@ class _Fetch:
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
         return await self._lib(functools.partial(_missing_in, refs=manifest))
 
-    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, Output | None, None]:
+    async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, _Stream, None]:
         """A peer without line manifests: the whole blob (verified to `src` as it came), cut
         into lines and staged as raw-codec blobs (the store compresses them)."""
         data = await self._whole(src)
@@ -602,13 +617,14 @@ class _Fetch:
                 await stream.received(blobs, lines)
                 await stream.flush()
                 assembled = stream.getter.finish()
-            finally:
+            except BaseException:
                 await asyncio.shield(stream.release())
+                raise
         except BaseException:
             stream.discard()
             raise
         self.lines_total += len(refs)
-        return assembled, stream.out, None
+        return assembled, stream, None
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
@@ -787,14 +803,16 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
-            assembled, out, extends = await job.session(sc.src, place, held)
+            assembled, stream, extends = await job.session(sc.src, place, held)
+            out = stream.out
             t1 = time.perf_counter()
-            try:  # one opening of the store: the commit, then (only then) the file published
-                info, placed = await _using(opener, functools.partial(
+            try:  # the staging's opening of the store: the commit, then (only then) the file published
+                info, placed = await stream.settle(functools.partial(
                     _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch,
                     check=check if branch == branch_hex else None))
                 LIVE.put(assembled.src, *assembled.complete)
             finally:
+                await asyncio.shield(stream.release())
                 if out is not None:
                     out.file.discard(keep_dir=isinstance(placed, Placement))
             t2 = time.perf_counter()

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-
 from p2pnode.errors import P2PNodeError, PeerUnavailable, Refused
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.aiohttp_client import aiohttp
 from p2pnode.peer.identity import Identity, parse_node_id
 from p2pnode.peer.tls import client_context
 from p2pnode.peer.trust import TrustStore
