@@ -718,15 +718,18 @@ class Store:
             records: list[bytes] = []
             jumps: list[int] = []
             size = 0
-            fresh: dict[int, Turn] = {}  # this batch's turns: most jump lookups land here, not in the LRU
+            depths: dict[int, int] = {}  # this batch's turns: most jump lookups land here
 
-            def get(turn_id: int) -> Turn:
-                return fresh.get(turn_id) or self._read_turn(turn_id)
+            def depth_of(turn_id: int) -> int:
+                d = depths.get(turn_id)
+                return self._read_turn(turn_id).depth if d is None else d
 
+            now = _now_ms()
             parent, depth = head.head_turn_id, head.head_depth
             for p, i, copy in zip(prepared, inputs, copies, strict=True):  # per turn: a hot loop
+                parent_depth = depth
                 depth = depth + 1 if parent != NO_TURN else 0
-                t = Turn(next_id, parent, depth, i.type_tag, i.codec, p.hash, 0, _now_ms())
+                t = Turn(next_id, parent, depth, i.type_tag, i.codec, p.hash, 0, now)
                 record = encode_turn(t)
                 rec = encode_wal_fields(WAL_TURN, ctx, next_id, depth, flags, created, record, copy)
                 if wal and not self._wal.has_room(size + len(rec)):  # the run so far ends at `parent`
@@ -735,9 +738,8 @@ class Store:
                     wal, run, records, jumps, size = [], [], [], [], 0
                 wal.append(rec)
                 size += len(rec)
-                self._turn_cache.put(next_id, t)
-                fresh[next_id] = t
-                jump = self._turns.compute_jump(t, get)
+                depths[next_id] = depth
+                jump = self._turns.compute_jump(parent, parent_depth, depth_of)
                 self._turns.remember_jump(next_id, jump)
                 run.append(t)
                 records.append(record)
@@ -746,6 +748,7 @@ class Store:
                 parent, next_id = next_id, next_id + 1
             head = ContextHead(ctx, parent, depth, created, flags)
             self._flush_run(wal, run, records, jumps, head)
+            self._turn_cache.put_many((t.turn_id, t) for t in turns)
             ticket = self._commit.note_write(turns[-1].turn_id)
         return turns, head, ticket
 

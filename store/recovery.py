@@ -65,7 +65,9 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
         log.truncate(end)  # drops a torn tail; zero slots for ids lost everywhere
     for tid in range(log.skips_valid_upto() + 1, end + 1):
         try:
-            log.set_jump(tid, log.compute_jump(log.read(tid), store._read_turn))
+            t = log.read(tid)
+            jump = log.compute_jump(t.parent_turn_id, t.depth - 1, lambda i: store._read_turn(i).depth)
+            log.set_jump(tid, jump)
         except (CorruptRecord, UnknownTurn):
             continue  # a damaged record (or one its chain needs): reads walk by parent there
     store._logged = r.logged

@@ -271,18 +271,18 @@ class BlobPack:
         """Append encoded BlobRecords in order with one write (no sync): a share's batch of
         thousands of lines costs one syscall, not one each.  Nothing is found until all of
         them are written.  The caller makes sure none is stored yet."""
-        hdrs = [decode_blob_header(rec) for rec in recs]
+        heads = [BLOB_HEADER.unpack_from(rec) for rec in recs]  # ours, just encoded: not checked again
         with self._lock:
             start = self.end
             write_at(self._fd, b"".join(recs), start)  # not pre-zeroed: the pack is synced rarely
             locs: list[BlobLocation] = []
             off = start
-            for rec, hdr in zip(recs, hdrs, strict=True):
-                assert hdr is not None
-                loc = BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
-                self._tail[hdr.hash] = loc
-                self._last = (off, hdr.hash)
-                self.damaged.pop(hdr.hash, None)  # a good copy now
+            for rec, (_, _, codec, raw_len, stored_len, h) in zip(recs, heads, strict=True):
+                loc = BlobLocation(off, raw_len, stored_len, codec)
+                self._tail[h] = loc
+                self._last = (off, h)
+                if self.damaged:
+                    self.damaged.pop(h, None)  # a good copy now
                 locs.append(loc)
                 off += len(rec)
             self.end = off

@@ -103,16 +103,18 @@ class TurnLog:
         target, crc = SKIP.unpack(buf)
         return target if crc == skip_crc(turn_id, target) and target < turn_id else NO_TURN
 
-    def compute_jump(self, t: Turn, get: Callable[[int], Turn]) -> int:
-        if t.parent_turn_id == NO_TURN:
+    def compute_jump(self, parent: int, parent_depth: int, depth_of: Callable[[int], int]) -> int:
+        """The jump target of a new turn under `parent` (NO_TURN: the turn is a root), from
+        depths alone (a root is the one turn at depth 0): a batch of new turns looks its own up
+        in a dict, not as Turn records."""
+        if parent == NO_TURN:
             return NO_TURN
-        parent = get(t.parent_turn_id)
-        pj = self.jump(parent.turn_id) or parent.turn_id
-        pj_turn = get(pj)
-        pjj = (self.jump(pj) or pj) if pj_turn.parent_turn_id else pj
-        if parent.depth - pj_turn.depth == pj_turn.depth - get(pjj).depth:
+        pj = self.jump(parent) or parent
+        pj_depth = depth_of(pj)
+        pjj = (self.jump(pj) or pj) if pj_depth else pj
+        if parent_depth - pj_depth == pj_depth - depth_of(pjj):
             return pjj
-        return parent.turn_id
+        return parent
 
     def remember_jump(self, turn_id: int, target: int) -> None:
         """Make a jump known before write_run stores it (the next turn's jump needs it)."""
