@@ -4,9 +4,7 @@ command acts on the store itself (a fetch with no node: fetch_here).  Used by th
 only parses and prints."""
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
@@ -67,8 +65,7 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     import asyncio
     from dataclasses import replace
 
-    with _no_system_ca_store():  # the peer side's first import: aiohttp (see there)
-        from p2pnode.node.follow import fetch_newest, newest_to_fetch
+    from p2pnode.node.follow import fetch_newest, newest_to_fetch
     from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse
     from p2pnode.peer.identity import parse_node_id
@@ -106,23 +103,3 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
         return asyncio.run(fetch())
 
 
-_NO_CA_STORE = {"SSL_CERT_FILE": os.devnull, "SSL_CERT_DIR": os.devnull}
-
-
-@contextlib.contextmanager
-def _no_system_ca_store() -> Iterator[None]:
-    """While the peer side is first imported: aiohttp builds two default SSL contexts at import,
-    each reading the system's CA store (~0.045 CPU-s of a one-shot fetch), and p2pnode never
-    uses them (its contexts trust pinned node keys only: peer/tls.py).  OpenSSL's documented
-    SSL_CERT_FILE and SSL_CERT_DIR point at nothing meanwhile, then are put back (a default
-    context left trusting nothing would fail closed, were it ever used)."""
-    saved = {k: os.environ.get(k) for k in _NO_CA_STORE}
-    os.environ.update(_NO_CA_STORE)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
