@@ -62,7 +62,6 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     (OpenPerUse), never while a peer is awaited; a `gc` in another process is skipped meanwhile
     (library/space.py, FETCHING_LOCK).  Each peer's TLS connection is made once, by the catalog
     step, and used again by the fetch (link.Connections)."""
-    import asyncio
     from dataclasses import replace
 
     from p2pnode.node.follow import fetch_newest, newest_to_fetch
@@ -97,9 +96,10 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
         return dict(result.as_dict(), note=newest.note)
 
     from p2pnode.library.space import fetching_lock
+    from sysio import eventloop
     from sysio.locks import shared
 
     with shared(fetching_lock(paths.ensure().home)):  # no `gc` in another process while lines are staged
-        return asyncio.run(fetch())
+        return eventloop.run(fetch())
 
 
