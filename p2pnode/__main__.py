@@ -1,3 +1,3 @@
-from p2pnode.cli.main import main
+from p2pnode.cli.main import run
 
-raise SystemExit(main())
+run()

@@ -97,3 +97,13 @@ async def test_a_fetch_by_prefix_does_not_ask_for_the_catalogs_it_resolved_with(
     assert (newest.branch, newest.peers, newest.extends) == (grown.branch, [nobody], (first.src, 100))
     unknown = await newest_to_fetch(first.branch, [nobody], ident, trust, no_lan)  # asked: no answer
     assert (unknown.branch, unknown.extends) == (first.branch, None)
+
+
+def test_the_command_exits_with_mains_code_after_flushing_what_it_printed() -> None:
+    """cli.main.run ends the process with os._exit: buffered output must be out first, through
+    a pipe bigger than the pipe's buffer, and the code is main's."""
+    script = ("from p2pnode.cli import main as cli\n"
+              "cli.main = lambda argv=None: (print('x' * 300_000, end=''), 3)[1]\n"
+              "cli.run()\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, len(proc.stdout), proc.stderr) == (3, 300_000, "")
