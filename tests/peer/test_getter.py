@@ -22,6 +22,7 @@ from p2pnode.peer.getter import (
 )
 from p2pnode.pi import hashing
 from p2pnode.pi.lines import LineRef, split_lines
+from p2pnode.pi.session import titles_after
 
 
 def _assemble(data: bytes, seed: int) -> tuple[SessionGetter, list[bytes]]:
@@ -67,6 +68,23 @@ def test_lines_before_the_header_are_handed_out_after_it() -> None:
     done = getter.finish()
     assert b"".join(parts) == header + b"\n" + before + rest
     assert done.placed_hex == blake3.blake3(b"".join(parts)).hexdigest() != done.src
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_titles_are_those_of_the_lines_read_in_order(seed: int) -> None:
+    """The name (the last session_info) and the first user message, as titles_after finds them
+    line by line, though the getter looks for them only in the parts that have their marks."""
+    lines = split_lines(pi_session(3_000_000, seed=13, image_bytes=100_000))
+    rng = random.Random(seed)
+    for n in (2, 3):
+        name = {"type": "session_info", "id": f"{n:08x}", "parentId": None, "name": f"name {n}"}
+        lines.insert(rng.randrange(1, len(lines)), json.dumps(name).encode() + b"\n")
+    getter, _ = _assemble(b"".join(lines), seed=seed)
+    done = getter.finish()
+    expected: tuple[str | None, str | None] = (None, None)
+    for line in lines:
+        expected = titles_after(line, *expected)
+    assert (done.name, done.first_user) == expected and expected[0] and expected[1]
 
 
 def test_opening_brackets_are_counted_alike_in_short_and_long_lines() -> None:
