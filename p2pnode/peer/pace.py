@@ -8,9 +8,10 @@ is faster is a question of what limits the transfer, so each side prices both:
 
 - the fetcher (FetchPace) measures what each offer delivers: the whole fetch's raw bytes
   per second over windows (WINDOW_SHARE of the fetch) in which every request in flight had
-  that offer, after a warm-up window.  It starts with the stream, tries per-line frames for
-  a window, keeps the stream unless they delivered LINES_MARGIN more, and tries the other
-  one again every REPROBE windows and whenever the holders delivering change.  Only a
+  that offer.  It starts with the stream, offers per-line frames after a warm-up window,
+  then the stream again, keeps the stream unless per-line frames delivered LINES_MARGIN
+  more, and tries the other one again every REPROBE windows and whenever the holders
+  delivering change.  Only a
   measure of the whole fetch in each format sees what limits it in that format: the
   fetcher's CPU, the holders' CPU to make the stream (on a busy machine a holder made its
   stream at 5 MB/s where the link carried 12.5), the links.  Priced with one rate measured
@@ -248,8 +249,11 @@ class FetchPace:
     """The holders delivering when `delivered` was measured."""
     window: Window | None = None
     warm: bool = False
-    """Whether the fetch's first window went by: it measures the connections' start, TCP's
-    slow start and the holders' first answers, made before they measured anything."""
+    """Whether the fetch's first window went by.  It measures nothing (the connections' start,
+    TCP's slow start, the holders' first answers, made before they measured anything), and
+    per-line frames come next: the link rate measured on them is what a holder then makes
+    its stream for (link_rate).  Measured first, the stream was made for its own slow start's
+    pace, at level 6: 13-17 MB/s of lines where it made 21-26 after per-line frames."""
     not_shared: Callable[[], float] = lambda: 0.0
     """CPU seconds of this process, since it began, spent on work no received byte causes
     (reading held lines back from the store or the parent's file: a resumed fetch's first
@@ -307,9 +311,9 @@ class FetchPace:
         """A run of `raw` bytes of lines was decoded and verified with `cpu` seconds of its
         worker thread's CPU (`stream`: they came as a stream segment).  Once a window of them
         came while every request in flight had the current offer, that offer's rate is
-        measured, and the next requests get the other offer if it was not measured with these
-        holders or was REPROBE windows ago (tried once more), else the stream unless per-line
-        frames delivered LINES_MARGIN more."""
+        measured (per-line frames after the warm-up), and the next requests get the other
+        offer if it was not measured with these holders or was REPROBE windows ago (tried once
+        more), else the stream unless per-line frames delivered LINES_MARGIN more."""
         self.raw += raw
         now = self.clock()
         holders = frozenset(h for h, _ in self.links if self.live(h))
@@ -325,30 +329,32 @@ class FetchPace:
         w.raw += raw
         w.cpu += cpu
         if w.raw >= self.window_bytes():
-            if self.warm:
-                self._measured(w.raw / max(now - w.start, 1e-6))
-            self.warm = True
             self.window = Window(now, self.not_shared())
+            if self.warm:
+                self._measured(w, w.raw / max(now - w.start, 1e-6))
+            else:
+                self.warm = True
+                self._switch("measured first: the holders then make the stream for the link's rate")
 
-    def _measured(self, rate: float) -> None:
-        assert self.window is not None
+    def _measured(self, w: Window, rate: float) -> None:
         current, other = self.delivered[self.streaming], self.delivered[not self.streaming]
         current.rate = _average(current.rate if current.phase == self.phase else None, rate)
         current.phase, current.at = self.phase, self.raw
-        w = self.window
         log.debug("batch format %s: %.1f MB/s raw (window of %.1f MB: %.3f wire bytes per raw byte, "
                   "%.1f ms decoding CPU per raw MB; %d MB decoded)", self._name(self.streaming), rate / 1e6,
                   w.raw / 1e6, w.wire / w.raw, w.cpu / w.raw * 1e9, self.raw // 1_000_000)
-        if self.fetch_bytes - self.raw < 2 * self.window_bytes():  # too little left to try anything
-            return
         if other.rate is None or self.raw - other.at > REPROBE * self.window_bytes():
-            why = "to measure it"
-        else:
-            stream, lines = self.delivered[True].rate, self.delivered[False].rate
-            assert stream is not None and lines is not None
-            if (lines > stream * (1 + LINES_MARGIN)) != self.streaming:
-                return
-            why = f"stream {stream / 1e6:.1f} MB/s raw, per-line frames {lines / 1e6:.1f}"
+            self._switch("to measure it")
+            return
+        stream, lines = self.delivered[True].rate, self.delivered[False].rate
+        assert stream is not None and lines is not None
+        if (lines > stream * (1 + LINES_MARGIN)) == self.streaming:
+            self._switch(f"stream {stream / 1e6:.1f} MB/s raw, per-line frames {lines / 1e6:.1f}")
+
+    def _switch(self, why: str) -> None:
+        """The other offer from the next request on, unless too little is left to measure it."""
+        if self.fetch_bytes - self.raw < 2 * self.window_bytes():
+            return
         self.streaming, self.phase = not self.streaming, self.phase + 1
         log.debug("batch format offered: %s (%s)", self._name(self.streaming), why)
 
