@@ -2,7 +2,7 @@
 """Transfer benchmark (issue 12): p2pnode share + fetch against curl, rsync and Syncthing,
 side by side in a namespace lab (Linux, root).
 
-    .venv/bin/python scripts/bench_transfer.py [--quick] [--reps N]
+    .venv/bin/python scripts/bench_transfer.py [--quick] [--reps N] [--only PART ...] [--tools a,b]
 
 Hosts h1 (holder), h2 (fetcher) and h3 (a second holder) on one bridge.  Every tool moves
 the same generated Pi-shaped sessions (scripts/bench_share.py's generator, with image lines)
@@ -46,7 +46,7 @@ import textwrap
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,10 @@ ST_GUI = "127.0.0.1:8384"
 ST_KEY = "bench-transfer-api-key"
 ST_FOLDER = "bench"
 TOOLS = ("curl", "rsync", "syncthing", "p2pnode")
+STEPS = ("unthrottled", "100mbit", "first_100mbit", "holders", "memory")
+"""--only's parts: the unthrottled first transfers, +1 % and fork; the first transfers and the
+fork at 100 Mbit/s (first_100mbit: the first transfers alone); two holders, the cut and the
+kill -9; the 2 GB session's memory."""
 PACKAGES = {"curl": "curl", "openssl": "openssl", "nginx": "nginx-light", "rsync": "rsync",
             "syncthing": "syncthing", "sync": "coreutils"}
 STAMP = "2026-11-21T19-00-00-000Z"
@@ -573,8 +577,11 @@ class Bench:
         """Why a tool (or a scenario, 'p2pnode:<scenario>') could not be measured."""
         self.result: dict[str, Any] = {}
 
-    def start_tools(self, missing: dict[str, str]) -> None:
+    def start_tools(self, missing: dict[str, str], tools: Collection[str] = TOOLS) -> None:
         for name, cls in TOOL_CLASSES.items():
+            if name not in tools:
+                self.why[name] = "not run (--tools)"
+                continue
             gone = [missing[p] for p in NEEDS[name] if p in missing]
             if gone:
                 self.why[name] = "; ".join(gone)
@@ -931,7 +938,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sessions, one run each (about a minute)")
     ap.add_argument("--reps", type=int, help="runs per first-transfer scenario (default 3; --quick 1)")
+    ap.add_argument("--only", action="append", choices=STEPS,
+                    help="run only these parts (repeatable; goals of the others are unmet: not run)")
+    ap.add_argument("--tools", help=f"comma-separated subset of {','.join(TOOLS)} (default all)")
     args = ap.parse_args()
+    steps = set(args.only or STEPS)
+    tools = set(args.tools.split(",")) if args.tools else set(TOOLS)
+    if not tools <= set(TOOLS):
+        ap.error(f"--tools: not tools: {', '.join(sorted(tools - set(TOOLS)))}")
     reason = unavailable_reason()
     if reason:
         log(f"bench_transfer: cannot build a namespace lab: {reason}")
@@ -959,23 +973,28 @@ def main() -> int:
                               "cpus": os.cpu_count(), "loadavg_at_start": round(os.getloadavg()[0], 2),
                               "session_bytes": size, "memory_session_bytes": big,
                               "note": "quick: small sessions, one run; the goals' sizes are the issue's"
-                              if args.quick else "full sizes"}
+                              if args.quick else "full sizes", "only": sorted(steps), "tools": sorted(tools)}
     try:
         bench = Bench(lab, root, args.quick, reps)
-        bench.start_tools(missing)
+        bench.start_tools(missing, tools)
         log(f"tools: {', '.join(bench.tools)}; missing: {bench.why or 'none'}")
-        main_paths = bench.first_transfers("first_unthrottled", size, 100)
-        log("+1 % appended")
-        bench.sessions.grow(main_paths[0], 0.01)
-        bench.once("append_1pct", main_paths[0], again=True)
-        log("fork, unthrottled")
-        bench.once("fork_unthrottled", bench.sessions.fork(main_paths[0], 200))
-        with bench.throttled("h1", "h2"):
-            slow = bench.first_transfers("first_100mbit", size, 300)
-            log("fork, 100 Mbit/s")
-            bench.once("fork_100mbit", bench.sessions.fork(slow[0], 400))
+        if "unthrottled" in steps:
+            main_paths = bench.first_transfers("first_unthrottled", size, 100)
+            log("+1 % appended")
+            bench.sessions.grow(main_paths[0], 0.01)
+            bench.once("append_1pct", main_paths[0], again=True)
+            log("fork, unthrottled")
+            bench.once("fork_unthrottled", bench.sessions.fork(main_paths[0], 200))
+        if steps & {"100mbit", "first_100mbit"}:
+            with bench.throttled("h1", "h2"):
+                slow = bench.first_transfers("first_100mbit", size, 300)
+                if "100mbit" in steps:
+                    log("fork, 100 Mbit/s")
+                    bench.once("fork_100mbit", bench.sessions.fork(slow[0], 400))
         for scenario, step in (("holders", lambda: bench.holders(size, 500)),
                                ("memory", lambda: bench.memory(big, 600))):
+            if scenario not in steps:
+                continue
             log(scenario)
             try:
                 step()

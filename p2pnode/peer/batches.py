@@ -173,15 +173,16 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     stream goes on in the request's `lane`.  Lines the peer leaves out are not an
     error: it does not serve them (the Share asks elsewhere).  What the answer cost (wire
     bytes, the decoding threads' CPU) goes to `pace`."""
-    headers = {"Content-Type": "application/octet-stream", **pace.offer(peer, limits)}
+    body = wire.encode_batch_request(r.hash for r in group)
+    link = pace.link(peer, False)
+    offer = pace.offer(peer, limits)
+    headers = {"Content-Type": "application/octet-stream", **offer}
     if wire.BATCH_FORMAT_HEADER in headers:
         headers.update(lane.headers())
     decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=wire.BATCH_FORMAT_HEADER in headers)
-    body = wire.encode_batch_request(r.hash for r in group)
-    link = pace.link(peer)
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
-    run_bytes = raw_bytes = wire_bytes = 0
+    run_bytes = wire_bytes = 0
     stream: wire.BatchStreamDecoder | None = None
 
     def verify_run() -> None:
@@ -193,6 +194,7 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
             peer._check(resp, f"batch of {len(group)} lines")
             if resp.headers.get(wire.BATCH_FORMAT_HEADER) == wire.BATCH_FORMAT_STREAM:
                 stream = lane.decoder(wire.parse_count_header(resp.headers.get(wire.STREAM_CONTINUE_HEADER)))
+                link = pace.link(peer, True)
             while True:
                 chunk = b""
                 link.waiting()  # the rate this link delivers at while we wait on it (peer/pace.py)
@@ -208,19 +210,18 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
                     run.append(blob)
                     run_bytes += blob.raw_len
                 if run_bytes >= DECODE_RUN:
-                    raw_bytes += run_bytes
                     verify_run()
                     run, run_bytes = [], 0
             decoder.finish()
         if run:
-            raw_bytes += run_bytes
             verify_run()
         await asyncio.gather(*decoding)
         if stream is not None:
             stream.answers += 1
             lane.stream = stream
-        pace.answered(stream is not None, wire_bytes, raw_bytes)
+        pace.answered(wire_bytes)
     finally:  # a failure stops the rest; what was verified is kept
+        pace.ended(offer)
         link.fold()
         for f in decoding:
             f.cancel()

@@ -6,12 +6,18 @@ are); a zstd stream costs the server a decode and a compression of every line an
 fetcher a compression for its store, and takes a third of the bytes off the wire.  Which one
 is faster is a question of what limits the transfer, so each side prices both:
 
-- the fetcher (FetchPace) offers the stream while its time per raw MB in that format,
-  max(its CPU per raw MB, wire bytes per raw MB / the links' rate), is below the per-line
-  frames' (with a margin against flapping, HYSTERESIS).  Its CPU per raw MB in each format
-  is measured (the decoding threads' CPU exactly, the rest of the process shared by both),
-  as are the wire bytes per raw MB and the rate its reads see while they wait on the socket
-  (a CPU-bound fetcher waits little, so its links look fast and its CPU decides);
+- the fetcher (FetchPace) measures what each offer delivers: the whole fetch's raw bytes
+  per second over windows (WINDOW_SHARE of the fetch) in which every request in flight had
+  that offer.  It starts with the stream, offers per-line frames after a warm-up window,
+  then the stream again, keeps the stream unless per-line frames delivered LINES_MARGIN
+  more, and tries the other one again every REPROBE windows and whenever the holders
+  delivering change.  Only a
+  measure of the whole fetch in each format sees what limits it in that format: the
+  fetcher's CPU, the holders' CPU to make the stream (on a busy machine a holder made its
+  stream at 5 MB/s where the link carried 12.5), the links.  Priced with one rate measured
+  in whichever format came, a fetch stayed on the format it settled on (docs/BENCHMARKS.md,
+  2026-11-27 (4)).  The link rate it reports to a holder was measured on per-line frames
+  where it was (the holder sends those as stored: the link's pace, not the holder's);
 - the server (LinkPace) answers an offer with a stream when the fetch is small (its CPU
   cost is negligible: at most `Limits.stream_small_bytes` of raw lines in all, as the
   fetcher declares in FETCH_BYTES_HEADER) or when the link is slower than
@@ -20,9 +26,7 @@ is faster is a question of what limits the transfer, so each side prices both:
   COMPRESS_SHARE of one core (none: level 3 up to CONTINUE_SHARE).  The link's rate is the
   slower of the server's measure (bytes written over the time its writes waited on the
   socket) and the fetcher's (its reads', sent in LINK_RATE_HEADER): the server's alone is
-  blind to answers that fit in the socket buffers.  A server slow to make the stream slows
-  the fetcher's reads to its own pace, and its measured CPU per MB at that pace comes out
-  near a whole core: per-line frames;
+  blind to answers that fit in the socket buffers;
 - the first answers of a fetch, before anything is measured (a few MB: cheap either way):
   stream at wire.STREAM_LEVEL.
 On a slow link a stream goes on across the answers of the fetcher's lane (one zstd frame per
@@ -67,16 +71,20 @@ level: a new frame loses the history that makes the stream small (a level 3 fram
 answer would otherwise flip the level back and forth.  Where no level fits COMPRESS_SHARE,
 level 3 is still taken up to this share: only a server that nears a whole core for the
 stream is what the link waits on (per-line frames then)."""
-HYSTERESIS = 0.1
-"""The fetcher switches format only when the other one is priced at least this share below
-the current one: near the break-even point, measurement noise does not flip every answer."""
-LINES_WIRE, STREAM_WIRE = 0.43, 0.29
-"""The fetcher's priors for wire bytes per raw byte, until an answer in that format is
-measured: per-line zstd-1 frames (issue 12: 0.426) and a stream at level 3."""
-LINES_DECODE, STREAM_DECODE = 0.0014, 0.0038
-"""The fetcher's priors for its decoding threads' CPU-s per raw MB: a per-line frame's
-decompression and hash; a stream segment's, plus the compression of the line for its store
-(docs/BENCHMARKS.md, wire5's section)."""
+LINES_MARGIN = 0.25
+"""The fetcher takes per-line frames only where they delivered at least this share more than
+the stream: within it the two are a tie (one holder at 100 Mbit/s on a busy machine: windows
+of either format from 20 to 46 MB/s of lines), and the stream carries 0.55 of per-line
+frames' bytes (issue 12: no more on the wire than rsync).  Two holders' per-line frames
+delivered 45-60 MB/s where the stream made 25-35, on a fetcher whose CPU the stream's
+decoding takes."""
+WINDOW_SHARE, MIN_WINDOW, MAX_WINDOW = 1 / 16, 4 << 20, 32 << 20
+"""The fetcher measures a format over windows of this share of the fetch's raw bytes, within
+[MIN_WINDOW, MAX_WINDOW]: a window is a few tenths of a second at 100 Mbit/s, long enough
+that the answers' pace evens out, short enough that trying the other format costs little."""
+REPROBE = 8
+"""Windows after which the format not taken is tried again (what limits a fetch can change:
+another process's load, the holders' CPU)."""
 
 
 def stream_level(rate: float, cpu: dict[int, float] | None = None) -> int | None:
@@ -197,110 +205,162 @@ class LinkPace:
 
 
 @dataclass
-class FormatCost:
-    """What one batch format has cost the fetcher, per raw byte (moving averages)."""
+class Delivered:
+    """What the fetch received while one format was offered."""
 
-    wire: float
-    """Bytes on the wire (the frames as received)."""
-    decode: float
-    """CPU seconds of the decoding threads (decompression, hash, and for a stream segment
-    the compression of the line for the store)."""
-    wire_measured: bool = False
-    decode_measured: bool = False
-    """Whether `wire` and `decode` are measured yet, or still the priors."""
-    prior: float = field(init=False)
-    """`decode`'s prior."""
+    rate: float | None = None
+    """Raw bytes per second, all holders together (moving average of the windows of one
+    phase), or None: not measured with the holders now delivering."""
+    phase: int = -1
+    """The phase (a run of answers to one offer) it was measured in."""
+    at: int = 0
+    """The fetch's raw bytes decoded when it was measured last."""
 
-    def __post_init__(self) -> None:
-        self.prior = self.decode
+
+@dataclass
+class Window:
+    """The raw bytes decoded since `start`, while every request in flight had the same offer."""
+
+    start: float
+    not_shared: float
+    """`FetchPace.not_shared()` at the start: a window in which it grew is no sample."""
+    raw: int = 0
+    wire: int = 0
+    cpu: float = 0.0
 
 
 @dataclass
 class FetchPace:
-    """The fetcher's side, for one fetch: each holder's link as its reads saw it, and what
-    each format costs its CPU, which together decide whether it offers the stream."""
+    """The fetcher's side, for one fetch: whether it offers the stream, chosen by what each
+    offer delivered (raw bytes per second of the whole fetch), and each holder's link as its
+    reads saw it (reported to the holder: LinkPace)."""
 
     fetch_bytes: int
     """Raw bytes of the lines this fetch asks for, from all holders."""
-    links: dict[object, WaitMeter] = field(default_factory=dict)
-    lines: FormatCost = field(default_factory=lambda: FormatCost(LINES_WIRE, LINES_DECODE / 1e6))
-    stream: FormatCost = field(default_factory=lambda: FormatCost(STREAM_WIRE, STREAM_DECODE / 1e6))
+    links: dict[tuple[object, bool], WaitMeter] = field(default_factory=dict)
+    """By holder and format received (True: a stream)."""
     streaming: bool = True
-    """The current choice: the stream is offered (until the per-line frames are priced
-    HYSTERESIS below it, and back)."""
+    """The current offer: the stream, or per-line frames."""
     raw: int = 0
     """Raw bytes decoded so far, in both formats."""
-    decode_cpu: float = 0.0
-    """The decoding threads' CPU seconds so far."""
-    started: float = field(default_factory=time.process_time)
+    delivered: dict[bool, Delivered] = field(default_factory=lambda: {True: Delivered(), False: Delivered()})
+    """By offer (True: the stream was offered)."""
+    asked: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    """Requests in flight, by offer."""
+    phase: int = 0
+    holders: frozenset[object] = frozenset()
+    """The holders delivering when `delivered` was measured."""
+    window: Window | None = None
+    warm: bool = False
+    """Whether the fetch's first window went by.  It measures nothing (the connections' start,
+    TCP's slow start, the holders' first answers, made before they measured anything), and
+    per-line frames come next: the link rate measured on them is what a holder then makes
+    its stream for (link_rate).  Measured first, the stream was made for its own slow start's
+    pace, at level 6: 13-17 MB/s of lines where it made 21-26 after per-line frames."""
     not_shared: Callable[[], float] = lambda: 0.0
     """CPU seconds of this process, since it began, spent on work no received byte causes
     (reading held lines back from the store or the parent's file: a resumed fetch's first
-    half), which must not be charged per received byte."""
+    half): a window in which it grew measured that work, not a format."""
     live: Callable[[object], bool] = lambda holder: True
-    """Whether a holder still serves this fetch: a dropped or stalled one's link carries
-    nothing more (counted on, a cut holder's rate kept the fetch on per-line frames from the
-    one left; downloader.Share.delivering)."""
+    """Whether a holder still serves this fetch (downloader.Share.delivering): one dropped or
+    stalled changes what either format can deliver (a cut holder's rate had kept the fetch on
+    per-line frames from the one left)."""
+    clock: Callable[[], float] = time.monotonic
 
-    def link(self, holder: object) -> WaitMeter:
-        return self.links.setdefault(holder, WaitMeter())
+    def link(self, holder: object, stream: bool) -> WaitMeter:
+        """The meter of the answers from `holder` in one format."""
+        return self.links.setdefault((holder, stream), WaitMeter())
 
-    def decoded(self, stream: bool, raw: int, cpu: float) -> None:
-        """A run of `raw` bytes of lines that came in one format was decoded and verified
-        with `cpu` seconds of its worker thread's CPU."""
-        self.raw += raw
-        self.decode_cpu += cpu
-        if raw >= MIN_COST_BYTES:
-            cost = self.stream if stream else self.lines
-            cost.decode = _average(cost.decode if cost.decode_measured else None, cpu / raw)
-            cost.decode_measured = True
+    def link_rate(self, holder: object) -> float | None:
+        """The rate `holder`'s link carries: measured on per-line frames where it was (the
+        holder sends those as they are stored), else on its stream, which it may make slower
+        than the link carries it.  Measured on the stream alone, the holder's own pace came back
+        to it as the link's: at 100 Mbit/s it then took level 6, which made it slower still
+        (22-26 MB/s of lines where level 3 made 35-39)."""
+        for stream in (False, True):
+            meter = self.links.get((holder, stream))
+            if meter is not None and meter.rate is not None:
+                return meter.rate
+        return None
 
-    def answered(self, stream: bool, wire_bytes: int, raw: int) -> None:
-        """An answer in one format ended: `wire_bytes` received for `raw` bytes of lines."""
-        if raw >= MIN_COST_BYTES:
-            cost = self.stream if stream else self.lines
-            cost.wire = _average(cost.wire if cost.wire_measured else None, wire_bytes / raw)
-            cost.wire_measured = True
-
-    def seconds_per_byte(self, cost: FormatCost) -> float | None:
-        """A format's time per raw byte, max(CPU, wire / the links' rate), or None before the
-        links' rate and the CPU are measured.  The CPU is the decoding threads' for that format
-        plus the rest of the process's (reading, TLS, the store) per raw byte so far, which
-        both formats share, less `not_shared`; the rate is the sum of the `live` holders'."""
-        rates = [m.rate for h, m in self.links.items() if m.rate is not None and self.live(h)]
-        if not rates or self.raw < MIN_COST_BYTES:
-            return None
-        shared = max(0.0, time.process_time() - self.started - self.decode_cpu - self.not_shared()) / self.raw
-        return max(shared + self.decode(cost), cost.wire / sum(rates))
-
-    def decode(self, cost: FormatCost) -> float:
-        """A format's decoding CPU per raw byte: measured, else its prior scaled as the other
-        format's measure is to that one's prior.  The priors come from one machine; on a CPU
-        that decodes the stream at 2.6 times its prior, the per-line frames' unscaled prior
-        made them look a third as costly as they are (0.0014 against 0.004 CPU-s per MB)."""
-        other = self.lines if cost is self.stream else self.stream
-        if cost.decode_measured or not other.decode_measured:
-            return cost.decode
-        return cost.prior * other.decode / other.prior
+    def window_bytes(self) -> int:
+        return min(MAX_WINDOW, max(MIN_WINDOW, int(self.fetch_bytes * WINDOW_SHARE)))
 
     def offer(self, holder: object, limits: wire.Limits) -> dict[str, str]:
         """The headers of a batch request to `holder`: the stream offered (with the size of the
-        fetch and the rate this fetcher receives at, once measured) while it is priced below
-        the per-line frames (seconds_per_byte, HYSTERESIS), or nothing."""
-        if not limits.stream_batches:
-            return {}
-        stream, lines = self.seconds_per_byte(self.stream), self.seconds_per_byte(self.lines)
-        if stream is not None and lines is not None and (
-                lines < stream * (1 - HYSTERESIS) if self.streaming else stream < lines * (1 - HYSTERESIS)):
-            self.streaming = not self.streaming
-            log.debug("batch format offered: %s (per raw MB: stream %.1f ms, per-line %.1f ms; %d MB "
-                      "decoded)", "stream" if self.streaming else "per-line frames", stream * 1e9,
-                      lines * 1e9, self.raw // 1_000_000)
-        if not self.streaming:
+        fetch and the rate this fetcher receives at, once measured), or nothing.  The request
+        is in flight until `ended`."""
+        offered = self.streaming and limits.stream_batches
+        self.asked[offered] += 1
+        if not offered:
             return {}
         headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
                    wire.FETCH_BYTES_HEADER: str(self.fetch_bytes)}
-        rate = self.link(holder).rate
+        rate = self.link_rate(holder)
         if rate is not None:
             headers[wire.LINK_RATE_HEADER] = str(max(1, int(rate)))
         return headers
+
+    def ended(self, headers: dict[str, str]) -> None:
+        """The request `offer` gave these headers for ended (answered in full or not)."""
+        self.asked[wire.BATCH_FORMAT_HEADER in headers] -= 1
+
+    def answered(self, wire_bytes: int) -> None:
+        """An answer ended with `wire_bytes` received (reported with the window's rate)."""
+        if self.window is not None:
+            self.window.wire += wire_bytes
+
+    def decoded(self, stream: bool, raw: int, cpu: float) -> None:
+        """A run of `raw` bytes of lines was decoded and verified with `cpu` seconds of its
+        worker thread's CPU (`stream`: they came as a stream segment).  Once a window of them
+        came while every request in flight had the current offer, that offer's rate is
+        measured (per-line frames after the warm-up), and the next requests get the other
+        offer if it was not measured with these holders or was REPROBE windows ago (tried once
+        more), else the stream unless per-line frames delivered LINES_MARGIN more."""
+        self.raw += raw
+        now = self.clock()
+        holders = frozenset(h for h, _ in self.links if self.live(h))
+        if holders != self.holders:
+            self.holders, self.delivered, self.window = holders, {True: Delivered(), False: Delivered()}, None
+        if self.asked[not self.streaming]:  # answers to the other offer are still coming: no sample
+            self.window = None
+            return
+        w = self.window
+        if w is None or w.not_shared != self.not_shared():
+            self.window = Window(now, self.not_shared())
+            return
+        w.raw += raw
+        w.cpu += cpu
+        if w.raw >= self.window_bytes():
+            self.window = Window(now, self.not_shared())
+            if self.warm:
+                self._measured(w, w.raw / max(now - w.start, 1e-6))
+            else:
+                self.warm = True
+                self._switch("measured first: the holders then make the stream for the link's rate")
+
+    def _measured(self, w: Window, rate: float) -> None:
+        current, other = self.delivered[self.streaming], self.delivered[not self.streaming]
+        current.rate = _average(current.rate if current.phase == self.phase else None, rate)
+        current.phase, current.at = self.phase, self.raw
+        log.debug("batch format %s: %.1f MB/s raw (window of %.1f MB: %.3f wire bytes per raw byte, "
+                  "%.1f ms decoding CPU per raw MB; %d MB decoded)", self._name(self.streaming), rate / 1e6,
+                  w.raw / 1e6, w.wire / w.raw, w.cpu / w.raw * 1e9, self.raw // 1_000_000)
+        if other.rate is None or self.raw - other.at > REPROBE * self.window_bytes():
+            self._switch("to measure it")
+            return
+        stream, lines = self.delivered[True].rate, self.delivered[False].rate
+        assert stream is not None and lines is not None
+        if (lines > stream * (1 + LINES_MARGIN)) == self.streaming:
+            self._switch(f"stream {stream / 1e6:.1f} MB/s raw, per-line frames {lines / 1e6:.1f}")
+
+    def _switch(self, why: str) -> None:
+        """The other offer from the next request on, unless too little is left to measure it."""
+        if self.fetch_bytes - self.raw < 2 * self.window_bytes():
+            return
+        self.streaming, self.phase = not self.streaming, self.phase + 1
+        log.debug("batch format offered: %s (%s)", self._name(self.streaming), why)
+
+    @staticmethod
+    def _name(stream: bool) -> str:
+        return "stream" if stream else "per-line frames"

@@ -126,8 +126,9 @@ class Limits:
     goes through the store and is read back).  A false alarm costs one copy of its groups."""
     stream_batches: bool = True
     """Fetcher: offer to take batches as one zstd stream (CODEC_ZSTD_STREAM: a third fewer
-    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) while that costs it
-    less time than per-line frames (peer/pace.py, FetchPace); the server decides (LinkPace)."""
+    bytes on the wire, for about 0.01 s more CPU per MB on the two sides) unless per-line frames
+    were measured to deliver clearly more (peer/pace.py, FetchPace); the server decides
+    (LinkPace)."""
     serve_stream_batches: bool = True
     """Server: make stream batches, where the fetcher offered them and peer/pace.py's rule
     calls for them (a small transfer, or a link slower than `stream_link_rate`)."""

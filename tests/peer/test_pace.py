@@ -5,7 +5,6 @@ slow link (100 KB/s per connection) and loopback are far either side of the thre
 server is given (`THRESHOLD`)."""
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,10 +16,9 @@ from test_holders import World
 
 from p2pnode.peer import wire
 from p2pnode.peer.pace import (
-    HYSTERESIS,
-    LINES_DECODE,
+    LINES_MARGIN,
     MIN_COST_BYTES,
-    STREAM_DECODE,
+    MIN_WINDOW,
     FetchPace,
     LinkPace,
     stream_level,
@@ -52,7 +50,6 @@ async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits,
     tls = client_context(w.me, w.trust, w.holders[holder].identity.fingerprint)
     hashes = list(dict.fromkeys(blake3.blake3(ln).digest() for ln in w.lines()))
     pace, seen = FetchPace(fetch_bytes), []
-    link = pace.link(addr)
     stream = wire.BatchStreamDecoder()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
         for i in range(0, min(len(hashes), lines), 12):
@@ -61,6 +58,7 @@ async def formats(w: World, holder: int, rate: int | None, limits: wire.Limits,
                               headers={**pace.offer(addr, wire.Limits()), wire.STREAM_LANE_HEADER: "0",
                                        wire.STREAM_CONTINUE_HEADER: str(stream.answers)}) as r:
                 seen.append(r.headers.get(wire.BATCH_FORMAT_HEADER))
+                link = pace.link(addr, seen[-1] == wire.BATCH_FORMAT_STREAM)
                 decoder, body = wire.BatchDecoder(group, stream=True), bytearray()
                 while True:
                     link.waiting()
@@ -114,99 +112,151 @@ async def test_no_stream_unless_offered_or_served(world: World) -> None:
 
 
 MB = 1_000_000
+LIMITS = wire.Limits()
 
 
-def priced(rate: float, stream: tuple[float, float], lines: tuple[float, float]) -> FetchPace:
-    """A fetcher that received 100 MB of raw lines in each format from holder "a", whose link
-    carries `rate` bytes per second: (wire bytes per raw byte, decoding CPU-s per raw MB) of
-    the stream and of per-line frames."""
-    pace = FetchPace(1 << 30)
-    pace.link("a").rate = rate
-    for streamed, (ratio, cpu) in ((True, stream), (False, lines)):
-        pace.decoded(streamed, 100 * MB, cpu * 100)
-        pace.answered(streamed, int(ratio * 100 * MB), 100 * MB)
-    return pace
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_the_fetcher_offers_the_stream_while_it_costs_less_time() -> None:
-    """Time per raw MB = max(CPU, wire / rate) in each format: at 100 Mbit/s the stream's
-    third fewer bytes win over its CPU; over loopback (the link costs nothing) the per-line
-    frames' lower CPU wins; nothing measured yet: the stream is offered."""
-    offered = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM, wire.FETCH_BYTES_HEADER: str(1 << 30)}
-    assert FetchPace(1 << 30).offer("a", wire.Limits()) == offered
-    assert FetchPace(1 << 30).offer("a", wire.Limits(stream_batches=False)) == {}
-    slow = priced(12_500_000, stream=(0.27, 0.004), lines=(0.42, 0.0015))
-    assert slow.offer("a", wire.Limits()) == {**offered, wire.LINK_RATE_HEADER: "12500000"}
-    assert slow.offer("b", wire.Limits())[wire.BATCH_FORMAT_HEADER] == wire.BATCH_FORMAT_STREAM
-    assert priced(10**9, stream=(0.27, 0.004), lines=(0.42, 0.0015)).offer("a", wire.Limits()) == {}
-    # a fetcher whose CPU is what limits it even at 100 Mbit/s: 30 ms per raw MB in either format
-    cpu_bound = priced(12_500_000, stream=(0.27, 0.045), lines=(0.42, 0.03))
-    assert cpu_bound.offer("a", wire.Limits()) == {}
+def fetch(pace: FetchPace, rates: dict[bool, float], mb: int, holder: object = "a") -> list[bool]:
+    """Drive `pace` as batches.py does, one request of a raw MB at a time from `holder`, each
+    delivered at `rates[offered]` raw bytes per second on the pace's clock; the offers made."""
+    clock = pace.clock
+    assert isinstance(clock, Clock)
+    offers = []
+    for _ in range(mb):
+        pace.link(holder, False)
+        headers = pace.offer(holder, LIMITS)
+        offered = wire.BATCH_FORMAT_HEADER in headers
+        offers.append(offered)
+        clock.now += MB / rates[offered]
+        pace.decoded(offered, MB, 0.005)
+        pace.answered(MB // 4)
+        pace.ended(headers)
+    return offers
 
 
-def test_cpu_no_received_byte_causes_is_not_charged_to_them() -> None:
-    """A resumed fetch first reads its held half back (CPU the received lines do not cause).
-    Charged per received byte it made the fetcher look CPU-bound at 100 Mbit/s and withhold
-    the stream (a rerun after kill -9 took 0.30 wire bytes per raw byte against 0.22); as
-    `not_shared`, it is left out."""
-    pace = priced(12_500_000, stream=(0.27, 0.02), lines=(0.42, 0.002))
-    pace.started = time.process_time() - pace.decode_cpu - 6.0  # 6 CPU-s beyond the decoding
-    assert pace.offer("a", wire.Limits()) == {}  # 30 ms a received MB more: looks CPU-bound
-    pace.not_shared = lambda: 6.0  # that was reading held lines back
-    assert pace.offer("a", wire.Limits())[wire.BATCH_FORMAT_HEADER] == wire.BATCH_FORMAT_STREAM
+def paced(fetch_bytes: int = 256 * MB) -> FetchPace:
+    return FetchPace(fetch_bytes, clock=Clock())
 
 
-def test_a_dropped_holders_link_no_longer_counts() -> None:
-    """Two links at 100 Mbit/s each carry per-line frames faster than this fetcher's CPU makes
-    the stream; once one holder is dropped (cut), the one left is the bottleneck and the stream
-    is offered again (counting the dropped link's rate kept a cut fetch on per-line frames:
-    0.41 body bytes per raw byte against 0.24)."""
+def switches(offers: list[bool]) -> list[int]:
+    """The MB at which the offer changed."""
+    return [i for i in range(1, len(offers)) if offers[i] != offers[i - 1]]
+
+
+def test_the_offer_is_the_stream_with_what_the_server_needs_to_choose() -> None:
+    """The stream is offered from the start, with the fetch's size and, once measured, the
+    link's rate: the per-line frames' where measured (the holder's own pace to make a stream
+    is not the link's), else the stream's.  A fetcher with the stream off offers nothing."""
+    pace = paced()
+    offered = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM, wire.FETCH_BYTES_HEADER: str(256 * MB)}
+    assert pace.offer("a", LIMITS) == offered
+    assert pace.offer("a", wire.Limits(stream_batches=False)) == {}
+    pace.link("a", True).rate = 5_000_000
+    assert pace.offer("a", LIMITS) == {**offered, wire.LINK_RATE_HEADER: "5000000"}
+    pace.link("a", False).rate = 12_500_000
+    assert pace.offer("a", LIMITS)[wire.LINK_RATE_HEADER] == "12500000"
+    assert wire.LINK_RATE_HEADER not in pace.offer("b", LIMITS)
+
+
+def test_each_format_is_measured_and_the_faster_one_kept() -> None:
+    """The stream's first window is the warm-up; then per-line frames are measured for a
+    window, then the stream, and the faster format is kept, the other tried again every
+    REPROBE windows.  Where the per-line frames are faster (two holders at 100 Mbit/s on a
+    fetcher whose CPU makes the stream slowly), most of the fetch comes per-line."""
+    pace = paced()
+    window = pace.window_bytes() // MB
+    offers = fetch(pace, {True: 30 * MB, False: 50 * MB}, 256)
+    assert offers[: window + 1] == [True] * (window + 1)
+    assert offers[window + 1 : 2 * window + 1] == [False] * window
+    assert offers[2 * window + 1 : 3 * window + 1] == [True] * window  # measured
+    assert offers.count(False) > 0.75 * len(offers)
+    assert True in offers[4 * window:]  # the stream tried again later
+    assert pace.delivered[False].rate == pytest.approx(50 * MB)
+    assert pace.delivered[True].rate == pytest.approx(30 * MB)
+
+
+def test_the_stream_is_kept_unless_per_line_frames_are_clearly_faster() -> None:
+    """Within LINES_MARGIN the stream stays (half the bytes); beyond it, per-line frames."""
+    near = fetch(paced(), {True: 30 * MB, False: 30 * MB * (1 + LINES_MARGIN / 2)}, 256)
+    assert near.count(True) > 0.75 * len(near)
+    far = fetch(paced(), {True: 30 * MB, False: 30 * MB * (1 + 2 * LINES_MARGIN)}, 256)
+    assert far.count(False) > 0.75 * len(far)
+
+
+def test_a_format_that_got_faster_is_taken_again() -> None:
+    """What limits a fetch changes (another process's load ends): the format not taken is
+    tried again and taken once it delivers more.  Priced once at the start, a fetch stayed
+    on the format it settled on (9.6 to 12.0 s for the same 256 MB)."""
+    pace = paced()
+    first = fetch(pace, {True: 20 * MB, False: 30 * MB}, 100)
+    assert first[-1] is False
+    rest = fetch(pace, {True: 60 * MB, False: 30 * MB}, 156)
+    assert True in rest and all(rest[rest.index(True):])
+
+
+def test_a_holder_dropped_or_joining_makes_both_formats_measured_anew() -> None:
+    """Two holders' per-line frames were faster than the stream; once one is dropped, what
+    was measured with both no longer holds: the other format is tried again at once (a cut
+    holder's rate had kept the fetch on per-line frames from the one left)."""
     dropped: set[str] = set()
-    pace = priced(12_500_000, stream=(0.27, 0.02), lines=(0.42, 0.004))
+    pace = paced()
     pace.live = lambda holder: holder not in dropped
-    pace.link("b").rate = 12_500_000
-    assert pace.offer("a", wire.Limits()) == {}
+    pace.link("b", False)
+    fetch(pace, {True: 30 * MB, False: 50 * MB}, 80)
+    assert not pace.streaming and pace.delivered[True].rate is not None
     dropped.add("b")
-    assert pace.offer("a", wire.Limits())[wire.BATCH_FORMAT_HEADER] == wire.BATCH_FORMAT_STREAM
+    offers = fetch(pace, {True: 30 * MB, False: 25 * MB}, 60)
+    assert pace.holders == {"a"}
+    assert offers[0] is False and switches(offers)[0] <= pace.window_bytes() // MB + 1
+    assert offers[-1] is True
 
 
-def test_a_format_not_measured_yet_is_priced_at_this_machines_speed() -> None:
-    """The priors come from one machine: where the stream's decoding measures 2.6 times its
-    prior, the per-line frames' prior is taken 2.6 times too, until they are measured."""
-    pace = FetchPace(1 << 30)
-    assert pace.decode(pace.lines) == LINES_DECODE / 1e6
-    pace.decoded(True, 100 * MB, 100 * STREAM_DECODE * 2.6)
-    assert pace.decode(pace.lines) == pytest.approx(LINES_DECODE * 2.6 / 1e6)
-    pace.decoded(False, 100 * MB, 0.5)
-    assert pace.decode(pace.lines) == 0.5 / (100 * MB)
+def test_no_sample_while_answers_to_the_other_offer_come() -> None:
+    """Until every request made with the other offer ended, the bytes decoded are no
+    format's sample (they came in both)."""
+    pace = paced()
+    fetch(pace, {True: 30 * MB, False: 50 * MB}, 60)
+    assert not pace.streaming
+    late = pace.offer("a", LIMITS)  # a request to the per-line offer
+    pace.streaming = True  # the stream is being tried again meanwhile
+    measured = pace.delivered[True].rate
+    for _ in range(40):
+        pace.clock.now += MB / (1 * MB)  # type: ignore[attr-defined]
+        pace.decoded(True, MB, 0.005)
+    assert pace.delivered[True].rate == measured and pace.window is None
+    pace.ended(late)
 
 
-def test_the_fetchers_choice_does_not_flap_near_break_even() -> None:
-    """Within HYSTERESIS of each other the current choice stays, either way round; beyond
-    it, the cheaper format is taken."""
-    rate = 10_000_000
-    lines = (0.40, 0.001)  # 40 ms per raw MB on the wire
-    near = (0.40 * (1 - HYSTERESIS / 2), 0.001)  # 5 % cheaper
-    pace = priced(rate, stream=near, lines=lines)
-    assert pace.offer("a", wire.Limits())  # streaming from the start: stays
-    pace.streaming = False
-    assert pace.offer("a", wire.Limits()) == {}  # per-line frames: stay too
-    far = priced(rate, stream=(0.40 * (1 - 2 * HYSTERESIS), 0.001), lines=lines)
-    far.streaming = False
-    assert far.offer("a", wire.Limits())
+def test_a_window_while_held_lines_were_read_back_is_no_sample() -> None:
+    """A resumed fetch reads its held half back (the process's CPU, `not_shared`): a window in
+    which that happened measured the reading, not a format (it had made a resumed fetch
+    withhold the stream: 0.30 wire bytes per raw byte against 0.22)."""
+    held = [0.0]
+    pace = paced()
+    pace.not_shared = lambda: held[0]
+    window = pace.window_bytes() // MB
+    fetch(pace, {True: 30 * MB, False: 30 * MB}, window + 2)  # the warm-up, into the next window
+    held[0] = 1.0
+    pace.clock.now += 10.0  # type: ignore[attr-defined]  # the reading took 10 s
+    fetch(pace, {True: 30 * MB, False: 30 * MB}, window)
+    assert pace.delivered[False].rate is None  # not 1.6 MB/s
+    fetch(pace, {True: 30 * MB, False: 30 * MB}, window + 1)
+    assert pace.delivered[False].rate == pytest.approx(30 * MB)
 
 
-def test_the_fetcher_measures_what_it_decodes() -> None:
-    """Runs too small to measure CPU (MIN_COST_BYTES) leave the priors; answers in a format
-    replace its wire prior with what came."""
-    pace = FetchPace(1 << 30)
-    prior = pace.stream.decode
-    pace.decoded(True, MIN_COST_BYTES - 1, 1.0)
-    assert pace.stream.decode == prior and not pace.stream.decode_measured
-    pace.answered(True, 30 * MB, 100 * MB)
-    pace.decoded(True, 100 * MB, 0.5)
-    assert pace.stream.wire == 0.3 and pace.stream.decode == 0.5 / (100 * MB)
-    assert not pace.lines.wire_measured and not pace.lines.decode_measured  # per-line: the priors
+def test_a_small_fetch_keeps_the_stream() -> None:
+    """A fetch of fewer than three windows (a +1 % append, a fork's new lines) has no room to
+    try the per-line frames: the stream throughout."""
+    pace = paced(12 * MB)
+    assert pace.window_bytes() == MIN_WINDOW
+    assert fetch(pace, {True: 1 * MB, False: 100 * MB}, 12) == [True] * 12
 
 
 def test_a_cpu_bound_server_keeps_per_line_frames() -> None:
