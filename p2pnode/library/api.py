@@ -202,10 +202,10 @@ class _ScanningSink:
         self._scanner = secrets.Scanner()
         return self.start
 
-    def feed(self, data: memoryview) -> None:
+    def feed(self, data: bytes) -> None:
         assert self.inner is not None and self._scanner is not None
         self.inner.feed(data)
-        self._scanner.feed(data)
+        self._scanner.feed(data)  # scanned in place (bytes): the chunk is not copied again
 
     def finish(self) -> None:
         if self._scanner is not None:

@@ -74,6 +74,8 @@ hold no session_info, and once the first user message is known their lines need 
 IN_FLIGHT = 3
 """Batches an import may have handed over and not yet appended (each up to BATCH_BYTES,
 raw and compressed): what lets reading, compressing and writing overlap, within bounded memory."""
+PREPARERS = 2
+"""Batches prepared (hashed and compressed) at once: see _Importer._flush."""
 STATE_VERSION = 1
 
 
@@ -241,7 +243,7 @@ class _Importer:
         self._splitter = LineSplitter()
         self._batch: list[TurnInput] = []
         self._batch_bytes = 0
-        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-prepare")
+        self._preparer = ThreadPoolExecutor(max_workers=PREPARERS, thread_name_prefix="import-prepare")
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import")
         self._inflight: deque[Future[None]] = deque()
         """The batches handed over and not yet appended, oldest first (at most IN_FLIGHT)."""
@@ -267,9 +269,8 @@ class _Importer:
         for line in lines:
             self._line(line)
 
-    def feed(self, data: memoryview) -> None:
-        # one copy of the chunk, then one per line (the turn's payload)
-        chunk = bytes(data)
+    def feed(self, chunk: bytes) -> None:
+        # one copy per line (the turn's payload), none of the chunk (FileHasher reads it as bytes)
         straddling = self._splitter.pending  # the first line out began in an earlier chunk
         titled = self.first_user is None or bool(_SESSION_INFO.find_matches_as_indexes(chunk))
         for line in self._splitter.feed(chunk):
@@ -314,8 +315,10 @@ class _Importer:
 
     def _flush(self) -> None:
         """Hand the batch on, in three stages that overlap: this thread reads and splits the
-        next batch while the preparer has the store hash and compress this one (zstd and
-        BLAKE3 without the GIL) and the worker appends the one before, in order."""
+        next batch while a preparer has the store hash and compress this one (zstd and
+        BLAKE3 without the GIL) and the worker appends the one before, in order.  Two
+        preparers: while one hashes its batch (Python, holding the GIL), zstd compresses the
+        other's on both cores; with one, zstd waited for each batch's hashing."""
         if self._batch:
             batch, self._batch, self._batch_bytes = self._batch, [], 0
             if len(self._inflight) >= IN_FLIGHT:

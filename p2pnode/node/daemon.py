@@ -35,6 +35,7 @@ import base64
 import contextlib
 import dataclasses
 import errno
+import gc
 import json
 import logging
 import os
@@ -147,6 +148,7 @@ class Node:
         for part in (self.follows, self.live):  # node/follow.py, node/live.py: resumed after a restart
             await part.start()
             self._stack.push_async_callback(part.close)
+        gc.freeze()  # what start-up made lives as long as the node: no collection walks it again
         log.info("node %s serving on port %d (store %s)", self.identity.node_id, self.port,
                  self.paths.store_socket)
 

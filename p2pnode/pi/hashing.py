@@ -127,7 +127,9 @@ class Sink(Protocol):
     def begin(self, appended: bool) -> int:
         """Called once the prefix is checked; returns the file offset to feed bytes from."""
 
-    def feed(self, data: memoryview) -> None: ...
+    def feed(self, data: bytes) -> None:
+        """The next bytes of the file, a bytes object of their own: the sink may keep it or
+        cut lines out of it, with no copy of its own first."""
 
 
 def _probes(f: io.BufferedReader, size: int) -> tuple[bytes, bytes]:
@@ -145,7 +147,7 @@ class _Counter:
         self.newlines = 0 if start is None else start.lines - (start.last_line_start < start.size)
         self.last_line_start = 0 if start is None else start.last_line_start
 
-    def add(self, buf: bytearray, lo: int, hi: int, offset: int) -> None:
+    def add(self, buf: bytes, lo: int, hi: int, offset: int) -> None:
         """Count buf[lo:hi], the bytes at `offset` in the file (in place: no copy of the chunk)."""
         n = count_newlines(buf, lo, hi)
         if n:
@@ -213,20 +215,18 @@ class FileHasher:
                 raise ValueError("a sink must start at offset 0 when the file is not an append")
             pos = min(start, hashed)
             f.seek(pos)
-            buf = bytearray(CHUNK)
-            view = memoryview(buf)
             while pos < size:
-                n = f.readinto(view[: min(CHUNK, size - pos)])
+                chunk = f.read(min(CHUNK, size - pos))  # a new bytes each time: the sink keeps it
+                n = len(chunk)
                 if not n:
                     raise Conflict(f"{path} shrank to {pos} bytes while being read (it was {size})")
-                chunk = view[:n]
                 if pos + n > hashed:
                     skip = max(0, hashed - pos)
-                    hasher.update(chunk[skip:])
-                    counter.add(buf, skip, n, pos + skip)
+                    hasher.update(memoryview(chunk)[skip:])
+                    counter.add(chunk, skip, n, pos + skip)
                     hashed = pos + n
                 if sink is not None and pos + n > start:
-                    sink.feed(chunk[max(0, start - pos):])
+                    sink.feed(chunk[start - pos:] if start > pos else chunk)
                 pos += n
             result = counter.prefix(size, hasher.hexdigest())
             head_probe, tail_probe = _probes(f, size)

@@ -139,12 +139,13 @@ def _glued(data: Bytes, start: int, end: int, limit: int, pattern: Pattern) -> b
     return pattern.kind != "private-key" and after in _KEYLIKE
 
 
-def _candidates(data: Bytes, limit: int) -> list[list[int]]:
-    """Per pattern, every position in data[:limit] where one of its literals starts, in order."""
+def _candidates(data: Bytes, lo: int, limit: int) -> list[list[int]]:
+    """Per pattern, every position in data[lo:limit] where one of its literals starts, in order."""
     found: list[list[int]] = [[] for _ in PATTERNS]
     with memoryview(data) as view:
-        hits = _PREFILTER.find_matches_as_indexes(view[:limit])  # the GIL released meanwhile
-    for j, start, _ in hits:
+        hits = _PREFILTER.find_matches_as_indexes(view[lo:limit])  # the GIL released meanwhile
+    for j, at, _ in hits:
+        start = lo + at
         found[_LITERALS[j][1]].append(start)
         for k, other, i in _HIDDEN[j]:
             if data.startswith(other, start + k, limit):
@@ -152,14 +153,14 @@ def _candidates(data: Bytes, limit: int) -> list[list[int]]:
     return [sorted(set(positions)) for positions in found]
 
 
-def _matches(data: Bytes, limit: int) -> list[tuple[Pattern, int, int]]:
-    """(pattern, start, end) of every finding in data[:limit], in file order: each pattern's
+def _matches(data: Bytes, lo: int, limit: int) -> list[tuple[Pattern, int, int]]:
+    """(pattern, start, end) of every finding in data[lo:limit], in file order: each pattern's
     matches as `finditer` finds them (each starts after the previous one ends), the patterns
     taken in order, a match overlapping an earlier-taken finding dropped (one secret, one
     finding: a JWT in a URL...)."""
     starts: list[int] = []
     taken: list[tuple[int, int, Pattern]] = []
-    for pattern, positions in zip(PATTERNS, _candidates(data, limit), strict=True):
+    for pattern, positions in zip(PATTERNS, _candidates(data, lo, limit), strict=True):
         after = 0
         for pos in positions:
             if pos < after or (m := pattern.regex.match(data, pos, limit)) is None:
@@ -180,14 +181,15 @@ def _matches(data: Bytes, limit: int) -> list[tuple[Pattern, int, int]]:
 
 def scan(data: bytes) -> list[Finding]:
     """Every finding in a session's bytes, in file order."""
-    return _scan(data, len(data))
+    return _scan(data, 0, len(data))
 
 
-def _scan(data: Bytes, limit: int) -> list[Finding]:
-    """`scan` of data[:limit] (no copy of the bytes to look at)."""
+def _scan(data: Bytes, lo: int, limit: int) -> list[Finding]:
+    """`scan` of data[lo:limit], whole lines (lo is 0 or just after a newline), in place: the
+    offsets are data's, the lines are counted from lo."""
     findings: list[Finding] = []
-    line_no, counted_to = 1, 0
-    for pattern, start, end in _matches(data, limit):
+    line_no, counted_to = 1, lo
+    for pattern, start, end in _matches(data, lo, limit):
         line_no += count_newlines(data, counted_to, start)
         counted_to = start
         line_start = data.rfind(b"\n", 0, start) + 1
@@ -203,36 +205,49 @@ def _scan(data: Bytes, limit: int) -> list[Finding]:
 class Scanner:
     """The scan of bytes that arrive in pieces (a file as it is read): whole lines are scanned
     as they complete, so a key is never cut in two; findings count lines and offsets from the
-    first byte fed.  The same findings as `scan` of all the bytes at once.  Each byte fed is
-    copied once, into a buffer the scan reads in place (the caller may reuse its own)."""
+    first byte fed.  The same findings as `scan` of all the bytes at once.  A piece fed as
+    `bytes` (immutable) is scanned where it is; only a line begun in one piece and ended in a
+    later one is copied, whole, and any other buffer (a memoryview the caller may reuse) is
+    copied first: the import hands over each chunk it read once, to its splitter and here."""
 
     def __init__(self) -> None:
         self.findings: list[Finding] = []
         self._pending = bytearray()
-        """What was fed and not scanned yet: the start of a line still being fed."""
+        """The start of a line still being fed (it did not end in the pieces so far)."""
         self._offset = 0
+        """Stream offset of the first byte not scanned yet (the pending line's, if any)."""
         self._lines = 0
 
     def feed(self, data: bytes | memoryview) -> None:
-        fed = len(self._pending)
-        self._pending += data
-        cut = self._pending.rfind(b"\n", fed) + 1  # the new bytes only: a long line costs O(its size)
-        if cut:
-            self._scan(cut)
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        lo = 0
+        if self._pending:  # a line begun earlier: scanned once its newline comes
+            lo = data.find(b"\n") + 1  # in the new bytes only: a long line costs O(its size)
+            if not lo:
+                self._pending += data
+                return
+            self._pending += memoryview(data)[:lo]
+            self._scan(self._pending, 0, len(self._pending))
+            self._pending.clear()
+        cut = data.rfind(b"\n", lo) + 1
+        if cut > lo:
+            self._scan(data, lo, cut)
+        self._pending += memoryview(data)[max(lo, cut):]
 
     def finish(self) -> list[Finding]:
         """The findings of everything fed (a last line without a newline included)."""
-        self._scan(len(self._pending))
+        self._scan(self._pending, 0, len(self._pending))
+        self._pending.clear()
         return self.findings
 
-    def _scan(self, limit: int) -> None:
-        """Scan the first `limit` bytes pending (whole lines) and drop them."""
-        data = self._pending
-        self.findings += [replace(f, line=f.line + self._lines, start=f.start + self._offset,
-                                  end=f.end + self._offset) for f in _scan(data, limit)]
-        self._offset += limit
-        self._lines += count_newlines(data, 0, limit)
-        del data[:limit]
+    def _scan(self, data: Bytes, lo: int, limit: int) -> None:
+        """Scan data[lo:limit], the next whole lines of the stream."""
+        at = self._offset - lo
+        self.findings += [replace(f, line=f.line + self._lines, start=f.start + at, end=f.end + at)
+                          for f in _scan(data, lo, limit)]
+        self._offset += limit - lo
+        self._lines += count_newlines(data, lo, limit)
 
 
 def _locate(line: bytes, secret: bytes) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import zstandard
 
@@ -75,8 +75,9 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
     the other Python threads of a busy process (an import's reader and writer) do not hold
     each line's compression back at every hand-back of the GIL."""
     cctx = compressor(store.config.zstd_level)
-    out: list[Prepared] = []
-    todo: list[int] = []
+    out: list[Prepared | None] = []
+    todo: list[tuple[int, bytes]] = []
+    """(index in out, hash) of each payload compressed below; out holds None there until then."""
     raw: list[bytes | bytearray | memoryview] = []  # zstandard's stubs want this list type
     for item in items:
         if isinstance(item, TurnBlobRef):
@@ -91,16 +92,17 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
         elif _incompressible(cctx, item):
             out.append(Prepared(h, n, CODEC_RAW, bytes(item)))
         else:
-            payload = bytes(item)
-            todo.append(len(out))
-            raw.append(payload)
-            out.append(Prepared(h, n, CODEC_RAW, payload))  # until compressed below, if it shrinks
+            todo.append((len(out), h))
+            raw.append(bytes(item))
+            out.append(None)
     if todo:
         packed = cctx.multi_compress_to_buffer(raw, threads=threads)
-        for k, i in enumerate(todo):
-            if len(packed[k]) < out[i].raw_len:
-                out[i] = Prepared(out[i].hash, out[i].raw_len, CODEC_ZSTD, packed[k].tobytes())
-    return out
+        for k, (i, h) in enumerate(todo):
+            payload, frame = raw[k], packed[k]
+            n = len(payload)
+            out[i] = (Prepared(h, n, CODEC_ZSTD, frame.tobytes()) if len(frame) < n
+                      else Prepared(h, n, CODEC_RAW, bytes(payload)))  # zstd did not shrink it
+    return cast(list[Prepared], out)  # every None was filled just above
 
 
 def _incompressible(cctx: zstandard.ZstdCompressor, payload: bytes) -> bool:

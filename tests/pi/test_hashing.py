@@ -23,7 +23,8 @@ class Recorder:
         self.appended = appended
         return self.start_if_appended if appended else 0
 
-    def feed(self, data: memoryview) -> None:
+    def feed(self, data: bytes) -> None:
+        assert type(data) is bytes  # the sink may keep it: no buffer the hasher reuses
         self.data += data
 
 

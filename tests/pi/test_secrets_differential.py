@@ -63,13 +63,14 @@ def reference_scan(data: bytes) -> list[secrets.Finding]:
 
 
 def in_pieces(data: bytes, rng: random.Random, cuts: list[int] | None = None) -> list[secrets.Finding]:
-    """`Scanner` fed `data` cut at `cuts` (default: random places, pieces of 1 byte up)."""
+    """`Scanner` fed `data` cut at `cuts` (default: random places, pieces of 1 byte up), each
+    piece as bytes (scanned in place) or a memoryview (copied), at random."""
     if cuts is None:
         cuts = sorted(rng.sample(range(1, len(data)), min(max(0, len(data) - 1), rng.randint(0, 12))))
     scanner = secrets.Scanner()
     view = memoryview(data)
     for lo, hi in zip([0, *cuts], [*cuts, len(data)], strict=True):
-        scanner.feed(view[lo:hi])
+        scanner.feed(data[lo:hi] if rng.random() < 0.5 else view[lo:hi])
     return scanner.finish()
 
 
