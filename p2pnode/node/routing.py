@@ -101,5 +101,3 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
 
     with shared(fetching_lock(paths.ensure().home)):  # no `gc` in another process while lines are staged
         return eventloop.run(fetch())
-
-

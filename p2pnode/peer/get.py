@@ -625,6 +625,7 @@ class _Fetch:
             raise
         self.lines_total += len(refs)
         return assembled, stream, None
+
     async def _whole(self, src: str) -> bytes:
         """Fallback: the session as one blob, resumed with Range after a broken link."""
         buf = bytearray()
