@@ -307,18 +307,21 @@ class _Stream:
             self._pending_bytes += size
             self.job.note(size, lines)
         if self._pending_bytes >= self.stage_bytes:
-            await self.flush()
+            await self.flush(wait=False)
 
     def have(self, line_hash: bytes) -> bool:
         """True once a line was received (it is not asked for, nor taken, again)."""
         return line_hash in self._pending_hashes or line_hash not in self.getter.outstanding
 
-    async def flush(self) -> None:
-        """Stage what is pending and hand out what the cursor can reach (store reads included)."""
+    async def flush(self, wait: bool = True) -> None:
+        """Stage what is pending and hand out what the cursor can reach (store reads included).
+        Unless `wait`, the lines are only staged and handed to the getter while the placed file
+        an incremental fetch continues is still being hashed: the next batches are not held up
+        by it (they are, when the verification of one waits here)."""
         async with self._lock:
             run, self._pending, self._pending_bytes = self._pending, [], 0
             try:
-                await self._using(functools.partial(self._take, run))
+                await self._using(functools.partial(self._take, run, wait=wait))
             except ManifestLied as lie:
                 raise _ManifestStop(lie) from None
 
@@ -376,14 +379,17 @@ class _Stream:
                 opened, self._open = self._open, None
                 await asyncio.to_thread(opened.__exit__, None, None, None)
 
-    def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget) -> None:
-        if self.getter.held_hash_due:
-            self._held_hash(lib)
+    def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget, wait: bool) -> None:
         if run:
             lib.stage_lines([blob for blob, _ in run])
         for blob, raw in run:
             self.getter.arrived(blob.hash, raw)
         self._pending_hashes.difference_update(blob.hash for blob, _ in run)
+        if self.getter.held_hash_due:
+            assert self.prefix is not None and self.prefix.hashing is not None
+            if not wait and not self.prefix.hashing.done():
+                return  # the lines wait in the getter (or staged, beyond its ahead_limit)
+            self._held_hash(lib)
         while True:
             self._write(self.getter.ready(), lib)
             wanted = self.getter.from_store()

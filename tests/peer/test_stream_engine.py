@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_stream_fetch import SESSION_ID, pi_session
@@ -187,6 +189,36 @@ async def test_a_one_shot_fetch_checks_the_placed_file_it_hashed_meanwhile(
     assert duo.fetcher.branch(got.branch).src == got.src == hash_file(path)
     assert duo.placed.read_bytes() == tampered + new
     assert len(from_store) == 1 and from_store[0] > 0  # the held lines, read back once
+
+
+async def test_the_new_lines_do_not_wait_for_the_placed_file_to_be_hashed(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The placed file an incremental fetch continues is hashed on a thread while the new lines
+    come; the lines verified meanwhile are staged and the batches go on.  Here the hash may end
+    only once every line was received (a delay injected into the hashing thread): batches that
+    waited on it would wait for ever, so the hash gives up after 10 s and the fetch fails."""
+    path = duo.write(pi_session(1_000_000, seed=21))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    LIVE.clear()
+    _grow(path, seed=22, lines=8)
+    received = threading.Event()
+    real_hasher, real_get_lines = get_module.prefix_hasher, get_module.batches.get_lines
+
+    def hasher(target: Path, size: int) -> object:
+        if not received.wait(10):
+            raise AssertionError("the new lines waited for the placed file's hash")
+        return real_hasher(target, size)
+
+    async def get_lines(*args: Any, **kw: Any) -> None:
+        await real_get_lines(*args, **kw)
+        received.set()
+
+    monkeypatch.setattr(get_module, "prefix_hasher", hasher)
+    monkeypatch.setattr(get_module.batches, "get_lines", get_lines)
+    monkeypatch.setattr(get_module, "STAGE_MIN", 1)  # each verified run is staged as it comes
+    got = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert received.is_set() and got.written and 0 < got.lines_fetched < got.lines_total
+    assert duo.placed.read_bytes() == path.read_bytes()
 
 
 async def test_a_grown_version_is_committed_without_reading_the_held_lines(
