@@ -199,7 +199,7 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
                 chunk = b""
                 link.waiting()  # the rate this link delivers at while we wait on it (peer/pace.py)
                 try:
-                    chunk = await resp.content.readany()
+                    chunk = await resp.read_some()
                 finally:
                     link.moved(len(chunk))
                 if not chunk:

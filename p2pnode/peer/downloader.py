@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
-from p2pnode.peer import wire
+from p2pnode.peer import https, wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.aiohttp_client import aiohttp
 from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
 from p2pnode.peer.link import Connections, NotOffered, PeerLink
 from p2pnode.peer.trust import TrustStore
@@ -73,9 +72,9 @@ def judge(exc: BaseException) -> Failure | None:
         return Failure(FailureAction.DROP, f"sent data that failed verification: {exc}", VerificationFailed)
     if isinstance(exc, InvalidInput):  # bytes that hash right but are not valid (a bad sidecar)
         return Failure(FailureAction.DROP, f"sent invalid data: {exc}", InvalidInput)
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+    if isinstance(exc, https.CertificateError):
         return Failure(FailureAction.DROP, f"TLS: {exc.certificate_error}", Refused)
-    if isinstance(exc, TimeoutError | aiohttp.ClientError | OSError):
+    if isinstance(exc, TimeoutError | https.ClientError | OSError):
         return Failure(FailureAction.RETRY)
     return None
 
@@ -446,10 +445,10 @@ class Share:
 
 def _closed_by_peer(exc: BaseException) -> bool:
     """Connected, then closed by the other side (not: could not connect).  A reset while TLS
-    finishes is a ClientConnectorError without an errno: the peer hung up in the handshake."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    finishes is a ConnectError without an errno: the peer hung up in the handshake."""
+    if isinstance(exc, https.ConnectError):
         return not (isinstance(exc.os_error, OSError) and exc.os_error.errno)
-    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError)
+    return isinstance(exc, https.Disconnected | ConnectionResetError)
 
 
 def _describe_network_error(exc: BaseException, me: str) -> str:
@@ -458,9 +457,9 @@ def _describe_network_error(exc: BaseException, me: str) -> str:
         return f"connection closed by the peer (cut link, or it does not trust this node {me})"
     if isinstance(exc, TimeoutError):
         return "timed out"
-    if isinstance(exc, aiohttp.ClientPayloadError):
+    if isinstance(exc, https.PayloadError):
         return "connection cut in the middle of an answer"
-    os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    os_error = exc.os_error if isinstance(exc, https.ConnectError) else exc
     if isinstance(os_error, OSError) and os_error.errno:
         return f"cannot connect: {os.strerror(os_error.errno).lower()}"
     return str(exc) or "network error"

@@ -59,9 +59,8 @@ from p2pnode.errors import Conflict, NotFound, VerificationFailed
 from p2pnode.library.api import BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
-from p2pnode.peer import batches, wire
+from p2pnode.peer import batches, https, wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.aiohttp_client import aiohttp
 from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.getter import LIVE, READ_BACK, Assembled, Held, ManifestLied, SessionGetter
 from p2pnode.peer.heldlines import PlacedLines, placed_lines, read_held
@@ -648,7 +647,7 @@ class _Fetch:
                 total = _total_size(resp, len(buf))
                 if total > self.limits.max_session:
                     raise wire.WireError(f"session {src}: {total} bytes is over {self.limits.max_session}")
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp.chunks():
                     peer.bytes_received += len(chunk)
                     if len(buf) + len(chunk) > total:
                         raise wire.WireError(f"session {src}: more than the {total} bytes announced")
@@ -657,7 +656,7 @@ class _Fetch:
                     if self.progress:
                         self.progress(len(buf), total)
                 if len(buf) != total:
-                    raise aiohttp.ClientPayloadError(f"session {src}: cut at {len(buf)} of {total} bytes")
+                    raise https.PayloadError(f"session {src}: cut at {len(buf)} of {total} bytes")
             got = hasher.hexdigest()
             if got != src:
                 buf.clear()
@@ -685,7 +684,7 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     the new version begins with: the hash of the whole proves it), their size (from the
     version's record when they are all its lines or all but its last: no turn is read) and
     their hash state: the node's live one; else (a one-shot process) the file this node
-    placed, if its stat says it is still that version whole (hashed on all cores, on a thread
+    placed, if its stat says it is still that version whole (hashed on a thread
     of its own while the new lines come: `_Prefix.hashing`), else the lines re-read from the
     store (decompressed: the slowest)."""
     base = after.base.hex()
@@ -773,9 +772,9 @@ async def _with_peer(peer: PeerLink, coro: Awaitable[T]) -> tuple[PeerLink, T]:
     return peer, await coro
 
 
-def _total_size(resp: aiohttp.ClientResponse, offset: int) -> int:
+def _total_size(resp: https.Response, offset: int) -> int:
     if resp.status == 206:
-        m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", resp.headers.get("Content-Range", ""))
+        m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", resp.headers.get("Content-Range") or "")
         if not m or int(m.group(1)) != offset:
             raise wire.WireError(f"Content-Range {resp.headers.get('Content-Range')!r} for offset {offset}")
         return int(m.group(3))

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from p2pnode.errors import P2PNodeError, PeerUnavailable, Refused
-from p2pnode.peer import wire
+from p2pnode.peer import https, wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.aiohttp_client import aiohttp
 from p2pnode.peer.identity import Identity, parse_node_id
 from p2pnode.peer.tls import client_context
 from p2pnode.peer.trust import TrustStore
@@ -29,8 +28,6 @@ class PeerLink:
                  connections: Connections | None = None) -> None:
         self.addr = addr
         self.limits = limits
-        host = f"[{addr.host}]" if ":" in addr.host else addr.host
-        self.base = f"https://{host}:{addr.port}"
         self._owned = connections is None
         self.session = (_session(addr, identity, trust, limits, self._accepted) if connections is None
                         else connections.session(self, identity, trust))
@@ -55,12 +52,13 @@ class PeerLink:
         if self._owned:  # else its Connections' owner closes the session
             await self.session.close()
 
-    def request(self, method: str, path: str, **kw: Any) -> Any:
+    def request(self, method: str, path: str, data: bytes = b"",
+                headers: dict[str, str] | None = None) -> Any:
         """Every request to a peer: redirects are never followed (a 3xx could lead past the
         TLS pin, to plain http or to another host); `_check` refuses them."""
-        return self.session.request(method, self.base + path, allow_redirects=False, **kw)
+        return self.session.request(method, path, data, headers)
 
-    def _check(self, resp: aiohttp.ClientResponse, what: str) -> None:
+    def _check(self, resp: https.Response, what: str) -> None:
         if 300 <= resp.status < 400:
             raise wire.WireError(f"peer {self.addr} answered {resp.status} (a redirect) for {what}; "
                                  "peers must not redirect")
@@ -69,8 +67,7 @@ class PeerLink:
         if resp.status == 403:
             raise Refused(f"peer {self.addr} refused the request for {what} (403)")
         if resp.status not in (200, 206):
-            raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
-                                              message=f"unexpected status for {what}")
+            raise https.ResponseError(f"peer {self.addr} answered {resp.status} for {what}", resp.status)
 
     async def get_small(self, path: str, limit: int, what: str,
                         too_big: type[P2PNodeError] = wire.WireError) -> bytes:
@@ -80,7 +77,7 @@ class PeerLink:
             if (resp.content_length or 0) > limit:
                 raise too_big(f"{what}: peer announced {resp.content_length} bytes, limit {limit}")
             body = bytearray()
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.chunks():
                 body += chunk
                 self.bytes_received += len(chunk)
                 if len(body) > limit:
@@ -103,16 +100,11 @@ class PeerLink:
 
 
 def _session(addr: PeerAddress, identity: Identity, trust: TrustStore, limits: wire.Limits,
-             on_accepted: Callable[[bytes], None]) -> aiohttp.ClientSession:
+             on_accepted: Callable[[bytes], None]) -> https.Session:
     """One peer's HTTPS session: mutual TLS pinned to `addr`'s node id (if it names one)."""
     expected = parse_node_id(addr.node_id) if addr.node_id else None
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=client_context(identity, trust, expected, on_accepted), limit=4),
-        timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
-                                      sock_connect=limits.connect_timeout,
-                                      sock_read=limits.slow_reader_timeout),
-        auto_decompress=False,
-    )
+    return https.Session(addr.host, addr.port, client_context(identity, trust, expected, on_accepted),
+                         https.Timeouts(connect=limits.connect_timeout, read=limits.slow_reader_timeout))
 
 
 class Connections:
@@ -123,10 +115,10 @@ class Connections:
     that session's handshakes.  Its owner closes it, after the last step."""
 
     def __init__(self) -> None:
-        self._sessions: dict[tuple[PeerAddress, wire.Limits], aiohttp.ClientSession] = {}
+        self._sessions: dict[tuple[PeerAddress, wire.Limits], https.Session] = {}
         self._links: dict[PeerAddress, PeerLink] = {}
 
-    def session(self, link: PeerLink, identity: Identity, trust: TrustStore) -> aiohttp.ClientSession:
+    def session(self, link: PeerLink, identity: Identity, trust: TrustStore) -> https.Session:
         addr = link.addr
         self._links[addr] = link
         key = (addr, link.limits)

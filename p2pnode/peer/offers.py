@@ -17,7 +17,7 @@ from p2pnode.peer import wire
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import is_hash_hex
 
-if TYPE_CHECKING:  # the HTTPS side (aiohttp) is imported only by what asks peers
+if TYPE_CHECKING:  # the HTTPS side is imported only by what asks peers
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import Identity
     from p2pnode.peer.link import Connections

@@ -3,7 +3,8 @@ both sides pin the other's key against the live allowlist during the handshake.
 
 The only trust anchor is the open CA (identity.py), which every node certificate chains to;
 the real check is the pin, run in `do_handshake` through `SSLContext.sslobject_class`
-(asyncio creates its TLS objects with `wrap_bio`, so this covers aiohttp's client and server).
+(asyncio creates its TLS objects with `wrap_bio`, so this covers the client, https.py, and
+the server, aiohttp).
 The pin reads `TrustStore`'s live set, so an untrusted peer is refused from the next
 handshake on.  A client also pins the node id it *expected* to reach: a trusted node
 answering at the wrong address is refused too, so nobody can stand in for the peer.

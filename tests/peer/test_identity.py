@@ -7,13 +7,13 @@ import os
 import stat
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from p2pnode.errors import NotFound
+from p2pnode.peer import https
 from p2pnode.peer.identity import (
     OPEN_CA_PEM,
     InvalidNodeId,
@@ -129,9 +129,13 @@ async def _serve(ids, trusts):
 
 
 async def _get(ident, trust, expected, port) -> str:
-    conn = aiohttp.TCPConnector(ssl=client_context(ident, trust, expected), force_close=True)
-    async with aiohttp.ClientSession(connector=conn) as s, s.get(f"https://127.0.0.1:{port}/") as r:
-        return await r.text()
+    """GET / with the fetcher's client (https.py), on a new connection each time."""
+    s = https.Session("127.0.0.1", port, client_context(ident, trust, expected), https.Timeouts(5, 5))
+    try:
+        async with s.request("GET", "/") as r:
+            return b"".join([c async for c in r.chunks()]).decode()
+    finally:
+        await s.close()
 
 
 async def test_mutual_tls_pins_both_sides(three) -> None:
@@ -141,20 +145,20 @@ async def test_mutual_tls_pins_both_sides(three) -> None:
         # trusted client, expected server: the server sees the client's node id
         assert await _get(ids["c"], trusts["c"], ids["s"].fingerprint, port) == ids["c"].node_id
         # a client the server does not trust is cut off in the handshake
-        with pytest.raises(aiohttp.ClientError):
+        with pytest.raises(https.ClientError):
             await _get(ids["x"], trusts["x"], ids["s"].fingerprint, port)
         # the client expected another node at this address (no man in the middle)
         trusts["c"].trust(ids["x"].node_id)
-        with pytest.raises(aiohttp.ClientConnectorCertificateError, match="expected"):
+        with pytest.raises(https.CertificateError, match="expected"):
             await _get(ids["c"], trusts["c"], ids["x"].fingerprint, port)
         # a server the client does not trust is refused even without an expected id
         trusts["c"].untrust(ids["s"].node_id)
-        with pytest.raises(aiohttp.ClientConnectorCertificateError, match="not trusted"):
+        with pytest.raises(https.CertificateError, match="not trusted"):
             await _get(ids["c"], trusts["c"], None, port)
         trusts["c"].trust(ids["s"].node_id)
         # untrust on the server takes effect on the very next handshake
         trusts["s"].untrust(ids["c"].node_id)
-        with pytest.raises(aiohttp.ClientError):
+        with pytest.raises(https.ClientError):
             await _get(ids["c"], trusts["c"], ids["s"].fingerprint, port)
     finally:
         await runner.cleanup()
