@@ -6,16 +6,18 @@ session (docs/BENCHMARKS.md).  It speaks what a peer server needs: bodies framed
 Content-Length, chunked or by the close; no compression, cookies, proxies, and no redirect is
 followed (link.py refuses them).  Every way a peer can break an exchange is a ClientError; the
 downloader decides what each means.  Bounds: MAX_HEAD bytes of a response head, MAX_INTERIM
-`1xx` answers before it, `read_timeout` for each read (and write), `connect_timeout` for the
-TCP connect and the TLS handshake."""
+`1xx` answers before it, MAX_CHUNK_LINE, the `read` timeout for each wait for bytes, the
+`connect` timeout for the TCP connect and the TLS handshake."""
 from __future__ import annotations
 
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import cast
 
 CONNECTIONS = 4
 """Requests to one peer at once (more wait for a connection): 3 batches in flight and a small GET."""
@@ -25,8 +27,8 @@ MAX_INTERIM = 16
 """`1xx` answers skipped before a response (a peer's endless `102 Processing` is refused)."""
 MAX_CHUNK_LINE = 1024
 """A chunked body's size line (hex digits and extensions)."""
-READ_SIZE = 1 << 20
-"""The most a read takes from the connection's buffer at once."""
+BUFFERED = 2 << 20
+"""Bytes received and not yet read at which the connection stops reading from its socket."""
 
 
 class ClientError(Exception):
@@ -82,17 +84,84 @@ class Timeouts:
     read: float
 
 
-class _Connection:
-    """One kept-alive TLS connection to the peer."""
+class _Connection(asyncio.Protocol):
+    """One kept-alive TLS connection to the peer: what it received, as the chunks the transport
+    handed over (read without copying them again), and a timer only while a read waits."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._paused = False
+        self._eof = False
+        self._lost: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > BUFFERED and not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+            self._paused = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._lost = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def reusable(self) -> bool:
-        return not (self.reader.at_eof() or self.writer.is_closing() or self.reader.exception() is not None)
+        return not (self._eof or self._chunks or self.transport is None or self.transport.is_closing())
 
     def close(self) -> None:
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
+
+    async def read(self, timeout: float, what: str) -> bytes:
+        """The next bytes received (a chunk as it came); b"" once the peer closed."""
+        if not self._chunks:
+            if self._eof:
+                if self._lost is not None:
+                    raise Disconnected(f"connection lost {what}: {self._lost}") from self._lost
+                return b""
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+
+            def expire() -> None:
+                if not waiter.done():
+                    waiter.set_exception(ReadTimeout(f"nothing came for {timeout:g} s {what}"))
+
+            timer = loop.call_later(timeout, expire)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            return await self.read(timeout, what)
+        data = self._chunks.popleft()
+        self._size -= len(data)
+        if self._paused and self._size <= BUFFERED // 2 and self.transport is not None:
+            self.transport.resume_reading()
+            self._paused = False
+        return data
+
+    def unread(self, data: bytes) -> None:
+        """Bytes read past what was wanted, to be read first next time."""
+        if data:
+            self._chunks.appendleft(data)
+            self._size += len(data)
 
 
 class Response:
@@ -122,7 +191,6 @@ class Response:
                 raise ResponseError(f"unexpected framing: Transfer-Encoding {coding!r}"
                                     + (f" with Content-Length {length!r}" if length is not None else ""))
             self._chunked = True
-            self._left = -1  # the first chunk's size line is next
         elif length is not None:
             if not length.isdigit() or len(length) > 19:
                 raise ResponseError(f"bad Content-Length {length!r}")
@@ -130,71 +198,59 @@ class Response:
             self.done = self._left == 0
         else:  # the body ends when the peer closes
             self._to_close = True
-            self._left = -1
 
-    async def _read(self, op: Awaitable[bytes]) -> bytes:
-        try:
-            async with asyncio.timeout(self._timeouts.read):
-                return await op
-        except TimeoutError:
-            raise ReadTimeout(f"nothing came for {self._timeouts.read:g} s") from None
-        except asyncio.IncompleteReadError as exc:
-            raise PayloadError(f"the body was cut after {len(exc.partial)} more bytes") from None
-        except asyncio.LimitOverrunError:
-            raise PayloadError("a chunk size line too long") from None
-        except OSError as exc:
-            raise Disconnected(f"connection lost in the body: {exc}") from exc
+    async def _more(self) -> bytes:
+        return await self._conn.read(self._timeouts.read, "in the body")
 
     async def read_some(self) -> bytes:
-        """The next bytes of the body (as many as are there, at most READ_SIZE); b"" at its end."""
+        """The next bytes of the body (as they came, at most a received chunk); b"" at its end."""
         if self.done:
             return b""
-        reader = self._conn.reader
         if self._chunked:
-            if self._left <= 0:
-                await self._next_chunk()
-                if self.done:
-                    return b""
-            data = await self._read(reader.read(min(self._left, READ_SIZE)))
-            if not data:
-                raise PayloadError("the body was cut in a chunk")
-            self._left -= len(data)
-            if self._left == 0 and await self._read(reader.readexactly(2)) != b"\r\n":
-                raise PayloadError("a chunk not followed by CRLF")
-            return data
+            return await self._read_chunked()
+        data = await self._more()
         if self.content_length is None:  # to the close
-            data = await self._read(reader.read(READ_SIZE))
             self.done = not data
             return data
-        data = await self._read(reader.read(min(self._left, READ_SIZE)))
         if not data:
             raise PayloadError(f"the body was cut with {self._left} of {self.content_length} bytes to come")
+        if len(data) > self._left:
+            raise PayloadError(f"more than the {self.content_length} bytes announced")
         self._left -= len(data)
         self.done = self._left == 0
         return data
 
-    async def _next_chunk(self) -> None:
-        line = await self._read(self._conn.reader.readuntil(b"\r\n"))
-        if len(line) > MAX_CHUNK_LINE:
-            raise PayloadError("a chunk size line too long")
-        digits = line[:-2].split(b";", 1)[0].strip()
-        try:
-            size = int(digits, 16) if digits and len(digits) <= 16 else -1
-        except ValueError:
-            size = -1
-        if size < 0:
-            raise PayloadError(f"bad chunk size line {line[:40]!r}")
-        if size == 0:
-            await self._trailers()
-            self.done = True
-        self._left = size
+    async def _read_chunked(self) -> bytes:
+        if self._left == 0:  # a size line is next
+            line = await self._line(MAX_CHUNK_LINE, "a chunk size line")
+            digits = line.split(b";", 1)[0].strip()
+            if not 0 < len(digits) <= 16 or digits.strip(b"0123456789abcdefABCDEF"):
+                raise PayloadError(f"bad chunk size line {line[:40]!r}")
+            self._left = int(digits, 16)
+            if self._left == 0:
+                while await self._line(MAX_HEAD, "the trailers"):
+                    pass
+                self.done = True
+                return b""
+        data = await self._more()
+        if not data:
+            raise PayloadError("the body was cut in a chunk")
+        if len(data) > self._left:
+            self._conn.unread(data[self._left:])
+            data = data[: self._left]
+        self._left -= len(data)
+        if self._left == 0:
+            await _read_until(self._conn, b"\r\n", 2, self._timeouts.read,
+                              lambda: PayloadError("a chunk not followed by CRLF"),
+                              lambda partial: PayloadError("the body was cut after a chunk"))
+        return data
 
-    async def _trailers(self) -> None:
-        read = 0
-        while (line := await self._read(self._conn.reader.readuntil(b"\r\n"))) != b"\r\n":
-            read += len(line)
-            if read > MAX_HEAD:
-                raise PayloadError("trailers too long")
+    async def _line(self, limit: int, what: str) -> bytes:
+        """A CRLF-ended line of the body's framing (at most `limit` bytes before it), without it."""
+        line = await _read_until(self._conn, b"\r\n", limit + 2, self._timeouts.read,
+                                 lambda: PayloadError(f"{what} too long"),
+                                 lambda partial: PayloadError(f"the body was cut in {what}"))
+        return line[:-2]
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while data := await self.read_some():
@@ -206,6 +262,23 @@ class Response:
             return self._conn
         self._conn.close()
         return None
+
+
+async def _read_until(conn: _Connection, end: bytes, limit: int, timeout: float,
+                      too_long: Callable[[], Exception], cut: Callable[[bytes], Exception]) -> bytes:
+    """Bytes up to and with `end`, at most `limit` of them (the rest stays unread)."""
+    buf = b""
+    while (at := buf.find(end)) < 0:
+        if len(buf) >= limit:
+            raise too_long()
+        data = await conn.read(timeout, "before the answer")
+        if not data:
+            raise cut(buf)
+        buf += data
+    if at + len(end) > limit:
+        raise too_long()
+    conn.unread(buf[at + len(end):])
+    return buf[: at + len(end)]
 
 
 class Session:
@@ -230,10 +303,11 @@ class Session:
             if conn.reusable():
                 return conn
             conn.close()
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeouts.connect):
-                reader, writer = await asyncio.open_connection(
-                    self.host, self.port, ssl=self.context, server_hostname="", limit=READ_SIZE,
+                transport, conn = await loop.create_connection(
+                    _Connection, self.host, self.port, ssl=self.context, server_hostname="",
                     ssl_handshake_timeout=self.timeouts.connect)  # no SNI: the peer's key is pinned
         except TimeoutError:
             raise ConnectError(f"no TLS connection within {self.timeouts.connect:g} s",
@@ -242,10 +316,10 @@ class Session:
             raise CertificateError(exc) from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect: {exc}", exc) from exc
-        sock = writer.get_extra_info("socket")
+        sock = transport.get_extra_info("socket")
         if sock is not None:  # a request goes out at once, not after the last one's ACK
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(reader, writer)
+        return conn
 
     async def close(self) -> None:
         self.closed = True
@@ -297,29 +371,26 @@ class _Exchange:
         if self.data or self.method in ("POST", "PUT"):
             head.append(f"Content-Length: {len(self.data)}\r\n")
         head.append("\r\n")
-        try:
-            async with asyncio.timeout(s.timeouts.read):
-                conn.writer.write("".join(head).encode("latin-1") + self.data)
-                await conn.writer.drain()
-                for _ in range(MAX_INTERIM + 1):
-                    status, headers = _parse_head(await conn.reader.readuntil(b"\r\n\r\n"))
-                    if not 100 <= status < 200:
-                        return Response(conn, status, headers, s.timeouts, self.method)
-        except TimeoutError:
-            raise ReadTimeout(f"no answer within {s.timeouts.read:g} s") from None
-        except asyncio.IncompleteReadError as exc:
-            raise Disconnected("the peer closed the connection before answering"
-                               if not exc.partial else "the answer's head was cut") from None
-        except asyncio.LimitOverrunError:
-            raise ResponseError(f"an answer's head over {MAX_HEAD} bytes") from None
-        except OSError as exc:
-            raise Disconnected(f"connection lost before the answer: {exc}") from exc
+        assert conn.transport is not None
+        conn.transport.write("".join(head).encode("latin-1") + self.data)  # small: the transport buffers it
+        for _ in range(MAX_INTERIM + 1):
+            raw = await _read_until(conn, b"\r\n\r\n", MAX_HEAD, s.timeouts.read, _head_too_long, _head_cut)
+            status, headers = _parse_head(raw)
+            if not 100 <= status < 200:
+                return Response(conn, status, headers, s.timeouts, self.method)
         raise ResponseError(f"more than {MAX_INTERIM} interim (1xx) answers")
 
 
+def _head_too_long() -> ResponseError:
+    return ResponseError(f"an answer's head over {MAX_HEAD} bytes")
+
+
+def _head_cut(partial: bytes) -> Disconnected:
+    return Disconnected("the answer's head was cut" if partial
+                        else "the peer closed the connection before answering")
+
+
 def _parse_head(raw: bytes) -> tuple[int, Headers]:
-    if len(raw) > MAX_HEAD:
-        raise ResponseError(f"an answer's head over {MAX_HEAD} bytes")
     lines = raw[:-4].split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not (len(parts[1]) == 3

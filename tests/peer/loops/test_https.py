@@ -1,6 +1,7 @@
 """The fetcher's HTTPS client (peer/https.py) against a server of the test's own: real mutual
 TLS on loopback with two real identities, then raw HTTP/1.1 bytes, so that each framing a peer
-may send (kept-alive, chunked, cut, oversized, endless 1xx, silent) is shown as it is read."""
+may send (kept-alive, chunked, cut, oversized, endless 1xx, silent) is shown as it is read, on
+both event loops (conftest.py)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,0 +1,14 @@
+"""The tests here run on both event loops a fetch meets: uvloop (a one-shot fetch,
+sysio/eventloop.py) and asyncio's own (the node)."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import pytest
+import uvloop
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config,
+                                  item: pytest.Item) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
