@@ -101,7 +101,8 @@ FETCH_TIMED = textwrap.dedent("""
     import asyncio, json, sys, time
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.get import fetch_branch
-    from p2pnode.peer.identity import load_identity, parse_node_id
+    from p2pnode.peer.identity import load_identity
+    from p2pnode.peer.nodeid import parse_node_id
     from p2pnode.library.api import Library
     from p2pnode.discovery.mdns import lan_peers
     from p2pnode.paths import NodePaths

@@ -9,7 +9,7 @@ def share_to(paths: NodePaths, names: list[str] | None) -> list[str] | None:
     """Each name or node id of a trusted peer as its node id (None: every trusted peer)."""
     if not names:
         return None
-    from p2pnode.peer.identity import parse_node_id
+    from p2pnode.peer.nodeid import parse_node_id
     from p2pnode.peer.trust import TrustStore
 
     trusted = TrustStore(paths.trust).peers()

@@ -303,20 +303,26 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 
 def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
-    """(branch hash, prefix or session id; peers) from the target or a ticket, plus every --from."""
+    """(branch hash, prefix or session id; peers) from the target or a ticket, plus every --from.
+    A target that is not a ticket loads no more than a fetch handed to the node needs (the wire
+    formats only for a ticket: tests/cli/test_startup.py)."""
     from p2pnode.node.names import from_addresses
-    from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
-    from p2pnode.peer.identity import format_node_id
+    from p2pnode.peer.nodeid import format_node_id
     from p2pnode.peer.offers import check_target
 
     peers = from_addresses(node_paths(args), args.peer or [])  # also NAME and NAME@HOST:PORT
-    if wire.is_ticket(args.target):
+    try:
+        return check_target(args.target), peers
+    except InvalidInput:
+        from p2pnode.peer import wire
+
+        if not wire.is_ticket(args.target):
+            raise
         ticket = wire.decode_ticket(args.target)
-        node_id = format_node_id(ticket.node)
-        peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
-        return ticket.branch.hex(), peers
-    return check_target(args.target), peers
+    node_id = format_node_id(ticket.node)
+    peers += [PeerAddress(node_id, host, port) for host, port in ticket.addresses]
+    return ticket.branch.hex(), peers
 
 
 def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:

@@ -61,7 +61,8 @@ from p2pnode.node.transfers import Transfers
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import get_catalog
-from p2pnode.peer.identity import load_or_create_identity, own_name, parse_node_id
+from p2pnode.peer.identity import load_or_create_identity, own_name
+from p2pnode.peer.nodeid import parse_node_id
 from p2pnode.peer.progress import ProgressInfo, ProgressMeter
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore

@@ -295,7 +295,7 @@ class Follows:
         parsed = [PeerAddress.parse(p) for p in peers]
         if wire.is_ticket(key):
             ticket = wire.decode_ticket(key)
-            from p2pnode.peer.identity import format_node_id
+            from p2pnode.peer.nodeid import format_node_id
 
             parsed += [PeerAddress(format_node_id(ticket.node), h, port) for h, port in ticket.addresses]
             key = ticket.branch.hex()

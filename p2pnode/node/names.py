@@ -12,7 +12,7 @@ from p2pnode.errors import InvalidInput, NotFound
 from p2pnode.node.control_client import call_node
 from p2pnode.paths import NodePaths
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.identity import InvalidNodeId, normalise_node_id
+from p2pnode.peer.nodeid import InvalidNodeId, normalise_node_id
 from p2pnode.peer.trust import TrustStore
 
 TRUSTED, PENDING, LAN = "trusted", "tried to connect", "on the LAN"

@@ -67,8 +67,8 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
     from p2pnode.node.follow import fetch_newest, newest_to_fetch
     from p2pnode.peer import offers
     from p2pnode.peer.get import OpenPerUse
-    from p2pnode.peer.identity import parse_node_id
     from p2pnode.peer.link import Connections
+    from p2pnode.peer.nodeid import parse_node_id
     from p2pnode.pi.session import is_session_id
 
     async def on_lan(target: str) -> list[PeerAddress]:

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 
 from p2pnode.errors import InvalidInput
-from p2pnode.peer.identity import format_node_id, parse_node_id
+from p2pnode.peer.nodeid import format_node_id, parse_node_id
 
 
 @dataclass(frozen=True)

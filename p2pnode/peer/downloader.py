@@ -24,8 +24,9 @@ from typing import TypeVar
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused, VerificationFailed
 from p2pnode.peer import https, wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.identity import Identity, format_node_id, parse_node_id
+from p2pnode.peer.identity import Identity
 from p2pnode.peer.link import Connections, NotOffered, PeerLink
+from p2pnode.peer.nodeid import format_node_id, parse_node_id
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef
 

@@ -16,13 +16,11 @@ allowlist (see tls.py); the TLS 1.3 CertificateVerify message proves the peer ho
 """
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import functools
 import getpass
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from p2pnode.errors import InvalidInput, P2PNodeError
+from p2pnode.peer.nodeid import format_node_id
 from sysio.files import atomic_write
 
 KEY_FILE = "node.key"
@@ -43,66 +42,10 @@ CERT_DNS_NAME = "p2pnode"
 """The one DNS name in every node certificate (for curl's `--resolve p2pnode:PORT:IP`)."""
 
 _OPEN_CA_SEED = hashlib.sha256(b"p2pnode open introduction CA v1 - this key is public").digest()
-_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 
 
 class IdentityError(P2PNodeError):
     """The identity files are unreadable or inconsistent."""
-
-
-class InvalidNodeId(InvalidInput):
-    def __init__(self, text: str, reason: str) -> None:
-        super().__init__(f"invalid node id {text!r}: {reason}")
-
-
-# --- node ids ---------------------------------------------------------------------------
-
-
-def _luhn32(chars: str) -> str:
-    factor, total = 1, 0
-    for c in chars:
-        addend = factor * _B32.index(c)
-        factor = 1 if factor == 2 else 2
-        total += addend // 32 + addend % 32
-    return _B32[(32 - total % 32) % 32]
-
-
-def format_node_id(fingerprint: bytes) -> str:
-    """32-byte SPKI SHA-256 → `XXXXXXX-XXXXXXX-...` (Syncthing's device id layout)."""
-    if len(fingerprint) != 32:
-        raise ValueError("a node fingerprint is 32 bytes")
-    b32 = base64.b32encode(fingerprint).decode().rstrip("=")  # 52 characters
-    chunks = [b32[i : i + 13] for i in range(0, 52, 13)]
-    full = "".join(chunk + _luhn32(chunk) for chunk in chunks)
-    return "-".join(full[i : i + 7] for i in range(0, 56, 7))
-
-
-def parse_node_id(text: str) -> bytes:
-    """A user-typed node id → its 32-byte fingerprint.
-
-    Accepts any case, dashes or spaces anywhere, the 52-character form without check
-    characters, and Syncthing's usual typo fixes (0→O, 1→I, 8→B).  Check characters are
-    verified, so a mistyped id is refused rather than silently trusting the wrong key.
-    """
-    s = re.sub(r"[\s-]", "", text).upper().translate(str.maketrans("018", "OIB"))
-    if not s or any(c not in _B32 for c in s):
-        raise InvalidNodeId(text, "only base32 letters A-Z and digits 2-7 are allowed")
-    if len(s) == 56:
-        chunks = [s[i : i + 14] for i in range(0, 56, 14)]
-        for n, chunk in enumerate(chunks, 1):
-            if _luhn32(chunk[:13]) != chunk[13]:
-                raise InvalidNodeId(text, f"check character of group {n} does not match (typo?)")
-        s = "".join(chunk[:13] for chunk in chunks)
-    elif len(s) != 52:
-        raise InvalidNodeId(text, f"expected 56 characters (52 without checks), got {len(s)}")
-    raw = base64.b32decode(s + "====")
-    if base64.b32encode(raw).decode().rstrip("=") != s:  # the last character's 4 spare bits
-        raise InvalidNodeId(text, "not a canonical encoding")
-    return raw
-
-
-def normalise_node_id(text: str) -> str:
-    return format_node_id(parse_node_id(text))
 
 
 def spki_sha256_of_key(public_key: object) -> bytes:

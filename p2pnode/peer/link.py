@@ -10,7 +10,8 @@ from typing import Any
 from p2pnode.errors import P2PNodeError, PeerUnavailable, Refused
 from p2pnode.peer import https, wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.identity import Identity, parse_node_id
+from p2pnode.peer.identity import Identity
+from p2pnode.peer.nodeid import parse_node_id
 from p2pnode.peer.tls import client_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef

@@ -7,17 +7,16 @@ does not answer within CATALOG_TIMEOUT is reported, not waited for.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
-from p2pnode.peer import wire
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import is_hash_hex
 
-if TYPE_CHECKING:  # the HTTPS side is imported only by what asks peers
+if TYPE_CHECKING:  # asking peers imports these (a fetch handed to the node only checks its target)
+    from p2pnode.peer import wire
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.identity import Identity
     from p2pnode.peer.link import Connections
@@ -49,16 +48,18 @@ def by_node(addresses: Iterable[PeerAddress]) -> list[list[PeerAddress]]:
 
 
 async def ask_catalogs(nodes: list[list[PeerAddress]], identity: Identity, trust: TrustStore,
-                       limits: wire.Limits = wire.DEFAULT_LIMITS,
                        timeout: float = CATALOG_TIMEOUT,
                        connections: Connections | None = None) -> list[PeerOffer]:
     """Every node's catalog at once, each node asked at its addresses in turn.  `connections`:
     the command's HTTPS sessions, kept open for a fetch that follows (link.Connections)."""
+    import asyncio
+
+    from p2pnode.peer import wire
     from p2pnode.peer.downloader import PeerPool
 
     async def ask(addresses: list[PeerAddress]) -> PeerOffer:
         try:
-            pool = PeerPool(addresses, identity, trust, limits, connections)
+            pool = PeerPool(addresses, identity, trust, wire.DEFAULT_LIMITS, connections)
         except P2PNodeError as exc:  # an untrusted node named by --from
             return PeerOffer(addresses, error=str(exc))
         try:

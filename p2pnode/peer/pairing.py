@@ -33,7 +33,7 @@ from spake2 import SPAKE2_A, SPAKE2_B
 from spake2.spake2 import SPAKEError
 
 from p2pnode.errors import InvalidInput, PeerUnavailable, Refused, VerificationFailed
-from p2pnode.peer.identity import InvalidNodeId, normalise_node_id
+from p2pnode.peer.nodeid import InvalidNodeId, normalise_node_id
 from p2pnode.peer.pgpwords import EVEN, ODD
 from p2pnode.peer.trust import MAX_NAME_LEN
 

@@ -54,8 +54,9 @@ from aiohttp import web, web_protocol
 from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.library.audit import ServedAnswer
 from p2pnode.peer import wire
-from p2pnode.peer.identity import Identity, format_node_id, parse_node_id, spki_sha256
+from p2pnode.peer.identity import Identity, spki_sha256
 from p2pnode.peer.interfaces import ServedLibrary
+from p2pnode.peer.nodeid import format_node_id, parse_node_id
 from p2pnode.peer.pace import LinkPace
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore

@@ -14,7 +14,8 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from p2pnode.peer.identity import Identity, format_node_id, open_ca_pem, spki_sha256
+from p2pnode.peer.identity import Identity, open_ca_pem, spki_sha256
+from p2pnode.peer.nodeid import format_node_id
 from p2pnode.peer.trust import TrustStore
 
 PinCheck = Callable[[bytes | None], str | None]

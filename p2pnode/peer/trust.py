@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
-from p2pnode.peer.identity import format_node_id, parse_node_id
+from p2pnode.peer.nodeid import format_node_id, parse_node_id
 from sysio.files import atomic_write
 from sysio.locks import locked
 

@@ -663,7 +663,7 @@ class Ticket:
 
     branch: bytes
     node: bytes
-    """The sharer's node fingerprint (identity.format_node_id shows it)."""
+    """The sharer's node fingerprint (nodeid.format_node_id shows it)."""
     addresses: tuple[tuple[str, int], ...]
 
 

@@ -12,7 +12,7 @@ from procnode import Node
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
-from p2pnode.peer.identity import format_node_id
+from p2pnode.peer.nodeid import format_node_id
 from p2pnode.peer.trust import TrustStore
 
 

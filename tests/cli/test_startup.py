@@ -1,5 +1,5 @@
-"""What a command loads: each CLI start pays for the modules it imports, so `share` through the
-running node loads neither the store, TLS nor the HTTP client (the node does the work), a
+"""What a command loads: each CLI start pays for the modules it imports, so `share` and `fetch`
+through the running node load neither the store, TLS nor the HTTP client (the node does the work), a
 one-shot `fetch --from` never starts mDNS, and the progress bar's rich is loaded only when
 stderr may be a terminal.  Real processes; the modules loaded are read from sys.modules."""
 from __future__ import annotations
@@ -61,7 +61,14 @@ def test_share_through_the_node_and_a_one_shot_fetch_load_what_they_need(team: t
         assert heavy == []  # the node shared it and answered the hand-off: one control round trip
         _, heavy = loaded(a, "status")
         assert heavy == []
+    c = Node(a.home.parents[1], "c")
+    TrustStore(NodePaths(a.home).trust).trust(c.id)
+    TrustStore(NodePaths(c.home).trust).trust(a.id)
     with a.serving() as port:
+        with c.node_running():
+            handed, heavy = loaded(c, "fetch", shared["branch"], "--from", f"127.0.0.1:{port}")
+        assert handed["branch"] == shared["branch"] and handed["path"]
+        assert heavy == []  # c's node fetched it: the CLI parsed the target and waited
         fetched, heavy = loaded(b, "fetch", shared["branch"], "--from", f"127.0.0.1:{port}")
     assert fetched["branch"] == shared["branch"] and fetched["path"]
     assert "zeroconf" not in heavy and "rich" not in heavy  # --from: no mDNS; stderr a pipe: no bar

@@ -18,7 +18,7 @@ from p2pnode.discovery.records import (
     parse_txt,
     txt_size,
 )
-from p2pnode.peer.identity import format_node_id
+from p2pnode.peer.nodeid import format_node_id
 
 NODE = format_node_id(os.urandom(32))
 

@@ -31,8 +31,8 @@ from p2pnode.node.follow import Newest, _check_newest, newest_entry
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.identity import parse_node_id
 from p2pnode.peer.link import PeerLink
+from p2pnode.peer.nodeid import parse_node_id
 from p2pnode.peer.trust import TrustStore
 
 T = TypeVar("T")

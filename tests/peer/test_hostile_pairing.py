@@ -13,7 +13,7 @@ import pytest
 
 from p2pnode.errors import P2PNodeError, PeerUnavailable, Refused
 from p2pnode.peer import pairlink
-from p2pnode.peer.identity import format_node_id
+from p2pnode.peer.nodeid import format_node_id
 from p2pnode.peer.pairing import Code, CodeExpired, Joiner, Party, Waiter, WrongCode
 from p2pnode.peer.pairlink import PairingListener, join
 from p2pnode.peer.pgpwords import EVEN, ODD

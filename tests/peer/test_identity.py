@@ -16,15 +16,12 @@ from p2pnode.errors import NotFound
 from p2pnode.peer import https
 from p2pnode.peer.identity import (
     OPEN_CA_PEM,
-    InvalidNodeId,
     _open_ca,
-    format_node_id,
     load_or_create_identity,
-    normalise_node_id,
-    parse_node_id,
     reissue_certificate,
     spki_sha256,
 )
+from p2pnode.peer.nodeid import InvalidNodeId, format_node_id, normalise_node_id, parse_node_id
 from p2pnode.peer.tls import client_context, peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustFileCorrupt, TrustStore
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from p2pnode.peer.identity import format_node_id
+from p2pnode.peer.nodeid import format_node_id
 from p2pnode.peer.pairing import (
     CODE_TTL,
     BadCode,

@@ -19,7 +19,8 @@ from relay import Relay
 
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
-from p2pnode.peer.identity import load_or_create_identity, parse_node_id
+from p2pnode.peer.identity import load_or_create_identity
+from p2pnode.peer.nodeid import parse_node_id
 from p2pnode.peer.trust import TrustStore
 
 

@@ -232,3 +232,17 @@ async def test_the_pin_is_checked_and_a_cancelled_request_frees_its_connection(s
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert await get(peer) == (200, {"content-length": "2"}, b"ok")  # no slot was lost
+
+
+async def test_an_answer_not_read_waits_in_the_kernel(serve) -> None:
+    """Past BUFFERED bytes received and not read, the connection stops reading its socket: the
+    rest stays in the kernel, so that a read that waits for it measures the link (pace.py), and
+    the memory a connection holds is bounded."""
+    peer = await serve(fixed(b"x" * (8 << 20)))
+    async with peer.session.request("GET", "/") as r:
+        await asyncio.sleep(0.5)  # the peer has sent all it could
+        held = r._conn._size
+        body = b"".join([c async for c in r.chunks()])
+    assert 0 < held <= https.BUFFERED + (256 << 10)  # and at most one more read of the transport's
+    assert body == b"x" * (8 << 20)
+
