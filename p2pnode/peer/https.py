@@ -11,6 +11,7 @@ downloader decides what each means.  Bounds: MAX_HEAD bytes of a response head, 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections import deque
@@ -27,6 +28,7 @@ MAX_INTERIM = 16
 """`1xx` answers skipped before a response (a peer's endless `102 Processing` is refused)."""
 MAX_CHUNK_LINE = 1024
 """A chunked body's size line (hex digits and extensions)."""
+_DIGITS = re.compile(r"[0-9]{1,19}")
 BUFFERED = 128 << 10
 """Bytes received and not yet read at which the connection stops reading from its socket
 (aiohttp's client stops at the same): the rest waits in the kernel, where it counts as not yet
@@ -71,7 +73,7 @@ class ResponseError(ClientError):
 
 
 class ReadTimeout(ClientError, TimeoutError):
-    """Nothing came (or could be written) for `read_timeout` seconds."""
+    """Nothing came for the `read` timeout's seconds."""
 
 
 class Headers(dict[str, str]):
@@ -195,7 +197,7 @@ class Response:
                                     + (f" with Content-Length {length!r}" if length is not None else ""))
             self._chunked = True
         elif length is not None:
-            if not length.isdigit() or len(length) > 19:
+            if not _DIGITS.fullmatch(length):  # ASCII only: str.isdigit() takes "²", which int() refuses
                 raise ResponseError(f"bad Content-Length {length!r}")
             self.content_length = self._left = int(length)
             self.done = self._left == 0
@@ -361,10 +363,10 @@ class _Exchange:
         s = self.session
         assert self._response is not None
         conn = self._response.release() if exc is None else None
-        if conn is None and self._conn is not None:
-            self._conn.close()
-        elif conn is not None and not s.closed:
+        if conn is not None and not s.closed:
             s._idle.append(conn)
+        elif self._conn is not None:
+            self._conn.close()
         s._slots.release()
 
     async def _exchange(self, conn: _Connection) -> Response:

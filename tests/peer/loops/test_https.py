@@ -144,6 +144,7 @@ def raw(data: bytes, then_close: bool = True) -> Answer:
     (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", https.ResponseError,
      "two different"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n", https.ResponseError, "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n", https.ResponseError, "Content-Length"),  # "²"
     (b"SSH-2.0-OpenSSH\r\n\r\n", https.ResponseError, "status line"),
     (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", https.ResponseError, "malformed header"),
     (b"HTTP/1.1 200 OK\r\nX: " + b"y" * https.MAX_HEAD + b"\r\n\r\n", https.ResponseError, "head over"),
@@ -246,3 +247,12 @@ async def test_an_answer_not_read_waits_in_the_kernel(serve) -> None:
     assert 0 < held <= https.BUFFERED + (256 << 10)  # and at most one more read of the transport's
     assert body == b"x" * (8 << 20)
 
+
+
+async def test_a_connection_in_use_when_its_session_closes_is_closed_after_its_answer(serve) -> None:
+    peer = await serve(fixed(b"ok"))
+    async with peer.session.request("GET", "/") as r:
+        await peer.session.close()
+        assert b"".join([c async for c in r.chunks()]) == b"ok"
+        transport = r._conn.transport
+    assert transport is not None and transport.is_closing() and peer.session._idle == []
