@@ -86,7 +86,7 @@ def parse_txt(props: Mapping[str, str | None], instance: str) -> Announcement:
 
     def integer(key: str, lo: int, hi: int) -> int:
         raw = need(key)
-        if not raw.isdigit() or not lo <= int(raw) <= hi:
+        if not (raw.isascii() and raw.isdigit()) or not lo <= int(raw) <= hi:  # int() refuses "²"
             raise BadAnnouncement(f"{instance}: TXT {key}={raw!r} is not an integer in {lo}..{hi}")
         return int(raw)
 

@@ -113,7 +113,8 @@ class Code:
         """Any case, dashes or spaces between the parts; a typo is refused here, before anything is
         sent, so it does not burn the code."""
         parts = [p for p in re.split(r"[\s-]+", text.strip().lower()) if p]
-        if len(parts) != 3 or not parts[0].isdigit() or not 1 <= int(parts[0]) <= CHANNELS:
+        number = parts[0] if len(parts) == 3 else ""
+        if not (number.isascii() and number.isdigit()) or not 1 <= int(number) <= CHANNELS:  # not "²"
             raise BadCode(f"pairing code {text[:60]!r}: expected <number>-<word>-<word>, "
                           "e.g. 7-crossover-clockwork")
         for word, table in ((parts[1], _ODD_INDEX), (parts[2], _EVEN_INDEX)):

@@ -354,7 +354,7 @@ def _remove_stale(directory: Path, src_hex: str) -> None:
     """Temp files of this session left by a fetch whose process is gone (kill -9)."""
     for old in directory.glob(f".p2pnode-{src_hex[:16]}.*.tmp"):
         pid = old.name.split(".")[2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isascii() and pid.isdigit() and not _alive(int(pid)):
             old.unlink(missing_ok=True)
 
 

@@ -289,7 +289,7 @@ def loopback_address(text: str) -> tuple[str, int]:
     """`HOST:PORT` (`[::1]:PORT` for IPv6) parsed and checked: a loopback IP and a port."""
     host, sep, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not sep or not port.isdigit() or int(port) > 0xFFFF:
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 0xFFFF:
         raise ValueError(f"{text!r} is not HOST:PORT with a port 0..65535")
     _check_loopback(host)
     return host, int(port)

@@ -68,6 +68,7 @@ def test_names_are_valid_dns_labels():
         ({"id": None}, "no 'id'"),
         ({"port": "0"}, "port='0'"),
         ({"port": "http"}, "port='http'"),
+        ({"port": "\u00b2"}, "port='\u00b2'"),  # a digit to str.isdigit(), not to int()
         ({"gen": "-1"}, "gen='-1'"),
         ({"b0": "AB" * 32}, "b0="),
         ({"v": None}, "no 'v'"),

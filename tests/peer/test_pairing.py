@@ -63,7 +63,7 @@ def test_codes_are_a_channel_and_two_pgp_words_and_parse_back_loosely():
 
 @pytest.mark.parametrize("text", ["", "7", "7-crossover", "crossover-clockwork-7", "0-crossover-clockwork",
                                   "1000-crossover-clockwork", "7-clockwork-crossover", "7-crosover-clockwork",
-                                  "7-crossover-clockwork-extra"])
+                                  "7-crossover-clockwork-extra", "\u00b2-crossover-clockwork"])
 def test_a_malformed_code_is_refused_before_anything_is_sent(text: str):
     with pytest.raises(BadCode) as err:
         Code.parse(text)
