@@ -298,9 +298,9 @@ class Session:
         self._host_header = f"Host: {hostport}\r\n"
 
     def request(self, method: str, path: str, data: bytes = b"",
-                headers: dict[str, str] | None = None) -> _Exchange:
+                headers: dict[str, str] | None = None) -> Exchange:
         """`async with session.request(...) as response:` (redirects are answers like any other)."""
-        return _Exchange(self, method, path, data, headers or {})
+        return Exchange(self, method, path, data, headers or {})
 
     async def _connect(self) -> _Connection:
         while self._idle:
@@ -333,7 +333,7 @@ class Session:
             conn.close()
 
 
-class _Exchange:
+class Exchange:
     """One request and its response, as an async context manager: the connection goes back to
     the session's idle ones if the body was read whole, else it is closed."""
 

@@ -5,7 +5,6 @@ downloader's business."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from p2pnode.errors import P2PNodeError, PeerUnavailable, Refused
 from p2pnode.peer import https, wire
@@ -54,7 +53,7 @@ class PeerLink:
             await self.session.close()
 
     def request(self, method: str, path: str, data: bytes = b"",
-                headers: dict[str, str] | None = None) -> Any:
+                headers: dict[str, str] | None = None) -> https.Exchange:
         """Every request to a peer: redirects are never followed (a 3xx could lead past the
         TLS pin, to plain http or to another host); `_check` refuses them."""
         return self.session.request(method, path, data, headers)
