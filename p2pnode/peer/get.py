@@ -684,9 +684,9 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     the new version begins with: the hash of the whole proves it), their size (from the
     version's record when they are all its lines or all but its last: no turn is read) and
     their hash state: the node's live one; else (a one-shot process) the file this node
-    placed, if its stat says it is still that version whole (hashed on a thread
-    of its own while the new lines come: `_Prefix.hashing`), else the lines re-read from the
-    store (decompressed: the slowest)."""
+    placed, if its stat says it is still that version whole (hashed on a thread of its own
+    while the new lines come: `_Prefix.hashing`), else the lines re-read from the store
+    (decompressed: the slowest)."""
     base = after.base.hex()
     version = lib.version(base)
     if after.first > version.lines:

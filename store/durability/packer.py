@@ -76,8 +76,7 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
     each line's compression back at every hand-back of the GIL."""
     cctx = compressor(store.config.zstd_level)
     out: list[Prepared | None] = []
-    todo: list[tuple[int, bytes]] = []
-    """(index in out, hash) of each payload compressed below; out holds None there until then."""
+    todo: list[tuple[int, bytes]] = []  # (index in out, hash) of each payload compressed below
     raw: list[bytes | bytearray | memoryview] = []  # zstandard's stubs want this list type
     for item in items:
         if isinstance(item, TurnBlobRef):
