@@ -10,27 +10,26 @@ no verify callback, so a TLS server can only accept client certificates that cha
 anchor it already holds.  A peer trusted by id alone (`p2pnode trust <id>`) would then be
 unable to connect until its certificate was copied over by hand.  Every node therefore has
 its leaf certificate signed by one well-known CA whose private key is *public* (derived
-from a constant below).  That CA vouches for nothing: anyone can issue with it.  It only
-lets the handshake reach our own check, which pins the leaf key's SPKI hash against the
-allowlist (see tls.py); the TLS 1.3 CertificateVerify message proves the peer holds that key.
+from a constant in certificates.py).  That CA vouches for nothing: anyone can issue with
+it.  It only lets the handshake reach our own check, which pins the leaf key's SPKI hash
+against the allowlist (see tls.py); the TLS 1.3 CertificateVerify message proves the peer
+holds that key.
+
+Keys and certificates are made by certificates.py (the X.509 stack, imported only then);
+this module reads them without it.
 """
 from __future__ import annotations
 
-import datetime as dt
-import functools
 import getpass
 import hashlib
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 from p2pnode.errors import InvalidInput, P2PNodeError
 from p2pnode.peer.nodeid import format_node_id
+from p2pnode.peer.spki import ED25519_SPKI_PREFIX, certificate_spki
 from sysio.files import atomic_write
 
 KEY_FILE = "node.key"
@@ -38,51 +37,10 @@ CERT_FILE = "node.crt"
 CA_FILE = "open-ca.crt"
 NAME_FILE = "name"
 """The name this node gives itself (`pair --name`): sent when pairing, announced over mDNS."""
-CERT_DNS_NAME = "p2pnode"
-"""The one DNS name in every node certificate (for curl's `--resolve p2pnode:PORT:IP`)."""
-
-_OPEN_CA_SEED = hashlib.sha256(b"p2pnode open introduction CA v1 - this key is public").digest()
 
 
 class IdentityError(P2PNodeError):
     """The identity files are unreadable or inconsistent."""
-
-
-def spki_sha256_of_key(public_key: object) -> bytes:
-    spki = public_key.public_bytes(  # type: ignore[attr-defined]
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return hashlib.sha256(spki).digest()
-
-
-def spki_sha256(cert_der: bytes) -> bytes:
-    """Fingerprint of the key inside a DER certificate (what tls.py pins)."""
-    return spki_sha256_of_key(x509.load_der_x509_certificate(cert_der).public_key())
-
-
-# --- certificates -----------------------------------------------------------------------
-
-
-@functools.cache
-def _open_ca() -> tuple[Ed25519PrivateKey, x509.Certificate]:
-    """The public "open CA": deterministic key and certificate, the same bytes everywhere."""
-    key = Ed25519PrivateKey.from_private_bytes(_OPEN_CA_SEED)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "p2pnode open CA (public key)")])
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
-        .not_valid_after(dt.datetime(2120, 1, 1, tzinfo=dt.UTC))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(ski, critical=False)
-        .sign(key, None)
-    )
-    return key, cert
 
 
 OPEN_CA_PEM = b"""-----BEGIN CERTIFICATE-----
@@ -95,49 +53,13 @@ QVcK9Rt1COxb/iFR4jAFBgMrZXADQQDVofgPkKHBWcdoBQCsI/9U/NdgsAy4pdNK
 1RFhJPA1n62Zet2EE5Tofdns2o5QMKrhSEE03AN6riN8yr+IhoIM
 -----END CERTIFICATE-----
 """
-"""_open_ca()'s certificate, as it always comes out (Ed25519 signs deterministically): every
-TLS context loads it, and deriving it costs a signature (~14 ms of each CLI command's start).
-tests/peer/test_identity.py checks it against the derivation."""
+"""certificates.open_ca()'s certificate, as it always comes out (Ed25519 signs
+deterministically): every TLS context loads it, and deriving it costs a signature and the
+X.509 stack's import.  tests/peer/test_identity.py checks it against the derivation."""
 
 
 def open_ca_pem() -> bytes:
     return OPEN_CA_PEM
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=not cert_sign, content_commitment=False, key_encipherment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=cert_sign, crl_sign=cert_sign,
-        encipher_only=False, decipher_only=False,
-    )
-
-
-def issue_certificate(key: Ed25519PrivateKey, *, valid_days: int = 3650) -> x509.Certificate:
-    """A leaf certificate for `key`, for both server and client auth."""
-    ca_key, ca_cert = _open_ca()
-    node_id = format_node_id(spki_sha256_of_key(key.public_key()))
-    now = dt.datetime.now(dt.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=valid_days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
-        )
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(CERT_DNS_NAME)]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, None)
-    )
 
 
 # --- the identity on disk -----------------------------------------------------------------
@@ -168,27 +90,25 @@ class Identity:
         return self.directory / CA_FILE
 
 
-def _load_key(path: Path) -> Ed25519PrivateKey:
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError) as exc:
-        raise IdentityError(f"cannot read the node key {path}: {exc}") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise IdentityError(f"the node key {path} is not an Ed25519 key")
-    return key
-
-
 def load_identity(directory: Path) -> Identity:
-    """The existing identity; IdentityError if it is missing or the cert doesn't match the key."""
-    key = _load_key(directory / KEY_FILE)
-    fp = spki_sha256_of_key(key.public_key())
+    """The existing identity; IdentityError if it is missing, if its key is not Ed25519 or if
+    the certificate is not for the key.  Read without an X.509 library: the id from the
+    certificate's key (spki.py), the match by OpenSSL loading the pair as a TLS context does."""
+    cert_path, key_path = directory / CERT_FILE, directory / KEY_FILE
     try:
-        cert = x509.load_pem_x509_certificate((directory / CERT_FILE).read_bytes())
-    except (OSError, ValueError) as exc:
+        spki = certificate_spki(ssl.PEM_cert_to_DER_cert(cert_path.read_text(encoding="ascii")))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise IdentityError(f"cannot read the node certificate in {directory}: {exc}") from exc
-    if spki_sha256_of_key(cert.public_key()) != fp:
-        raise IdentityError(f"the certificate in {directory} is not for the node key")
-    return Identity(directory, fp)
+    if not spki.startswith(ED25519_SPKI_PREFIX):
+        raise IdentityError(f"the node certificate in {directory} is not for an Ed25519 key")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path)
+    except ssl.SSLError as exc:
+        raise IdentityError(f"the node key {key_path} is unreadable or not the certificate's "
+                            f"({exc.reason or exc})") from exc
+    except OSError as exc:
+        raise IdentityError(f"cannot read the node key {key_path}: {exc}") from exc
+    return Identity(directory, hashlib.sha256(spki).digest())
 
 
 def has_identity(directory: Path) -> bool:
@@ -200,12 +120,11 @@ def load_or_create_identity(directory: Path) -> Identity:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(directory, 0o700)
     if not (directory / KEY_FILE).exists():
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        atomic_write(directory / KEY_FILE, pem)
-        atomic_write(directory / CERT_FILE, issue_certificate(key).public_bytes(serialization.Encoding.PEM))
+        from p2pnode.peer import certificates  # the X.509 stack, only to make an identity
+
+        key, cert = certificates.new_key_and_certificate()
+        atomic_write(directory / KEY_FILE, key)
+        atomic_write(directory / CERT_FILE, cert)
     if not (directory / CA_FILE).exists():
         atomic_write(directory / CA_FILE, open_ca_pem())
     if not (directory / CERT_FILE).exists():  # lost cert: re-issue for the same key and id
@@ -215,8 +134,14 @@ def load_or_create_identity(directory: Path) -> Identity:
 
 def reissue_certificate(directory: Path) -> Identity:
     """A fresh certificate for the existing key: the node id stays the same."""
-    key = _load_key(directory / KEY_FILE)
-    atomic_write(directory / CERT_FILE, issue_certificate(key).public_bytes(serialization.Encoding.PEM))
+    from p2pnode.peer import certificates
+
+    key_path = directory / KEY_FILE
+    try:
+        cert = certificates.certificate_for(key_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise IdentityError(f"cannot read the node key {key_path}: {exc}") from exc
+    atomic_write(directory / CERT_FILE, cert)
     return load_identity(directory)
 
 

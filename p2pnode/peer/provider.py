@@ -54,10 +54,11 @@ from aiohttp import web, web_protocol
 from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.library.audit import ServedAnswer
 from p2pnode.peer import wire
-from p2pnode.peer.identity import Identity, spki_sha256
+from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import ServedLibrary
 from p2pnode.peer.nodeid import format_node_id, parse_node_id
 from p2pnode.peer.pace import LinkPace
+from p2pnode.peer.spki import spki_sha256
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.sidecar import is_hash_hex
@@ -741,7 +742,7 @@ def _fingerprint(transport: asyncio.BaseTransport | None) -> bytes | None:
 
 @functools.lru_cache(maxsize=256)
 def _spki_sha256(cert_der: bytes) -> bytes:
-    """identity.spki_sha256, remembered: every request asks it of its connection's certificate
+    """spki.spki_sha256, remembered: every request asks it of its connection's certificate
     (twice or more), and parsing the certificate each time was some 6 % of the server's
     GIL-holding time serving a first fetch (py-spy).  Only certificates that passed the pin reach it."""
     return spki_sha256(cert_der)

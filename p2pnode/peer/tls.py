@@ -14,8 +14,9 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from p2pnode.peer.identity import Identity, open_ca_pem, spki_sha256
+from p2pnode.peer.identity import Identity, open_ca_pem
 from p2pnode.peer.nodeid import format_node_id
+from p2pnode.peer.spki import spki_sha256
 from p2pnode.peer.trust import TrustStore
 
 PinCheck = Callable[[bytes | None], str | None]
@@ -32,7 +33,10 @@ def _pinned_class(check: PinCheck) -> type[ssl.SSLObject]:
     class PinnedSSLObject(ssl.SSLObject):
         def do_handshake(self) -> None:
             super().do_handshake()  # raises SSLWantReadError until the handshake is done
-            problem = check(peer_fingerprint(self))
+            try:
+                problem = check(peer_fingerprint(self))
+            except ValueError as exc:  # a certificate OpenSSL took whose key spki.py cannot find
+                problem = f"unreadable certificate: {exc}"
             if problem is not None:
                 raise ssl.SSLCertVerificationError(problem)
 

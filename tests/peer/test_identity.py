@@ -14,14 +14,10 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from p2pnode.errors import NotFound
 from p2pnode.peer import https
-from p2pnode.peer.identity import (
-    OPEN_CA_PEM,
-    _open_ca,
-    load_or_create_identity,
-    reissue_certificate,
-    spki_sha256,
-)
+from p2pnode.peer.certificates import open_ca
+from p2pnode.peer.identity import OPEN_CA_PEM, load_or_create_identity, reissue_certificate
 from p2pnode.peer.nodeid import InvalidNodeId, format_node_id, normalise_node_id, parse_node_id
+from p2pnode.peer.spki import spki_sha256
 from p2pnode.peer.tls import client_context, peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustFileCorrupt, TrustStore
 
@@ -51,7 +47,7 @@ def test_node_id_typos_are_refused() -> None:
 
 
 def test_the_open_ca_certificate_constant_is_the_derived_one() -> None:
-    assert _open_ca()[1].public_bytes(Encoding.PEM) == OPEN_CA_PEM
+    assert open_ca()[1].public_bytes(Encoding.PEM) == OPEN_CA_PEM
 
 
 def test_identity_files_and_reissue(tmp_path: Path) -> None:
