@@ -506,16 +506,17 @@ class P2p(Tool):
         assert holder is not None
         node_cpu0, wire0 = tree_cpu(holder.pid), self.links.total("h2")
         branch, shared = self.share(path)
+        share_cpu = shared.cpu + tree_cpu(holder.pid) - node_cpu0  # the CLI and the node's import
         got = self.fetch(branch, env or self.fetcher).check("p2pnode fetch")
         placed = json.loads(got.out).get("path")
         if placed:
             self.placed[path.name] = Path(placed)
         cpu = shared.cpu + got.cpu + tree_cpu(holder.pid) - node_cpu0
         moved = Moved(shared.seconds + got.seconds, cpu, self.links.total("h2") - wire0,
-                      {"share_s": shared.seconds, "fetch_s": got.seconds})
+                      {"share_s": shared.seconds, "fetch_s": got.seconds, "share_cpu_s": round(share_cpu, 3)})
         via = self._fetch_through_node(branch, path)
         moved.parts.update(node_fetch_s=via.seconds, node_total_s=shared.seconds + via.seconds,
-                           node_cpu_s=shared.cpu + via.cpu, node_wire_bytes=via.wire)
+                           node_cpu_s=share_cpu + via.cpu, node_wire_bytes=via.wire)
         return moved
 
     def _fetch_through_node(self, branch: str, path: Path) -> Moved:

@@ -2,14 +2,14 @@
 
 `p2pnode serve` listens on `<home>/control.sock` (mode 0600: only its owner may drive it);
 the CLI asks it to do what needs the store, which the running node holds locked.  This module
-uses the standard library only, so that a command that finds no node pays nothing for it.
+uses the standard library only, and loads its HTTP client only to talk to a node, so that a
+command that finds no node pays nothing for it.
 Endpoints and their bodies are listed in node/daemon.py (and node/transfers.py, whose
 `fetch` may answer as a stream of NDJSON events: call_node_streamed).
 """
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import socket
 from collections.abc import Callable
@@ -21,6 +21,8 @@ from p2pnode.paths import NodePaths
 from sysio.sockets import listener_at
 
 if TYPE_CHECKING:
+    import http.client
+
     from p2pnode.library.api import BranchInfo
 
 CONTROL_SOCKET = "control.sock"
@@ -43,22 +45,6 @@ class NodeError(P2PNodeError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
 
 
 def socket_answers(path: Path) -> bool:
@@ -84,8 +70,11 @@ def _exchange(paths: NodePaths, op: str, payload: dict[str, Any], timeout: float
     path = control_socket(paths)
     if not path.exists():
         return None
-    conn = _UnixHTTPConnection(path, timeout)
+    import http.client  # here: a command that finds no node never loads it (with email's parser)
+
+    conn = http.client.HTTPConnection("localhost", timeout=timeout)
     try:
+        conn.sock = _connected(path, timeout)
         conn.request("POST", f"/v1/{op}", body=json.dumps(payload),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -99,6 +88,17 @@ def _exchange(paths: NodePaths, op: str, payload: dict[str, Any], timeout: float
         raise PeerUnavailable(f"the running node at {path} did not {doing} {op}: {exc}") from exc
     finally:
         conn.close()
+
+
+def _connected(path: Path, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def call_node(paths: NodePaths, op: str, payload: dict[str, Any] | None = None,

@@ -40,7 +40,6 @@ from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
-from p2pnode.pi.hashing import new_hasher
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import Sidecar
 
@@ -173,31 +172,22 @@ async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: 
     """Fetch `newest.branch` (peer/get.py) and, when it is not what was named, check that it is
     what it claims before it is placed: a version of the session id asked for, or a version
     whose bytes start with those of the version asked for (a peer's catalog is not trusted
-    for that; VerificationFailed, nothing placed): checked by fetch_branch between the commit
-    and the placement, so that a grown version is appended to the placed file as any other."""
-    check = None if newest.session is None and newest.extends is None else functools.partial(
-        _check_newest, newest=newest)
+    for that; VerificationFailed, nothing placed): checked by fetch_branch, the second as the
+    fetch hashes those bytes where it can, else between the commit and the placement, so that
+    a grown version is appended to the placed file as any other."""
+    check = None if newest.session is None else functools.partial(_check_newest, newest=newest)
     return await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
-                              check=check, **options)
+                              check=check, starts_with=newest.extends, **options)
 
 
 def _check_newest(held: FetchTarget, branch: str, newest: Newest) -> None:
-    """The version fetched instead of the one named is what the catalog said it is.  That it
-    starts with the named version's bytes is known without reading it when the named one is
-    its `previous` (the store found all its lines at its start); else its bytes are read."""
+    """The version fetched for a session id is a version of that session (get.py checks
+    what a version fetched in place of an older one starts with: fetch_branch's `starts_with`)."""
     info = held.branch(branch)
     if newest.session is not None and info.header.get("id") != newest.session:
         raise VerificationFailed(f"branch {branch}, offered as a version of session "
                                  f"{newest.session}, is a version of session {info.header.get('id')}; "
                                  "not placed")
-    if newest.extends is not None:
-        src, size = newest.extends
-        if held.version(info.src).previous == src:  # `previous`: its bytes are a prefix
-            return
-        data = held.session_bytes(info.src)
-        if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
-            raise VerificationFailed(f"branch {branch}, offered as a newer version of {src}, "
-                                     "does not start with its bytes; not placed (fetch with --exact)")
 
 
 def summary(lines: Sequence[bytes]) -> tuple[int, str | None]:

@@ -519,13 +519,14 @@ class _Fetch:
             current = sc.parent
         return chain
 
-    async def session(self, src: str, place: Placing | None,
-                      held: list[str] | None = None) -> tuple[Assembled, _Stream, _Prefix | None]:
+    async def session(self, src: str, place: Placing | None, held: list[str] | None = None,
+                      starts_with: tuple[str, int] | None = None
+                      ) -> tuple[Assembled, _Stream, _Prefix | None]:
         """Session `src` verified (by line manifest, else as one blob), its lines staged in the
         store, its bytes in a temp file for `place` (the stream's `out`, not yet published), and
         the held version it extends, if fetched incrementally.  `held`: versions this node
-        holds that `src` may extend (asked for with `?after=`).  The caller settles the version
-        through the stream (`_Stream.settle`), then releases it."""
+        holds that `src` may extend (asked for with `?after=`); `starts_with`: the getter's.
+        The caller settles the version through the stream (`_Stream.settle`), then releases it."""
         after = held or []
         while True:
             kept = await asyncio.to_thread(self.kept.load, src, self.limits)
@@ -558,7 +559,8 @@ class _Fetch:
                 missing = await self._missing(manifest)
                 if kept is None and missing:
                     await asyncio.to_thread(self.kept.save, src, body, sum(r.length for r in missing))
-            getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start)
+            getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start,
+                                   starts_with=starts_with)
             missing_bytes = sum(r.length for r in missing)
             stream = _Stream(self, getter, missing_bytes, place, prefix)
             try:
@@ -788,12 +790,17 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                        progress: Progress | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
                        session_dir: Path | None = None,
                        check: Callable[[FetchTarget, str], None] | None = None,
+                       starts_with: tuple[str, int] | None = None,
                        connections: Connections | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
     `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
     `session_dir`: Pi's session-dir override, where the session is then placed (flat).
     `check(lib, branch_hex)`: run once the branch is held (committed now or before), before its
     file is placed; what it raises leaves nothing placed.
+    `starts_with`: (src, size) of a version whose bytes the branch's session must start with
+    (a newer version fetched in place of the one named): checked as the fetch hashes them
+    (VerificationFailed, nothing committed), else before the file is placed
+    (`check_starts_with`).
     `connections`: the peers' HTTPS sessions of the command, if its catalog step opened them
     (link.Connections: one TLS handshake per peer for both steps)."""
     wire.check_hex_hash(branch_hex, "branch hash")
@@ -809,13 +816,18 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
             held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
-            assembled, stream, extends = await job.session(sc.src, place, held)
+            named = branch == branch_hex
+            assembled, stream, extends = await job.session(sc.src, place, held,
+                                                           starts_with if named else None)
             out = stream.out
             t1 = time.perf_counter()
+            checks = [check] if named and check is not None else []
+            if named and starts_with is not None and not assembled.start_checked:
+                checks.append(functools.partial(check_starts_with, starts_with=starts_with))
             try:  # the staging's opening of the store: the commit, then (only then) the file published
                 info, placed = await stream.settle(functools.partial(
                     _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch,
-                    check=check if branch == branch_hex else None))
+                    checks=checks))
                 LIVE.put(assembled.src, *assembled.complete)
             finally:
                 await asyncio.shield(stream.release())
@@ -836,6 +848,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
         await pool.close()
     if not chain and check is not None:
         await _using(opener, lambda lib: check(lib, branch_hex))
+    if not chain and starts_with is not None:
+        await _using(opener, lambda lib: check_starts_with(lib, branch_hex, starts_with))
     if agent_dir is not None and not chain:  # held already: placed from the stored copy
         placed = await _using(opener, lambda lib: _place(agent_dir, branch_hex, info.src, lib, session_dir))
     if isinstance(placed, PlacementConflict):
@@ -846,14 +860,31 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
 
 
 def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None, out: Output | None,
-            branch: str, check: Callable[[FetchTarget, str], None] | None) -> tuple[
+            branch: str, checks: list[Callable[[FetchTarget, str], None]]) -> tuple[
                 BranchInfo, Placement | PlacementConflict | None]:
-    """The verified version committed, checked (fetch_branch's `check`), then its file (if
-    any) published: after the commit, in the same opening of the store (a one-shot fetch)."""
+    """The verified version committed, checked (fetch_branch's `check`, `starts_with`), then
+    its file (if any) published: after the commit, in the same opening of the store (a
+    one-shot fetch)."""
     info = _commit(lib, sidecar, done, extends)
-    if check is not None:
+    for check in checks:
         check(lib, branch)
     return info, _publish(lib, out, branch, done) if out is not None else None
+
+
+def check_starts_with(lib: FetchTarget, branch: str, starts_with: tuple[str, int]) -> None:
+    """That held branch `branch`'s session starts with the bytes of version `starts_with`
+    (src, size), where the fetch could not see it as they were hashed (the branch was held
+    before, or the size falls in the lines it held or inside a line): known without reading
+    when that version is its `previous` (the store found all its lines at its start), else
+    read from the store."""
+    src, size = starts_with
+    info = lib.branch(branch)
+    if lib.version(info.src).previous == src:
+        return
+    data = lib.session_bytes(info.src)
+    if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
+        raise VerificationFailed(f"branch {branch}, offered as a newer version of {src}, "
+                                 "does not start with its bytes; not placed (fetch with --exact)")
 
 
 def _commit(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix | None) -> BranchInfo:

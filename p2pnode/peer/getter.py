@@ -128,6 +128,8 @@ class Assembled:
     complete: tuple[int, blake3.blake3]
     """(size, hasher state) where the version's complete lines end: what a later version of the
     same session continues from (LiveStates)."""
+    start_checked: bool = False
+    """Whether its start was checked against the getter's `starts_with`."""
 
 
 class LiveStates:
@@ -191,7 +193,8 @@ class SessionGetter:
     whole version's, the cursor starts after the held lines)."""
 
     def __init__(self, src: str, refs: list[LineRef], outstanding: Iterable[bytes], *,
-                 held: Held | None = None, ahead_limit: int = AHEAD_LIMIT) -> None:
+                 held: Held | None = None, ahead_limit: int = AHEAD_LIMIT,
+                 starts_with: tuple[str, int] | None = None) -> None:
         if not refs:
             raise ManifestLied(f"line manifest of {src} lists no lines")
         self.src = src
@@ -221,6 +224,11 @@ class SessionGetter:
         self._held_lines: set[bytes] = set()
         """Lines read back (`read_back`): their nesting is not checked again.  This node holds
         them, so they passed that check when they came (or are its user's own)."""
+        self._starts_with = starts_with if starts_with is not None and starts_with[1] > self.size else None
+        """(src, size) of the version this one must start with (a newer version fetched in place
+        of the one named, fetch_branch's `starts_with`): checked as the hash passes that size,
+        if it is at a line's end; else (in the held prefix, or mid-line) left to the caller."""
+        self.start_checked = False
 
     @property
     def done(self) -> bool:
@@ -276,6 +284,15 @@ class SessionGetter:
             raise ValueError(f"{self.where}: the held lines' hash is due before their successors go out")
         while taken_parts := self._take(READY_PART):
             yield from self._hashed(*taken_parts)
+            if self._starts_with is not None and self.size == self._starts_with[1] and not self.start_checked:
+                self._check_start(*self._starts_with)
+
+    def _check_start(self, src: str, size: int) -> None:
+        if self.hasher.hexdigest() != src:
+            raise VerificationFailed(f"{self.where}, offered as a newer version of {src}, does not start "
+                                     f"with its bytes (its first {size}); not stored or placed (fetch "
+                                     "with --exact)")
+        self.start_checked = True
 
     def _take(self, limit: int) -> tuple[list[bytes], list[bytes]] | None:
         """Lines at the cursor, checked, up to about `limit` bytes, and what of them is handed
@@ -283,7 +300,8 @@ class SessionGetter:
         taken: list[bytes] = []
         parts: list[bytes] = []
         size = 0
-        while size < limit and not self.done and (
+        stop = self._starts_with[1] if self._starts_with is not None and not self.start_checked else -1
+        while size < limit and not self.done and self.size != stop and (
                 (raw := self.ahead.pop(self.refs[self.cursor].hash, None)) is not None):
             self.ahead_bytes -= len(raw)
             taken.append(raw)
@@ -374,5 +392,5 @@ class SessionGetter:
             last_line_start=self.size if complete else self._last_line_start, header=self.header,
             name=self.name, first_user=self.first_user, placed_hex=placed.hexdigest(),
             newline_hex=None if complete else placed.copy().update(b"\n").hexdigest(),
-            placed_size=self._placed_size,
+            placed_size=self._placed_size, start_checked=self.start_checked,
             complete=(self.size, self.hasher) if complete else (self._last_line_start, self._before_last))

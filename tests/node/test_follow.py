@@ -31,6 +31,7 @@ from p2pnode.node.follow import Newest, _check_newest, newest_entry
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import check_starts_with
 from p2pnode.peer.link import PeerLink
 from p2pnode.peer.nodeid import parse_node_id
 from p2pnode.peer.trust import TrustStore
@@ -180,13 +181,13 @@ def test_a_newer_version_is_checked_before_it_is_placed(tmp_path: Path, corpus_n
         grow(session, "g")
         v2 = lib.share(str(session))
         unrelated = lib.share(str(other), no_lineage=True)
-        _check_newest(lib, v2.branch, Newest(v2.branch, [], None, None, (v1.src, v1.size)))
+        check_starts_with(lib, v2.branch, (v1.src, v1.size))
         _check_newest(lib, v2.branch, Newest(v2.branch, [], None, v1.header["id"]))
-        for lie in (Newest(unrelated.branch, [], None, None, (v1.src, v1.size)),
-                    Newest(unrelated.branch, [], None, v1.header["id"]),
-                    Newest(v1.branch, [], None, None, (v2.src, v2.size))):
-            with pytest.raises(VerificationFailed):
-                _check_newest(lib, lie.branch, lie)
+        for branch, starts in ((unrelated.branch, (v1.src, v1.size)), (v1.branch, (v2.src, v2.size))):
+            with pytest.raises(VerificationFailed, match="does not start with its bytes"):
+                check_starts_with(lib, branch, starts)
+        with pytest.raises(VerificationFailed, match="is a version of session"):
+            _check_newest(lib, unrelated.branch, Newest(unrelated.branch, [], None, v1.header["id"]))
 
 
 def test_newest_entry_follows_previous_links_and_old_peers() -> None:

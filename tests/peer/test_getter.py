@@ -11,7 +11,7 @@ import blake3
 import pytest
 from test_stream_fetch import pi_session
 
-from p2pnode.errors import InvalidInput
+from p2pnode.errors import InvalidInput, VerificationFailed
 from p2pnode.peer.getter import (
     COUNT_BELOW,
     MAX_JSON_DEPTH,
@@ -25,12 +25,14 @@ from p2pnode.pi.lines import LineRef, split_lines
 from p2pnode.pi.session import titles_after
 
 
-def _assemble(data: bytes, seed: int) -> tuple[SessionGetter, list[bytes]]:
+def _assemble(data: bytes, seed: int, starts_with: tuple[str, int] | None = None
+              ) -> tuple[SessionGetter, list[bytes]]:
     """Every line of `data` handed to a getter in a shuffled order, in runs, as a fetch does;
     the parts `ready` handed out."""
     lines = split_lines(data)
     refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
-    getter = SessionGetter(blake3.blake3(data).hexdigest(), refs, [r.hash for r in refs])
+    getter = SessionGetter(blake3.blake3(data).hexdigest(), refs, [r.hash for r in refs],
+                           starts_with=starts_with)
     order = list(zip(refs, lines, strict=True))
     random.Random(seed).shuffle(order)
     parts: list[bytes] = []
@@ -145,3 +147,22 @@ def test_a_placed_file_is_hashed_in_pieces(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(hashing, "CHUNK", 4096)
     assert hashing.prefix_hasher(path, len(data)).hexdigest() == blake3.blake3(data).hexdigest()
     assert hashing.prefix_hasher(path, 5000).hexdigest() == blake3.blake3(data[:5000]).hexdigest()
+
+
+def test_a_newer_versions_start_is_checked_as_it_is_hashed() -> None:
+    """`starts_with` (the version named, when a newer one is fetched instead): the hash of the
+    first `size` bytes is compared as the hash passes them, where a line ends there; a start
+    that differs stops the assembly; a size inside a line is left to the caller."""
+    data = pi_session(2_000_000, seed=12, image_bytes=50_000)
+    lines = split_lines(data)
+    cut = sum(map(len, lines[: len(lines) // 2]))
+    older = data[:cut]
+    getter, parts = _assemble(data, seed=2, starts_with=(blake3.blake3(older).hexdigest(), cut))
+    assert b"".join(parts) == data and getter.finish().start_checked
+    other = older.replace(b"look at image", b"LOOK AT IMAGE")
+    assert other != older
+    with pytest.raises(VerificationFailed, match="does not start with its bytes"):
+        _assemble(data, seed=3, starts_with=(blake3.blake3(other).hexdigest(), cut))
+    mid = cut + len(lines[len(lines) // 2]) // 2  # inside a line: not checked here
+    getter, parts = _assemble(data, seed=4, starts_with=(blake3.blake3(data[:mid]).hexdigest(), mid))
+    assert b"".join(parts) == data and not getter.finish().start_checked
