@@ -21,6 +21,7 @@ from store.layout import (
     BLOB_CRC,
     BLOB_HEADER,
     BLOB_MAGIC_BYTES,
+    BLOB_OVERHEAD,
     IDX_ENTRY,
     IDX_FANOUT,
     IDX_HEADER,
@@ -320,10 +321,14 @@ class BlobPack:
     def compact(self, live: set[bytes], on_phase: Callable[[str], None]) -> tuple[int, int, int]:
         """Copy the live blobs into a new pack and swap it in.  Returns (kept, dropped, bytes
         freed).  A crash at any point leaves either the old pack or the new one, both complete;
-        the index is rebuilt at open if it does not match the pack."""
+        the index is rebuilt at open if it does not match the pack.  A pack whose records are
+        all live and follow each other to its end is left as it is (the copy would free
+        nothing: it was a rewrite of the whole pack on every `gc` with nothing to collect)."""
         with self._lock:
             entries = [(loc.offset, h, loc) for h in self.hashes() if (loc := self.locate(h))]
             entries.sort()
+            if _all_live_and_packed(entries, live, self.end):
+                return len(entries), 0, 0
             new_path, new_idx = self.root / (PACK + ".gc"), self.root / (INDEX + ".gc")
             fd = open_private(new_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
             kept: list[bytes] = []
@@ -378,6 +383,15 @@ class BlobPack:
         if mm is not None:
             mm.close()
         os.close(self._fd)
+
+
+def _all_live_and_packed(entries: list[tuple[int, bytes, BlobLocation]], live: set[bytes], end: int) -> bool:
+    pos = 0
+    for offset, h, loc in entries:
+        if offset != pos or h not in live:
+            return False
+        pos += BLOB_OVERHEAD + loc.stored_len
+    return pos == end
 
 
 def remove_leftovers(root: Path) -> None:

@@ -123,6 +123,33 @@ GC_CHILD = textwrap.dedent(
 )
 
 
+def test_a_gc_with_nothing_to_collect_leaves_the_pack_as_it_is(tmp_path: Path) -> None:
+    """Every blob live and the records end to end: nothing is copied, no step is taken (the
+    whole pack was rewritten on every such `gc`); the next GC with garbage compacts."""
+    path = tmp_path / "s"
+    live, _ = build(path)
+    with Store.open(path) as s:
+        s.gc()
+    pack = path / "blobs.pack"
+    before = pack.stat()
+    with Store.open(path) as s:
+        phases: list[str] = []
+        stats = s.gc(on_phase=phases.append)
+        assert (stats.dropped_blobs, stats.bytes_freed, stats.live_blobs) == (0, 0, 40 + 10 + 1)
+        assert phases == ["marked"]  # no new pack, no swap
+        assert (pack.stat().st_ino, pack.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        check_live(s, live)
+        doomed = s.create_context().context_id
+        s.append_turns(doomed, [TurnInput(blob(400 + i)) for i in range(5)])
+        s.delete_context(doomed)
+    with Store.open(path, StoreConfig(gc_grace_seconds=0)) as s:
+        stats = s.gc()
+        assert stats.dropped_blobs == 5 and stats.bytes_freed > 5 * 3000
+        check_live(s, live)
+    assert pack.stat().st_ino != before.st_ino
+    assert fsck(path, full=True).ok
+
+
 @pytest.mark.parametrize("phase", ["marked", "new-pack-written", "pack-swapped", "index-swapped"])
 def test_gc_killed_at_each_step_leaves_every_live_blob(tmp_path: Path, phase: str) -> None:
     path = tmp_path / "s"
