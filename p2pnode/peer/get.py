@@ -77,7 +77,6 @@ from p2pnode.pi.placement import (
     PlacementConflict,
     SessionFile,
     appendable,
-    place_session,
     target_path,
 )
 from p2pnode.pi.session import SessionHeader
@@ -923,17 +922,36 @@ def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
     """Place a branch already held, from the stored copy; record the path.  Nothing is read
     when the file this node placed for it is still there, unchanged by its stat."""
     version = lib.version(src)
-    target = target_path(agent_dir, SessionHeader(**version.header), session_dir)
-    if appendable(target, PlacedFiles(lib.paths.placed), src, version.size, True) is not None:
+    header = SessionHeader(**version.header)
+    placed_files = PlacedFiles(lib.paths.placed)
+    target = target_path(agent_dir, header, session_dir)
+    if appendable(target, placed_files, src, version.size, True) is not None:
         lib.record_path(branch, target)
         return Placement(target, written=False)
+    out = SessionFile.create(agent_dir, header, src, session_dir)
     try:
-        placed = place_session(agent_dir, lib.session_bytes(src), src, PlacedFiles(lib.paths.placed),
-                               session_dir)
+        done = _write_held(lib, src, out)
+    except BaseException:
+        out.discard()
+        raise
+    try:  # publish removes the temp file, whatever happens
+        placed = out.publish(Content(src, done.placed_size, done.placed_hex, done.newline_hex), placed_files)
     except PlacementConflict as exc:
         return exc
     lib.record_path(branch, placed.path)
     return placed
+
+
+def _write_held(lib: FetchTarget, src: str, out: SessionFile) -> Assembled:
+    """Held version `src` written to `out` from the store in runs of READ_BACK bytes (each
+    line checked against its hash there), through a getter that verifies the whole to `src`
+    and puts Pi's header first: the session is never whole in memory (a 2 GB one was)."""
+    getter = SessionGetter(src, lib.line_manifest(src), ())
+    while wanted := getter.from_store():
+        getter.read_back(wanted, lib.lines(wanted))
+        for part in getter.ready():
+            out.write(part)
+    return getter.finish()
 
 
 async def get_catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,

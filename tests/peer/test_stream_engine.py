@@ -359,3 +359,25 @@ async def test_a_newer_version_fetched_for_an_older_one_is_checked_as_it_is_hash
     assert got.written and got.branch == v3.branch and duo.placed.read_bytes() == path.read_bytes()
     assert 0 < got.lines_fetched < got.lines_total  # v1's lines were held
     assert read_back == []
+
+
+async def test_a_held_branch_whose_file_is_gone_is_placed_again_in_runs(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch of a branch held already, whose placed file the user deleted, writes it again
+    from the store in runs through the getter (verified to src, the header first): the
+    session is never read whole into memory (`session_bytes`, refused here)."""
+    path = duo.write(pi_session(3_000_000, seed=41, image_bytes=200_000))
+    branch = duo.sharer.share(str(path)).branch
+    first = await duo.fetch(branch)
+    assert first.written
+    duo.placed.unlink()
+
+    def whole(self: Library, src: str) -> bytes:
+        raise AssertionError("the whole session read into memory")
+
+    monkeypatch.setattr(Library, "session_bytes", whole)
+    again = await duo.fetch(branch)
+    assert again.written and again.fetched == [] and again.bytes_received < 10_000
+    assert duo.placed.read_bytes() == path.read_bytes()
+    assert not [p for p in duo.placed.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+    assert not (await duo.fetch(branch)).written  # in place now: nothing written
