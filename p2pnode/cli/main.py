@@ -200,14 +200,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_cat(args: argparse.Namespace) -> int:
     with open_library(node_paths(args)) as lib:
         info = lib.branch(args.branch)
+        if not args.json:  # in runs, each line checked as it is read, the whole at the end
+            lib.write_session(info.src, sys.stdout.buffer.write)
+            sys.stdout.buffer.flush()
+            return 0
         data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
-    if args.json:
-        text = data.decode("utf-8", "replace")
-        print_json({"branch": info.branch, "src": info.src, "size": len(data),
-                    "lines": text.splitlines(keepends=True)})
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+    text = data.decode("utf-8", "replace")
+    print_json({"branch": info.branch, "src": info.src, "size": len(data),
+                "lines": text.splitlines(keepends=True)})
     return 0
 
 

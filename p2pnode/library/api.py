@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 ZSTD_LEVEL = 1
 """Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3,
 faster, and compression is most of the cost of a first share (docs/BENCHMARKS.md, Sharing)."""
+SESSION_RUN = 2 << 20
+"""Raw bytes of a session handed out at a time (`session_runs`): as fast as reading it whole
+(its hash on blake3's threads), where 512 KiB runs took 1.7x as long."""
+TURNS_READ = 256
+"""Lines read from the store per call (and per hold of the library's lock) by `session_runs`."""
 
 
 @dataclass(frozen=True)
@@ -695,6 +700,43 @@ class Library:
     def session_bytes(self, src_hex: str) -> bytes:
         with self._lock:
             return self.sessions.session_bytes(src_hex)
+
+    def session_runs(self, src_hex: str, run_bytes: int = SESSION_RUN) -> Iterator[bytes]:
+        """The verbatim file from the store in runs of about `run_bytes` (what `cat` writes:
+        a session is never whole in memory), each line checked against its hash as it is
+        read, the whole hashed to `src_hex` at the end: VerificationFailed then, once the runs
+        before were handed out (a damaged store, whose every line was fine)."""
+        with self._lock:
+            turns = self.sessions.line_turns(src_hex)
+        hasher = new_hasher()
+        run: list[bytes] = []
+        size = 0
+        for at in range(0, len(turns), TURNS_READ):
+            with self._lock:
+                lines = self.sessions.payloads(src_hex, turns[at:at + TURNS_READ])
+            for line in lines:
+                run.append(line)
+                size += len(line)
+                if size >= run_bytes:
+                    data = b"".join(run)
+                    hasher.update(data)
+                    yield data
+                    run, size = [], 0
+        if run:
+            data = b"".join(run)
+            hasher.update(data)
+            yield data
+        if (actual := hasher.hexdigest()) != src_hex:
+            raise VerificationFailed(f"session {src_hex} read back from the store hashes to {actual}")
+
+    def write_session(self, src_hex: str, write: Callable[[bytes], object]) -> int:
+        """session_runs(src_hex) handed to `write`; the bytes written (the running node's
+        NodeLibrary has the same method)."""
+        size = 0
+        for run in self.session_runs(src_hex):
+            write(run)
+            size += len(run)
+        return size
 
     def line_manifest(self, src_hex: str) -> list[LineRef]:
         """The ordered line hashes and lengths of a stored session version."""

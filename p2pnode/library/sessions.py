@@ -504,18 +504,25 @@ class SessionStore:
         """The turns of a version's lines after the header, in file order."""
         return self.store.chain(self.version(src).head)[:-1]
 
+    def line_turns(self, src: str) -> list[Turn]:
+        """The turns of a version's lines, in file order (the header, its chain's last, first)."""
+        turns = self.store.chain(self.version(src).head)
+        return [turns[-1], *turns[:-1]]
+
     def line_hashes(self, src: str) -> list[bytes]:
         """The BLAKE3 of each line of a version, in file order (the header first)."""
-        turns = self.store.chain(self.version(src).head)
-        return [turns[-1].payload_hash] + [t.payload_hash for t in turns[:-1]]
+        return [t.payload_hash for t in self.line_turns(src)]
+
+    def payloads(self, src: str, turns: Sequence[Turn]) -> list[bytes]:
+        """The lines of `turns` of version `src`, each checked against its hash by the store."""
+        try:
+            return self.store.payloads(turns)
+        except StoreError as exc:  # a CRC or decompression failure in the pack
+            raise VerificationFailed(f"session {src} cannot be read back from the store: {exc}") from None
 
     def session_bytes(self, src: str) -> bytes:
         """The verbatim file, from the store, re-hashed to `src` before it is returned."""
-        try:
-            payloads = self.store.payloads(self.store.chain(self.version(src).head))
-        except StoreError as exc:  # a CRC or decompression failure in the pack
-            raise VerificationFailed(f"session {src} cannot be read back from the store: {exc}") from None
-        data = payloads[-1] + b"".join(payloads[:-1])
+        data = b"".join(self.payloads(src, self.line_turns(src)))
         actual = new_hasher().update(data).hexdigest()
         if actual != src:
             raise VerificationFailed(f"session {src} reconstructed from the store hashes to {actual}")

@@ -192,3 +192,14 @@ class NodeLibrary:
 
     def session_bytes(self, src_hex: str) -> bytes:
         return bytes(self._call("session_bytes", src_hex))
+
+    def write_session(self, src_hex: str, write: Callable[[bytes], object]) -> int:
+        """Library.write_session through the node: its runs as they come (/v1/cat)."""
+        def data(event: dict[str, Any]) -> None:
+            if event.get("event") == "data":
+                write(base64.b64decode(event["b64"], validate=True))
+
+        result = call_node_streamed(self.paths, "cat", {"src": src_hex}, data, CONTROL_TIMEOUT)
+        if result is None:
+            raise PeerUnavailable(f"the node for {self.paths.home} stopped before cat began")
+        return int(result["size"])

@@ -22,7 +22,9 @@ out; errors carry the CLI exit code):
 `pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
 environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
-                                                     (control.NodeLibrary: `ls`, `show`, `cat`)
+                                                     (control.NodeLibrary: `ls`, `show`, `cat --json`)
+    /v1/cat {"src"}                                   -> NDJSON: {"event": "data", "b64"} per run of
+                                                     the session, then a result or an error (`cat`)
     /v1/gc, /v1/rm                                    node/upkeep.py (with background GC)
     /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
     /v1/live, /v1/unlive                              -> node/live.py (`share --live`, `live --stop`)
@@ -68,6 +70,7 @@ from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.trust import TrustStore
 from p2pnode.peer.wire import DEFAULT_LIMITS
 from p2pnode.pi.session import is_session_id
+from p2pnode.pi.sidecar import is_hash_hex
 from store.service.server import StoreServer
 from sysio.memory import one_arena
 
@@ -82,6 +85,8 @@ ANNOUNCE_EVERY = 5.0
 once, mDNS (three multicasts per record) of the latest at most this often."""
 CONTROL_MAX_BODY = 1 << 20
 """Largest control request body (bytes); more is answered 413.  Real ones are under 1 KiB."""
+CAT_EVENT = 512 << 10
+"""Session bytes per event of /v1/cat: base64 within the client's CONTROL_MAX_EVENT (1 MiB)."""
 FETCH_LIMITS = dataclasses.replace(DEFAULT_LIMITS, slow_reader_timeout=8.0)
 """A holder whose link stalls this long is left for the next one (a LAN peer is near or gone)."""
 
@@ -186,8 +191,8 @@ class Node:
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
-            "read": self._c_read, **self.transfers.routes(), **upkeep.routes(self), **self.follows.routes(),
-            **self.live.routes()}
+            "read": self._c_read, "cat": self._c_cat, **self.transfers.routes(), **upkeep.routes(self),
+            **self.follows.routes(), **self.live.routes()}
         pairing = NodePairing(self)  # pair/start, pair/wait, pending (node/pairing.py)
         self._stack.push_async_callback(pairing.close)
         routes.update(pairing.routes())
@@ -331,6 +336,28 @@ class Node:
         if isinstance(value, list):
             return {"value": [v.as_dict() for v in value]}
         return {"value": value.as_dict()}
+
+    async def _c_cat(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """Session `src` as NDJSON events of CAT_EVENT bytes, from Library.session_runs: `cat`
+        through the node, never whole in memory on either side; the end is a result or an error."""
+        src = _field(body, "src", str)
+        if not isinstance(src, str) or not is_hash_hex(src):
+            raise InvalidInput("control: 'src' must be a session hash (64 hex digits)")
+        runs = self.lib.session_runs(src)
+
+        async def events() -> AsyncGenerator[dict[str, Any], None]:
+            size = 0
+            try:
+                while (run := await asyncio.to_thread(next, runs, None)) is not None:
+                    size += len(run)
+                    for at in range(0, len(run), CAT_EVENT):
+                        yield {"event": "data", "b64": base64.b64encode(run[at:at + CAT_EVENT]).decode()}
+            except P2PNodeError as exc:
+                yield {"event": "error", "message": str(exc), "exit_code": exc.exit_code}
+                return
+            yield {"event": "result", "result": {"src": src, "size": size}}
+
+        return events()
 
     async def _c_status(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.status()

@@ -1,7 +1,8 @@
 """What a command loads: each CLI start pays for the modules it imports, so `share` and `fetch`
 through the running node load neither the store, TLS nor the HTTP client (the node does the work), a
 one-shot `fetch --from` never starts mDNS nor loads an X.509 library, and the progress bar's
-rich is loaded only when stderr may be a terminal.  Real processes; the modules loaded are read from sys.modules."""
+rich is loaded only when stderr may be a terminal.  Real processes; the modules loaded are read
+from sys.modules."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,73 @@
+"""`cat` streams a session from the store in runs (Library.session_runs), alone and through the
+running node (/v1/cat's NDJSON events): each line checked as it is read, the whole against
+src at the end.  Real processes and files; the damaged store is a library-level test."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+from procnode import PY, Node
+
+from p2pnode.errors import VerificationFailed
+from p2pnode.library.api import Library
+from p2pnode.library.sessions import SessionStore
+from p2pnode.paths import NodePaths
+
+SESSION_ID = "0c0ffee0-0000-4000-8000-00000000ca70"
+
+
+def session(path: Path, size: int) -> Path:
+    """A Pi-shaped session of about `size` bytes, lines of many lengths (some over a run)."""
+    rng = random.Random(5)
+    lines = [json.dumps({"type": "session", "version": 3, "id": SESSION_ID,
+                         "timestamp": "2026-11-28T03:00:00.000Z", "cwd": "/w"})]
+    total = 0
+    while total < size:
+        text = os.urandom(rng.choice([50, 2_000, 40_000, 600_000]) // 2).hex()
+        lines.append(json.dumps({"type": "message", "message": {"role": "user", "content": text}}))
+        total += len(lines[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cat(node: Node, branch: str) -> bytes:
+    proc = subprocess.run([PY, "-m", "p2pnode", "cat", branch], env=node.env, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_cat_streams_the_session_alone_and_through_the_node(tmp_path: Path) -> None:
+    a = Node(tmp_path, "a")
+    path = session(a.agent / "sessions" / "--w--" / f"2026-11-28T03-00-00-000Z_{SESSION_ID}.jsonl", 3_000_000)
+    branch = json.loads(a.run("share", str(path), "--json").stdout)["branch"]
+    assert cat(a, branch) == path.read_bytes()
+    with a.node_running():
+        assert cat(a, branch) == path.read_bytes()
+        missing = a.run("cat", "ab" * 32, check=False)
+        assert missing.returncode == 3 and "Traceback" not in missing.stderr
+
+
+def test_session_runs_check_each_run_and_the_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of about the bytes asked for (a longer line is a run of its own) that join to the
+    file; lines in another order (each one fine: damaged turn records) end in VerificationFailed
+    after the runs before it."""
+    agent = tmp_path / "agent"
+    path = session(agent / "sessions" / "--w--" / f"2026-11-28T03-00-00-000Z_{SESSION_ID}.jsonl", 2_000_000)
+    with Library.open(NodePaths(tmp_path / "home"), agent) as lib:
+        src = lib.share(str(path)).src
+        runs = list(lib.session_runs(src, 256 << 10))
+        assert b"".join(runs) == path.read_bytes() and len(runs) > 2
+        longest = max(len(line) for line in path.read_bytes().splitlines(keepends=True))
+        assert max(map(len, runs)) < (256 << 10) + longest
+        turns = lib.sessions.line_turns(src)
+        swapped = [turns[0], turns[2], turns[1], *turns[3:]]
+        monkeypatch.setattr(SessionStore, "line_turns", lambda self, s: swapped)
+        out: list[bytes] = []
+        with pytest.raises(VerificationFailed, match="hashes to"):
+            lib.write_session(src, out.append)
+        assert b"".join(out) != path.read_bytes() and out
