@@ -3,7 +3,7 @@ provider depend on these, not on `Library` itself, so that the peer code says wh
 it makes and a test may hand it anything that answers them."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -72,7 +72,9 @@ class ServedLibrary(Protocol):
 
     def sidecar_bytes(self, branch_hex: str) -> bytes: ...
 
-    def session_bytes(self, src_hex: str) -> bytes: ...
+    def version(self, src_hex: str) -> Version: ...
+
+    def session_runs(self, src_hex: str) -> Iterator[bytes]: ...
 
     def line_manifest(self, src_hex: str) -> list[LineRef]: ...
 

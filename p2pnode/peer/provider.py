@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
@@ -51,6 +50,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web, web_protocol
 
+from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import BranchInfo, Catalog
 from p2pnode.library.audit import ServedAnswer
 from p2pnode.peer import wire
@@ -93,8 +93,6 @@ class PeerServer:
         self._active: dict[bytes, int] = defaultdict(int)
         self._transports: dict[bytes, set[asyncio.BaseTransport]] = defaultdict(set)
         self._poller: asyncio.Task[None] | None = None
-        self._session_cache: tuple[str, bytes] | None = None
-        self._session_lock = threading.Lock()
         self._head_timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
         self._lanes: dict[tuple[str, int], wire.BatchStreamEncoder] = {}
         """Each peer's lanes of stream answers (wire.STREAM_LANE_HEADER): the zstd stream its
@@ -329,37 +327,43 @@ class PeerServer:
         h = request.match_info["hash"]
         peer = _peer(request)
         kind = await self._offered(h, peer)
-        if kind == "sidecar":
-            data = await self._call(self.lib.sidecar_bytes, h)
-        elif kind == "session":
-            data = await self._call(self._session_bytes, h)
-        elif kind == "line":
-            data = await self._call(self.lib.line, bytes.fromhex(h))
+        runs: Iterator[bytes]
+        if kind == "session":  # read from the store as it is sent: never whole in memory
+            size = (await self._call(self.lib.version, h)).size
+            runs = self.lib.session_runs(h)
+        elif kind in ("sidecar", "line"):
+            data = await self._call(self.lib.sidecar_bytes, h) if kind == "sidecar" else \
+                await self._call(self.lib.line, bytes.fromhex(h))
+            size, runs = len(data), iter([data])
         else:
             return _not_found()
         try:
-            span = wire.parse_range(request.headers.get("Range"), len(data))
+            span = wire.parse_range(request.headers.get("Range"), size)
         except wire.RangeNotSatisfiable:
-            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
-        start, end = span or (0, len(data))
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+        start, end = span or (0, size)
         response = web.StreamResponse(status=206 if span else 200, headers={
             "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
             "ETag": f'"{h}"', "X-Object-Kind": kind,
         })
         if span:
-            response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+            response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         response.content_length = end - start
         await response.prepare(request)
-        view = memoryview(data)
-        last = max(start, end - CHUNK)
+        pieces = _window(runs, start, end)
         sent = start
         try:
             with self._carrying(request, peer, [h]):
-                for pos in range(start, last, CHUNK):
-                    await self._send(response, view[pos : min(last, pos + CHUNK)])
-                    sent = min(last, pos + CHUNK)
-                await self._finish(response, view[last:end])
-                sent = end
+                piece = await self._call(next, pieces, None)
+                while piece is not None:
+                    after = await self._call(next, pieces, None)
+                    last = after is None
+                    await (self._finish(response, piece) if last else self._send(response, piece))
+                    sent += len(piece)
+                    piece = after
+                if sent != end:  # the store gave fewer bytes than the version's size
+                    raise VerificationFailed(f"session {h} read back from the store is {sent - start} bytes "
+                                             f"short of {end - start}")
         finally:
             self._served(peer, kind, [h], sent - start, complete=sent == end)
         return response
@@ -389,14 +393,6 @@ class PeerServer:
         finally:
             self._waiting[fp] -= 1
         return catalog
-
-    def _session_bytes(self, src: str) -> bytes:
-        """One session kept in memory, so that Range requests resuming a big transfer are cheap
-        (built once however many workers ask for it at the same time)."""
-        with self._session_lock:
-            if self._session_cache is None or self._session_cache[0] != src:
-                self._session_cache = (src, self.lib.session_bytes(src))
-            return self._session_cache[1]
 
     async def _lines(self, request: web.Request) -> web.Response:
         src = request.match_info["src"]
@@ -746,6 +742,19 @@ def _spki_sha256(cert_der: bytes) -> bytes:
     (twice or more), and parsing the certificate each time was some 6 % of the server's
     GIL-holding time serving a first fetch (py-spy).  Only certificates that passed the pin reach it."""
     return spki_sha256(cert_der)
+
+
+def _window(runs: Iterator[bytes], start: int, end: int) -> Iterator[memoryview]:
+    """The bytes [start, end) of what `runs` hands out in order, in pieces of at most CHUNK."""
+    pos = 0
+    for run in runs:
+        lo, hi = max(start, pos), min(end, pos + len(run))
+        view = memoryview(run)
+        for at in range(lo, hi, CHUNK):
+            yield view[at - pos:min(hi, at + CHUNK) - pos]
+        pos += len(run)
+        if pos >= end:
+            return
 
 
 def _catalog_entry(b: BranchInfo, listed: set[str]) -> wire.CatalogEntry:

@@ -342,7 +342,12 @@ async def test_a_newer_version_fetched_for_an_older_one_is_checked_as_it_is_hash
     from p2pnode.node.follow import fetch_newest, newest_to_fetch
 
     read_back: list[str] = []
-    monkeypatch.setattr(Library, "session_bytes", lambda self, src: read_back.append(src) or b"")
+
+    def session_bytes(self: Library, src: str) -> bytes:
+        read_back.append(src)
+        return b""
+
+    monkeypatch.setattr(Library, "session_bytes", session_bytes)
     path = duo.write(pi_session(2_000_000, seed=31))
     await duo.fetch(duo.sharer.share(str(path)).branch)
     _grow(path, seed=32)
@@ -381,3 +386,31 @@ async def test_a_held_branch_whose_file_is_gone_is_placed_again_in_runs(
     assert duo.placed.read_bytes() == path.read_bytes()
     assert not [p for p in duo.placed.parent.iterdir() if p.name.startswith(".")]  # no temp file left
     assert not (await duo.fetch(branch)).written  # in place now: nothing written
+
+
+async def test_a_whole_session_is_served_as_the_store_reads_it(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /v1/object/<src> (the fallback for a peer without line manifests) and its Range
+    answers come from Library.session_runs as they are read: right bytes across runs, with
+    no copy of the whole session in memory (`session_bytes`, refused here)."""
+    import aiohttp
+
+    from p2pnode.peer.tls import client_context
+
+    data = pi_session(5_000_000, seed=51, image_bytes=300_000)  # three runs and more
+    info = duo.sharer.share(str(duo.write(data)))
+
+    def whole(self: Library, src: str) -> bytes:
+        raise AssertionError("the whole session read into memory")
+
+    monkeypatch.setattr(Library, "session_bytes", whole)
+    tls = client_context(duo.me, duo.trust, None)
+    url = f"https://127.0.0.1:{duo.peer.port}" + wire.PATH_OBJECT.format(hash=info.src)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
+        async with s.get(url) as r:
+            assert r.status == 200 and await r.read() == data
+        for start, end in ((0, 10), (2_097_000, 4_300_000), (len(data) - 7, len(data) - 1)):
+            async with s.get(url, headers={"Range": f"bytes={start}-{end}"}) as r:
+                assert r.status == 206 and await r.read() == data[start:end + 1]
+        async with s.get(url, headers={"Range": "bytes=-3"}) as r:
+            assert r.status == 206 and await r.read() == data[-3:]
