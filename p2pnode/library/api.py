@@ -366,7 +366,10 @@ class Library:
             found += [replace(f, line=f.line + lines_before, start=f.start + cut, end=f.end + cut)
                       for f in fed.findings]
         else:  # held already (cached), or grown from a version never scanned: scan it whole
-            found = secrets.scan(self.sessions.session_bytes(src))
+            scanner = secrets.Scanner()
+            for run in self.session_runs(src):  # as it is read back: never whole in memory
+                scanner.feed(run)
+            found = scanner.finish()
         record[src] = [f.as_dict() for f in found]
         atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
         self._scan_record = record

@@ -869,13 +869,17 @@ def check_starts_with(lib: FetchTarget, branch: str, starts_with: tuple[str, int
     (src, size), where the fetch could not see it as they were hashed (the branch was held
     before, or the size falls in the lines it held or inside a line): known without reading
     when that version is its `previous` (the store found all its lines at its start), else
-    read from the store."""
+    read from the store, as far as that version's size."""
     src, size = starts_with
     info = lib.branch(branch)
     if lib.version(info.src).previous == src:
         return
-    data = lib.session_bytes(info.src)
-    if len(data) < size or new_hasher().update(data[:size]).hexdigest() != src:
+    hasher, need = new_hasher(), size
+    runs = lib.session_runs(info.src)
+    while need and (run := next(runs, None)) is not None:
+        hasher.update(run[:need])
+        need -= min(need, len(run))
+    if need or hasher.hexdigest() != src:
         raise VerificationFailed(f"branch {branch}, offered as a newer version of {src}, "
                                  "does not start with its bytes; not placed (fetch with --exact)")
 
