@@ -228,3 +228,35 @@ def test_cli_through_a_running_node_passes_the_flags(tmp_path: Path, corpus_new_
     with node.node_running() as proc:
         _cli_checks(node, find(node.agent, TOOLRESULT_FILE))
         assert proc.poll() is None  # the node did the shares (the CLI could not open its store)
+
+
+def test_a_fetched_session_shared_back_grown_is_scanned_in_its_file(
+        agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teammate's session fetched here (never scanned here), continued and shared back: the
+    lines it was fetched with are scanned where they are, in the file (their hash checked
+    first), not read back from the store line by line; findings in both parts keep their
+    line numbers, and the fetched version's scan is remembered."""
+    path = find(agent, B1)
+    kind, value = PLANTED[2]
+    data, line, _ = plant(path.read_bytes(), "user", value)
+    path.write_bytes(data)
+    with Library.open(NodePaths(tmp_path / "sender"), agent_dir=agent) as sender:
+        shared = sender.share(str(path), allow_secrets=True)
+        sidecar = sender.sidecar_bytes(shared.branch)
+    mine = tmp_path / "mine" / "sessions" / "--w--" / path.name
+    mine.parent.mkdir(parents=True)
+    with Library.open(NodePaths(tmp_path / "receiver"), agent_dir=tmp_path / "mine") as lib:
+        lib.add_fetched(sidecar, data.splitlines(keepends=True))
+        grown_line = json.dumps({"type": "message", "id": "f00dcafe", "parentId": None, "message": {
+            "role": "user", "content": [{"type": "text", "text": f"and {value} again"}]}}).encode() + b"\n"
+        mine.write_bytes(data + grown_line)
+
+        def no_read_back(self: Library, src: str) -> None:
+            raise AssertionError("the fetched version read back from the store to scan it")
+
+        monkeypatch.setattr(Library, "session_runs", no_read_back)
+        with pytest.raises(secrets.SecretsFound) as refused:
+            lib.share(str(mine))
+        assert [(f.kind, f.line) for _, f in refused.value.found] == [
+            (kind, line), (kind, data.count(b"\n") + 1)]
+        assert shared.src in json.loads((tmp_path / "receiver" / "scanned.json").read_text())
