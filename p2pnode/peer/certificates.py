@@ -29,7 +29,6 @@ def spki_sha256_of_key(public_key: object) -> bytes:
     return hashlib.sha256(spki).digest()
 
 
-
 @functools.cache
 def open_ca() -> tuple[Ed25519PrivateKey, x509.Certificate]:
     """The public "open CA": deterministic key and certificate, the same bytes everywhere."""

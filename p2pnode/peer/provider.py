@@ -332,8 +332,8 @@ class PeerServer:
             size = (await self._call(self.lib.version, h)).size
             runs = self.lib.session_runs(h)
         elif kind in ("sidecar", "line"):
-            data = await self._call(self.lib.sidecar_bytes, h) if kind == "sidecar" else \
-                await self._call(self.lib.line, bytes.fromhex(h))
+            data = await (self._call(self.lib.sidecar_bytes, h) if kind == "sidecar"
+                          else self._call(self.lib.line, bytes.fromhex(h)))
             size, runs = len(data), iter([data])
         else:
             return _not_found()

@@ -74,19 +74,6 @@ class LineRef:
     length: int
 
 
-def runs_of(refs: Sequence[LineRef], limit: int) -> Iterator[Sequence[LineRef]]:
-    """`refs` in consecutive runs of about `limit` raw bytes (a line over it is a run of its
-    own): what is read from the store in one call and written or hashed as one."""
-    start = 0
-    while start < len(refs):
-        end, size = start, 0
-        while end < len(refs) and size < limit:
-            size += refs[end].length
-            end += 1
-        yield refs[start:end]
-        start = end
-
-
 def count_newlines(data: bytes | bytearray, lo: int, hi: int) -> int:
     """How many newlines data[lo:hi] holds.  `bytes.count` runs at ~1.8 GB/s while `find`
     hops with memchr at several GB/s: hop over long lines (Pi's are KBs, images MBs), and
