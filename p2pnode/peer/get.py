@@ -923,8 +923,9 @@ def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Pla
 
 def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
            session_dir: Path | None) -> Placement | PlacementConflict:
-    """Place a branch already held, from the stored copy; record the path.  Nothing is read
-    when the file this node placed for it is still there, unchanged by its stat."""
+    """Place a branch already held, from the stored copy (written in the node's `fetching/`
+    first, as a fetch's file is: a kill leaves nothing in Pi's folder); record the path.
+    Nothing is read when the file this node placed for it is still there, unchanged by its stat."""
     version = lib.version(src)
     header = SessionHeader(**version.header)
     placed_files = PlacedFiles(lib.paths.placed)
@@ -932,7 +933,7 @@ def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
     if appendable(target, placed_files, src, version.size, True) is not None:
         lib.record_path(branch, target)
         return Placement(target, written=False)
-    out = SessionFile.create(agent_dir, header, src, session_dir)
+    out = SessionFile.create(agent_dir, header, src, session_dir, staging=lib.paths.fetching)
     try:
         done = _write_held(lib, src, out)
     except BaseException:

@@ -369,8 +369,9 @@ async def test_a_newer_version_fetched_for_an_older_one_is_checked_as_it_is_hash
 async def test_a_held_branch_whose_file_is_gone_is_placed_again_in_runs(
         duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fetch of a branch held already, whose placed file the user deleted, writes it again
-    from the store in runs through the getter (verified to src, the header first): the
-    session is never read whole into memory (`session_bytes`, refused here)."""
+    from the store in runs through the getter (verified to src, the header first), in the
+    node's `fetching/` first as a fetch does: the session is never read whole into memory
+    (`session_bytes`, refused here)."""
     path = duo.write(pi_session(3_000_000, seed=41, image_bytes=200_000))
     branch = duo.sharer.share(str(path)).branch
     first = await duo.fetch(branch)
@@ -385,6 +386,7 @@ async def test_a_held_branch_whose_file_is_gone_is_placed_again_in_runs(
     assert again.written and again.fetched == [] and again.bytes_received < 10_000
     assert duo.placed.read_bytes() == path.read_bytes()
     assert not [p for p in duo.placed.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+    assert not list(duo.fetcher.paths.fetching.glob(".p2pnode-*"))  # written there, then linked
     assert not (await duo.fetch(branch)).written  # in place now: nothing written
 
 
