@@ -49,8 +49,8 @@ ZSTD_LEVEL = 1
 """Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3,
 faster, and compression is most of the cost of a first share (docs/BENCHMARKS.md, Sharing)."""
 SESSION_RUN = 2 << 20
-"""Raw bytes of a session handed out at a time (`session_runs`): as fast as reading it whole
-(its hash on blake3's threads), where 512 KiB runs took 1.7x as long."""
+"""Raw bytes of a session handed out at a time (`session_runs`): runs big enough to be read
+and hashed as fast as the whole session (docs/BENCHMARKS.md), small beside any session."""
 TURNS_READ = 256
 """Lines read from the store per call (and per hold of the library's lock) by `session_runs`."""
 
@@ -219,8 +219,8 @@ class _ScanningSink:
 
 def _scanned_prefix(path: Path, size: int, src: str) -> list[secrets.Finding] | None:
     """The secret scan of a file's first `size` bytes, if they hash to `src`: the version a
-    shared file grew from, read where it is (a share-back of a fetched 296 MB session scanned
-    it by decompressing every stored line: 1.5 s of a 1.8 s share); None if the file changed."""
+    shared file grew from, read where it is (from the store, every line would be decompressed);
+    None if the file changed."""
     scanner, hasher = secrets.Scanner(), new_hasher()
     try:
         with open(path, "rb") as f:
@@ -722,8 +722,8 @@ class Library:
             return self.sessions.sidecar_bytes(branch_hex)
 
     def session_bytes(self, src_hex: str) -> bytes:
-        with self._lock:
-            return self.sessions.session_bytes(src_hex)
+        """The verbatim file, whole (session_runs joined: hashed to src before it is returned)."""
+        return b"".join(self.session_runs(src_hex))
 
     def session_runs(self, src_hex: str, run_bytes: int = SESSION_RUN) -> Iterator[bytes]:
         """The verbatim file from the store in runs of about `run_bytes` (what `cat` writes:

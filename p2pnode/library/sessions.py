@@ -520,14 +520,6 @@ class SessionStore:
         except StoreError as exc:  # a CRC or decompression failure in the pack
             raise VerificationFailed(f"session {src} cannot be read back from the store: {exc}") from None
 
-    def session_bytes(self, src: str) -> bytes:
-        """The verbatim file, from the store, re-hashed to `src` before it is returned."""
-        data = b"".join(self.payloads(src, self.line_turns(src)))
-        actual = new_hasher().update(data).hexdigest()
-        if actual != src:
-            raise VerificationFailed(f"session {src} reconstructed from the store hashes to {actual}")
-        return data
-
     def sidecar_bytes(self, branch: str) -> bytes:
         turn = self.store.get_turn(self.branch(branch).head)
         return self.blob(turn.payload_hash, f"sidecar of branch {branch}")

@@ -67,7 +67,7 @@ def test_refused_when_the_session_holds_keys_and_nothing_is_offered(
     plant_all(path)
     with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
         generation = lib.catalog().generation
-        monkeypatch.setattr(lib.sessions, "session_bytes", lambda src: pytest.fail("read again to scan"))
+        monkeypatch.setattr(lib, "session_runs", lambda src: pytest.fail("read again to scan"))
         with pytest.raises(secrets.SecretsFound) as refused:
             lib.share(str(path))
         assert sorted(f.kind for _, f in refused.value.found) == sorted(k for k, _ in PLANTED)

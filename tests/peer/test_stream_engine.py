@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -343,11 +343,11 @@ async def test_a_newer_version_fetched_for_an_older_one_is_checked_as_it_is_hash
 
     read_back: list[str] = []
 
-    def session_bytes(self: Library, src: str) -> bytes:
+    def session_runs(self: Library, src: str) -> Iterator[bytes]:
         read_back.append(src)
-        return b""
+        return iter([b""])
 
-    monkeypatch.setattr(Library, "session_bytes", session_bytes)
+    monkeypatch.setattr(Library, "session_runs", session_runs)
     path = duo.write(pi_session(2_000_000, seed=31))
     await duo.fetch(duo.sharer.share(str(path)).branch)
     _grow(path, seed=32)
