@@ -357,13 +357,16 @@ class PeerServer:
                 piece = await self._call(next, pieces, None)
                 while piece is not None:
                     after = await self._call(next, pieces, None)
+                    if request.transport is None or request.transport.is_closing():
+                        break  # cut off while the store was read (_recheck, or the peer went)
                     last = after is None
                     await (self._finish(response, piece) if last else self._send(response, piece))
                     sent += len(piece)
                     piece = after
-                if sent != end:  # the store gave fewer bytes than the version's size
-                    raise VerificationFailed(f"session {h} read back from the store is {sent - start} bytes "
-                                             f"short of {end - start}")
+                else:
+                    if sent != end:  # the store gave fewer bytes than the version's size
+                        raise VerificationFailed(f"session {h} read back from the store is "
+                                                 f"{sent - start} bytes short of {end - start}")
         finally:
             self._served(peer, kind, [h], sent - start, complete=sent == end)
         return response

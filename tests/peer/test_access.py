@@ -141,6 +141,10 @@ async def test_unshare_stops_a_transfer_in_flight(world: World, server: PeerServ
     finally:
         stalled.release()
         await s.close()
+    for _ in range(100):  # the handler sees the abort once its read of the store returns
+        if not server._serving:
+            break
+        await asyncio.sleep(0.05)
     assert not server._serving
     for _ in range(100):  # logged when the handler has seen the abort
         cut = [e for e in world.lib.audit.read() if e["event"] == "served" and not e["complete"]]
