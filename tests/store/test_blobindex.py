@@ -1,4 +1,5 @@
-"""blobs.idx: folding new blobs into a mapped index splices them in without decoding it."""
+"""blobs.idx: folding new blobs into a mapped index splices them in without decoding it, and
+only once there are enough of them."""
 from __future__ import annotations
 
 import mmap
@@ -6,7 +7,10 @@ import os
 import random
 from pathlib import Path
 
+from store import Store
 from store.files.blobindex import BlobIndex, encode_index, index_entry
+from store.files.blobpack import FOLD_BLOBS, FOLD_BYTES
+from store.fsck import fsck
 from store.layout import IDX_ENTRY, IDX_FANOUT, IDX_HEADER, IDX_PREFIX_LEN, BlobLocation
 
 
@@ -61,3 +65,28 @@ def test_many_new_entries_merge_as_a_few_splice(tmp_path: Path) -> None:
             [index_entry(h, expected[h]) for h in sorted(expected)], 0, None)
     assert encode_index(BlobIndex().merged(new), 0, None) == encode_index(
         [index_entry(h, new[h]) for h in sorted(new)], 0, None)
+
+
+def test_a_small_tail_is_left_to_the_next_open_and_a_big_one_folded(tmp_path: Path) -> None:
+    """A close folds the new blobs into blobs.idx only past FOLD_BLOBS or FOLD_BYTES: the fold
+    rewrites the whole index (it grows with the store), the next open scans a small tail in
+    milliseconds.  Either way every blob is found again, with no recovery note."""
+    path = tmp_path / "s"
+    with Store.open(path) as s:
+        first = [s.put_blob(random.Random(i).randbytes(3000)) for i in range(FOLD_BLOBS + 1)]
+    idx = path / "blobs.idx"
+    folded = idx.stat()
+    assert IDX_HEADER.unpack_from(idx.read_bytes(), 0)[3] == len(first)  # more than FOLD_BLOBS: folded
+
+    with Store.open(path) as s:
+        small = [s.put_blob(b"small %d" % i) for i in range(10)]
+    assert (idx.stat().st_ino, idx.stat().st_mtime_ns) == (folded.st_ino, folded.st_mtime_ns)
+    with Store.open(path) as s:
+        assert not s.recovery_notes
+        assert all(s.get_blob(h) == b"small %d" % i for i, h in enumerate(small))
+        assert s.get_blob(first[7]) == random.Random(7).randbytes(3000)
+        big = s.put_blob(random.Random(99).randbytes(FOLD_BYTES + 1))  # stored raw: incompressible
+    assert IDX_HEADER.unpack_from(idx.read_bytes(), 0)[3] == len(first) + len(small) + 1
+    with Store.open(path) as s:
+        assert not s.recovery_notes and s.get_blob(big) == random.Random(99).randbytes(FOLD_BYTES + 1)
+    assert fsck(path, full=True).ok
