@@ -15,11 +15,14 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from p2pnode import __version__
 from p2pnode.cli import browse
@@ -41,6 +44,7 @@ from p2pnode.cli.render import (
 )
 from p2pnode.cli.space import add_space_commands
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, share_handoff, via_node
 from p2pnode.paths import NodePaths
 
@@ -198,17 +202,43 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
     with open_library(node_paths(args)) as lib:
         info = lib.branch(args.branch)
         if not args.json:  # in runs, each line checked as it is read, the whole at the end
-            lib.write_session(info.src, sys.stdout.buffer.write)
-            sys.stdout.buffer.flush()
-            return 0
-        data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
+            spool = _reader_paced(out, lib)
+            lib.write_session(info.src, (spool or out).write)
+        else:
+            data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
+    if not args.json:
+        if spool is not None:  # the store is free again; the reader takes its time
+            with spool:
+                spool.seek(0)
+                shutil.copyfileobj(spool, out, CAT_COPY)
+        out.flush()
+        return 0
     text = data.decode("utf-8", "replace")
     print_json({"branch": info.branch, "src": info.src, "size": len(data),
                 "lines": text.splitlines(keepends=True)})
     return 0
+
+
+CAT_COPY = 1 << 20
+
+
+def _reader_paced(out: BinaryIO, lib: Any) -> BinaryIO | None:
+    """A temp file beside the store for `cat` to write first, when the session comes from the
+    store itself (no node) and goes to a pipe or a terminal: its reader (`| less`) sets the
+    pace, and the store stays locked against every other command while it is open.  None: to
+    a file, or through the running node, the runs go out as they are read."""
+    if isinstance(lib, NodeLibrary):
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(out.fileno()).st_mode):
+            return None
+    except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is a ValueError)
+        pass
+    return tempfile.TemporaryFile(dir=lib.paths.home)
 
 
 def cmd_unshare(args: argparse.Namespace) -> int:

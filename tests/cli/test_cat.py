@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.library.sessions import SessionStore
 from p2pnode.paths import NodePaths
+from store import StoreConfig, StoreLocked
 
 SESSION_ID = "0c0ffee0-0000-4000-8000-00000000ca70"
 
@@ -71,3 +74,33 @@ def test_session_runs_check_each_run_and_the_whole(tmp_path: Path, monkeypatch: 
         with pytest.raises(VerificationFailed, match="hashes to"):
             lib.write_session(src, out.append)
         assert b"".join(out) != path.read_bytes() and out
+
+
+def test_cat_to_a_reader_that_does_not_read_leaves_the_store_to_other_commands(tmp_path: Path) -> None:
+    """`p2pnode cat B | less` with no node: the session is spooled beside the store first, so
+    the store is not held while the reader takes its time (every other command waited 10 s
+    for it, then failed with "store in use")."""
+    a = Node(tmp_path, "a")
+    path = session(a.agent / "sessions" / "--w--" / f"2026-11-28T03-00-00-000Z_{SESSION_ID}.jsonl", 3_000_000)
+    branch = json.loads(a.run("share", str(path), "--json").stdout)["branch"]
+    proc = subprocess.Popen([PY, "-m", "p2pnode", "cat", branch], env=a.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert select.select([proc.stdout], [], [], 30)[0]  # cat is writing (nothing is read)
+        deadline = time.monotonic() + 30
+        while True:  # cat waits on the full pipe
+            try:
+                with Library.open(NodePaths(a.home), config=StoreConfig(lock_timeout=0.5)) as lib:
+                    assert lib.branch(branch).src
+                break
+            except StoreLocked:
+                assert time.monotonic() < deadline, "cat kept the store while its reader did not read"
+        assert proc.poll() is None  # still writing: the store was free before the reader read
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert out == path.read_bytes()
+    assert not [p for p in a.home.iterdir() if p.name.startswith("tmp")]
