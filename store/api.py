@@ -411,11 +411,15 @@ class Store:
             waiting = self._pending.get(h)
             if waiting is not None:
                 return waiting
-            lost = self._damaged.get(h) or self._pack.damage_of(h)
-            if lost is not None:
-                raise CorruptRecord(PACK, -1, f"blob {h.hex()} is damaged: {lost}")
-            raise UnknownBlob(h)
+            raise self._not_found(h)
         return self._keep_checked(h, loc, _decode_checked(h, loc, self._read_record(h, loc)))
+
+    def _not_found(self, h: bytes) -> CorruptRecord | UnknownBlob:
+        """Why blob h, which no lookup finds, cannot be had: its record is damaged, or it is not stored."""
+        lost = self._damaged.get(h) or self._pack.damage_of(h)
+        if lost is not None:
+            return CorruptRecord(PACK, -1, f"blob {h.hex()} is damaged: {lost}")
+        return UnknownBlob(h)
 
     def get_blobs(self, hashes: Sequence[bytes]) -> list[bytes]:
         """Many blobs at once, each checked as get_blob checks it (CRC, decoding, BLAKE3): the
@@ -529,7 +533,8 @@ class Store:
 
     def raw_lengths(self, hashes: Sequence[bytes]) -> list[int]:
         """Each blob's raw length, from the index alone (no blob is read or decoded): what a
-        line manifest needs.  UnknownBlob for a blob the store lacks."""
+        line manifest needs.  UnknownBlob for a blob the store lacks, CorruptRecord for one
+        whose record is damaged (found by the scan at open: a tail not folded into the index)."""
         self._check_open()
         with self._gate.shared():
             out = []
@@ -540,7 +545,7 @@ class Store:
                 elif (waiting := self._pending.get(h)) is not None:
                     out.append(len(waiting))
                 else:
-                    raise UnknownBlob(h)
+                    raise self._not_found(h)
             return out
 
     def get_stored_blob(self, h: bytes) -> StoredBlob:

@@ -15,7 +15,8 @@ from p2pnode.paths import NodePaths
 from p2pnode.pi.lines import split_lines
 from store import StoredBlob
 from store.codec import blob_hash
-from store.errors import UnknownBlob
+from store.errors import CorruptRecord, UnknownBlob
+from store.files import blobpack
 from store.layout import CODEC_RAW, CODEC_ZSTD
 
 SESSION = ("sessions/--tmp-pi-harness-work-alpha--/"
@@ -29,10 +30,16 @@ def agent(corpus_dir: Path, tmp_path: Path) -> Path:
     return agent
 
 
-def test_line_manifest_reads_no_line(agent: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("folded", [True, False])
+def test_line_manifest_reads_no_line(agent: Path, tmp_path: Path, folded: bool,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The serving side's manifest comes from the turn records and the blob index: with the
     stored bytes of the session's biggest line damaged in blobs.pack (so that any read of it
-    fails, as session_bytes shows), the manifest is still whole and right."""
+    fails, as session_bytes shows), the manifest is still whole and right.  Where the close
+    left the session's blobs to the next open's scan (not `folded` into blobs.idx), that scan
+    finds the damaged record, and the manifest says which blob is damaged."""
+    if folded:
+        monkeypatch.setattr(blobpack, "FOLD_BYTES", 0)
     paths = NodePaths(tmp_path / "node")
     data = (agent / SESSION).read_bytes()
     lines = split_lines(data)
@@ -47,6 +54,10 @@ def test_line_manifest_reads_no_line(agent: Path, tmp_path: Path) -> None:
     raw[at + len(stored) // 2] ^= 0xFF
     pack.write_bytes(bytes(raw))
     with Library.open(paths, agent) as lib:
+        if not folded:
+            with pytest.raises(CorruptRecord, match=f"blob {blob_hash(biggest).hex()} is damaged"):
+                lib.line_manifest(src)
+            return
         refs = lib.line_manifest(src)
         assert [(r.hash, r.length) for r in refs] == [(blob_hash(x), len(x)) for x in lines]
         with pytest.raises(VerificationFailed):
