@@ -243,6 +243,10 @@ class Library:
         self.hasher = FileHasher(paths.home / "hashcache.json", complete_lines=True)
         self.manifest = Manifest(paths.manifest)
         self._lock = threading.RLock()
+        self._imports = threading.Lock()
+        """Held by a share while it reads and stores files without `_lock` (one share at a
+        time), and by `gc` and `remove`, which forget versions and delete every context the
+        state does not name (an import's, until it is recorded).  Taken before `_lock`."""
         self._access: dict[str | None, _Visible] = {}
         """Per peer (None: any trusted peer): the generation and what it may be served, by hash
         (kind, the branch that makes it visible)."""
@@ -319,45 +323,48 @@ class Library:
         original = path
         if redact:
             path = write_redacted_copy(path)
-        with self._lock:
-            chain, base, cut_above = self._lineage(path, pi, follow=not no_lineage)
-            for file, header in chain:
-                _check_placeable(file, header)
-            known = list(reversed(self.lineage(base))) if base is not None else []
-            # stored first (the store may keep bytes), scanned, and only then offered
+        with self._imports:
+            with self._lock:
+                chain, base, cut_above = self._lineage(path, pi, follow=not no_lineage)
+                for file, header in chain:
+                    _check_placeable(file, header)
+                known = list(reversed(self.lineage(base))) if base is not None else []
+                like = self.sessions.branch(base).src if base is not None else None
+            # stored first (the store may keep bytes), scanned, and only then offered; the files
+            # are read and stored without the library's lock: peers are served meanwhile
             stored: list[tuple[Path, Version, list[str]]] = []
-            like = self.sessions.branch(base).src if base is not None else None
             for file, header in reversed(chain):  # root first
                 version, file_warnings = self._store_file(file, header, like)
                 stored.append((file, version, file_warnings))
                 like = version.src
-            found: list[tuple[str, str | None, secrets.Finding]] = [
-                (i.path or f"branch {i.branch}", i.branch, f)
-                for i in known for f in self._findings(i.src)]
-            found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
-            if found and not allow_secrets:
-                raise secrets.SecretsFound([(where, f) for where, _, f in found])
-            for branch in {b for _, b, _ in found if b is not None}:
-                self.sessions.mark_secrets_allowed(branch)
-            live = {r.branch: r for r in self.sessions.branches()
-                    if r.offered and not access.expired(r.expires_at, access.now_ms())}
-            for info in known:  # offered again with the new child, as the ancestors shared now are
-                self.sessions.set_offered(info.branch, True)
-            infos: list[BranchInfo] = [self._info(self.sessions.branch(i.branch)) for i in known]
-            warnings: list[str] = []
-            parent = base
-            for (file, header), (_, version, file_warnings) in zip(reversed(chain), stored, strict=True):
-                cut = header.parent_session if no_lineage and file == path else None
-                if file == chain[-1][0] and base is None:
-                    cut = cut or cut_above
-                info = self._offer_file(file, version, parent, cut)
-                if any(where == str(file) for where, _, _ in found):
-                    info = self._info(self.sessions.mark_secrets_allowed(info.branch), info.path)
-                infos.append(info)
-                warnings += file_warnings
-                parent = info.branch
-            notices = self._notices(path)
-            infos = self._grant(infos, audience, live)
+            with self._lock:
+                found: list[tuple[str, str | None, secrets.Finding]] = [
+                    (i.path or f"branch {i.branch}", i.branch, f)
+                    for i in known for f in self._findings(i.src)]
+                found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
+                if found and not allow_secrets:
+                    raise secrets.SecretsFound([(where, f) for where, _, f in found])
+                for branch in {b for _, b, _ in found if b is not None}:
+                    self.sessions.mark_secrets_allowed(branch)
+                live = {r.branch: r for r in self.sessions.branches()
+                        if r.offered and not access.expired(r.expires_at, access.now_ms())}
+                for info in known:  # offered again with the new child, as the ancestors shared now are
+                    self.sessions.set_offered(info.branch, True)
+                infos: list[BranchInfo] = [self._info(self.sessions.branch(i.branch)) for i in known]
+                warnings: list[str] = []
+                parent = base
+                for (file, header), (_, version, file_warnings) in zip(reversed(chain), stored, strict=True):
+                    cut = header.parent_session if no_lineage and file == path else None
+                    if file == chain[-1][0] and base is None:
+                        cut = cut or cut_above
+                    info = self._offer_file(file, version, parent, cut)
+                    if any(where == str(file) for where, _, _ in found):
+                        info = self._info(self.sessions.mark_secrets_allowed(info.branch), info.path)
+                    infos.append(info)
+                    warnings += file_warnings
+                    parent = info.branch
+                notices = self._notices(path)
+                infos = self._grant(infos, audience, live)
         for warning in warnings:
             log.info("%s", warning)  # the caller shows ShareResult.warnings (the CLI on stderr)
         allowed = [dict(f.as_dict(), file=where) for where, _, f in found]
@@ -547,10 +554,11 @@ class Library:
         """Store the file, reusing an older version it grew from, or its parent's lines."""
         size = path.stat().st_size
         known = self.hasher.known(path)
-        if known is not None and known.size <= size and self.sessions.has_version(known.blake3):
-            base: Version | None = self.sessions.version(known.blake3)
-        else:
-            base = self.sessions.latest_version_of(header.id, size)
+        with self._lock:
+            if known is not None and known.size <= size and self.sessions.has_version(known.blake3):
+                base: Version | None = self.sessions.version(known.blake3)
+            else:
+                base = self.sessions.latest_version_of(header.id, size)
 
         fed = _ScanningSink()
 
@@ -558,7 +566,7 @@ class Library:
             fed.inner = sink
             return self.hasher.scan(path, prefix=prefix, sink=fed)
 
-        result = self.sessions.import_file(path, scan, header, base, like)
+        result = self.sessions.import_file(path, scan, header, base, like, guard=self._lock)
         self.hasher.save()
         fed.finish()
         if result.scan.rewritten:
@@ -1081,7 +1089,7 @@ class Library:
         if not self.leases.begin_collecting():
             return space.GCReport([], [], 0, 0, 0, skipped="a fetch is in progress")
         try:
-            with exclusive_if_free(space.fetching_lock(self.paths.home)) as alone, self._lock:
+            with exclusive_if_free(space.fetching_lock(self.paths.home)) as alone, self._imports, self._lock:
                 if not alone:
                     return space.GCReport([], [], 0, 0, 0, skipped="a fetch runs in another process")
                 before = space.store_bytes(self.paths.store)
@@ -1106,7 +1114,7 @@ class Library:
         with their versions unless a kept branch uses them; offered ones are unshared first.
         Their bytes go at the next `gc`.  A branch that is the parent of another held here is
         refused: remove the child first."""
-        with self._lock:
+        with self._imports, self._lock:
             records = self._remove_targets(target)
             names = {r.branch for r in records}
             children = [r.branch for r in self.sessions.branches()

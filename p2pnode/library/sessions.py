@@ -545,14 +545,18 @@ class SessionStore:
 
     def import_file(
         self, path: Path, scan: Callable[[Prefix | None, Sink], Scan], header: SessionHeader,
-        grown: Version | None, like_src: str | None,
+        grown: Version | None, like_src: str | None, guard: contextlib.AbstractContextManager[Any],
     ) -> ImportResult:
         """Store a version of `path`.  `scan(prefix, sink)` hashes the file and feeds the sink.
 
         `grown`: an older version the file may have grown from (checked by the scan);
         `like_src`: a version whose lines the file may start with after its header (its parent).
+        `guard` is held while the state is read and written, not while the file is read and
+        its lines stored: the caller's other readers go on meanwhile (no version may be
+        forgotten meanwhile, which the caller sees to).
         """
-        like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
+        with guard:
+            like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
         importer = _Importer(self.store, str(path), grown=grown, like=like)
         try:
             result = scan(grown.prefix if grown else None, importer)
@@ -561,15 +565,16 @@ class SessionStore:
             importer.discard()
             raise
         prefix = result.prefix
-        if prefix.blake3 in self._state.sessions:  # the same bytes already held (e.g. a copy)
-            importer.discard()
-            return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result)
-        try:
-            header = _stored_header(importer, str(path))
-        except InvalidHeader:
-            importer.discard()
-            raise
-        version = self._add_version(prefix, header, importer)
+        with guard:
+            if prefix.blake3 in self._state.sessions:  # the same bytes already held (e.g. a copy)
+                importer.discard()
+                return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result)
+            try:
+                header = _stored_header(importer, str(path))
+            except InvalidHeader:
+                importer.discard()
+                raise
+            version = self._add_version(prefix, header, importer)
         return ImportResult(version, importer.warnings, result)
 
     def import_lines(self, lines: Sequence[bytes], src: str, where: str, like_src: str | None,
