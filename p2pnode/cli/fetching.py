@@ -1,6 +1,6 @@
 """`p2pnode fetch` through the running node: the node's transfer shown live as it streams its
 progress, cancelled by Ctrl-C, or left running with `--background` (`status` shows it).  The
-one-shot fetch (no node) is node/routing.fetch_here, shown by the same FetchProgress."""
+one-shot fetch (no node) is node/routing.fetch_here, shown by the same TransferBar."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +16,7 @@ def fetch_via_node(paths: NodePaths, payload: dict[str, Any]) -> dict[str, Any] 
     """The node's FetchResult, its progress drawn meanwhile; None when no node runs.  Ctrl-C
     closes the control connection, which cancels the node's transfer; it is also cancelled by
     id, in case the node has not noticed yet."""
-    from p2pnode.cli.progress import FetchProgress
+    from p2pnode.cli.progress import TransferBar
 
     started: dict[str, Any] = {}
 
@@ -25,7 +25,7 @@ def fetch_via_node(paths: NodePaths, payload: dict[str, Any]) -> dict[str, Any] 
             started.update(event)
         view.event(event)
 
-    with FetchProgress(payload.get("peers")) as view:
+    with TransferBar(payload.get("peers")) as view:
         try:
             return call_node_streamed(paths, "fetch", payload, on_event)
         except KeyboardInterrupt:

@@ -45,7 +45,7 @@ from p2pnode.cli.render import (
 from p2pnode.cli.space import add_space_commands
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.node.control_client import NodeLibrary
-from p2pnode.node.routing import open_library, share_handoff, via_node
+from p2pnode.node.routing import open_library, share_handoff, share_via_node, via_node
 from p2pnode.paths import NodePaths
 
 Command = Callable[[argparse.Namespace], int]
@@ -137,6 +137,7 @@ def cmd_share(args: argparse.Namespace) -> int:
     import os
 
     from p2pnode.cli.follow import check_live, start_live
+    from p2pnode.cli.progress import TransferBar
 
     if args.live:
         check_live(args, node_paths(args))
@@ -144,14 +145,15 @@ def cmd_share(args: argparse.Namespace) -> int:
     payload = {"target": args.session, "latest": args.latest, "no_lineage": args.no_lineage,
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
                "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
-    result = via_node(node_paths(args), "share", payload)  # with "fetch" and "ticket" (share_handoff)
-    if result is None:
-        with open_library(node_paths(args)) as lib:
-            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
-                               allow_secrets=args.allow_secrets, redact=args.redact,
-                               expires=payload["expires"], to=payload["to"]).as_dict()
-            held = [b.branch for b in lib.branches(include_unshared=True)]
-        result.update(share_handoff(result["branch"], held, None, []))  # no node: no address for a ticket
+    with TransferBar(label="share") as bar:
+        result = share_via_node(node_paths(args), payload, bar.event)  # + "fetch", "ticket" (share_handoff)
+        if result is None:
+            with open_library(node_paths(args)) as lib:
+                result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
+                                   allow_secrets=args.allow_secrets, redact=args.redact,
+                                   expires=payload["expires"], to=payload["to"], progress=bar).as_dict()
+                held = [b.branch for b in lib.branches(include_unshared=True)]
+            result.update(share_handoff(result["branch"], held, None, []))  # no node: no address for a ticket
     ticket, command = result.pop("ticket"), result.pop("fetch")
     print_share_notes(result)
     for warning in result.get("warnings", []):
@@ -356,12 +358,12 @@ def _fetch_target(args: argparse.Namespace) -> tuple[str, list[Any]]:
 
 
 def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict[str, Any]:
-    from p2pnode.cli.progress import FetchProgress
+    from p2pnode.cli.progress import TransferBar
     from p2pnode.node.routing import fetch_here
     from sysio.memory import one_arena
 
     one_arena()  # before the first thread: this process will move a whole session (sysio/memory.py)
-    with FetchProgress([str(p) for p in peers]) as view:
+    with TransferBar([str(p) for p in peers]) as view:
         return fetch_here(node_paths(args), branch, peers, pi_dirs(args), _identity(args), _trust(args), view,
                           exact=args.exact)
 

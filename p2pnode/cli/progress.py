@@ -1,5 +1,5 @@
-"""The live progress line of `p2pnode fetch` (rich, on stderr): bytes, rate, ETA, peers and lines
-verified, the same for a one-shot fetch (fed by get.py's progress callback through a
+"""The live progress line of `p2pnode fetch` and `share` (rich, on stderr): bytes, rate, ETA, peers
+and lines verified, the same for a one-shot fetch or share (fed by a progress callback through a
 ProgressMeter) and for one the running node does (fed by its streamed events).  Nothing is
 drawn when stderr is not a terminal, nor for a transfer under MIN_BYTES that ends before
 anything would be worth seeing; stdout (the result, `--json`) is never touched.  rich is
@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 MIN_BYTES = 1 << 20
 
 
-class FetchProgress:
-    """A context manager: `view(done, total[, info])` as a fetch's progress callback, or
-    `view.show(TransferProgress)` for the node's events; the bar is removed at the end."""
+class TransferBar:
+    """A context manager: `view(done, total[, info])` as a fetch's or share's progress callback,
+    or `view.event(node's event)`; the bar (labelled `label`) is removed at the end."""
 
-    def __init__(self, peers: list[str] | None = None, console: Console | None = None) -> None:
+    def __init__(self, peers: list[str] | None = None, console: Console | None = None,
+                 label: str = "fetch") -> None:
+        self.label = label
         if console is None and _may_be_terminal():
             from rich.console import Console
 
@@ -35,7 +37,7 @@ class FetchProgress:
         self._bar: Progress | None = None
         self._task: TaskID | None = None
 
-    def __enter__(self) -> FetchProgress:
+    def __enter__(self) -> TransferBar:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -56,10 +58,10 @@ class FetchProgress:
         if self._bar is None:
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-            self._bar = Progress(TextColumn("fetch"), BarColumn(), DownloadColumn(),
+            self._bar = Progress(TextColumn(self.label), BarColumn(), DownloadColumn(),
                                  TextColumn("{task.fields[detail]}"), console=self.console, transient=True,
                                  auto_refresh=False)  # drawn at each report: the node sends 5 a second
-            self._task = self._bar.add_task("fetch", total=p.bytes_total, detail="")
+            self._task = self._bar.add_task(self.label, total=p.bytes_total, detail="")
             self._bar.start()
         assert self._task is not None
         self._bar.update(self._task, completed=p.bytes_done, total=p.bytes_total,

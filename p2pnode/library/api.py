@@ -191,10 +191,12 @@ class _ScanningSink:
     and the findings are of exactly the bytes imported.  The scan runs here, in the importing
     thread: its one pass (pi/secrets.py) costs ~0.1 CPU-s per 256 MB."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Callable[[int, int], object] | None = None, size: int = 0) -> None:
         self.inner: Sink | None = None
         self.start = 0
         """The file offset the fed bytes start at (where the version it grew from ends)."""
+        self.progress, self.size = progress, size
+        self._done = 0
         self.findings: list[secrets.Finding] = []
         self.vouched = False
         """After finish(): whether `findings` is the scan of the bytes fed (else nothing was fed
@@ -203,7 +205,7 @@ class _ScanningSink:
 
     def begin(self, appended: bool) -> int:
         assert self.inner is not None
-        self.start = self.inner.begin(appended)
+        self.start = self._done = self.inner.begin(appended)
         self._scanner = secrets.Scanner()
         return self.start
 
@@ -211,6 +213,9 @@ class _ScanningSink:
         assert self.inner is not None and self._scanner is not None
         self.inner.feed(data)
         self._scanner.feed(data)  # scanned in place (bytes): the chunk is not copied again
+        self._done += len(data)
+        if self.progress is not None:
+            self.progress(self._done, max(self.size, self._done))
 
     def finish(self) -> None:
         if self._scanner is not None:
@@ -307,14 +312,16 @@ class Library:
     def share(self, target: str | None = None, *, latest: bool = False, no_lineage: bool = False,
               cwd: str | None = None, pi: PiDirs | None = None, allow_secrets: bool = False,
               redact: bool = False, expires: str | None = None,
-              to: Sequence[str] | None = None) -> ShareResult:
+              to: Sequence[str] | None = None,
+              progress: Callable[[int, int], object] | None = None) -> ShareResult:
         """Share a session with its lineage: the ancestors this node knows (shared or fetched)
         as they are, the ones it has never seen found through parentSession and shared first.
 
         The secret scan runs over all of it first and fails closed (SecretsFound, nothing
         offered) unless `allow_secrets`; `redact` shares a redacted copy of the session.
         `expires` ("7d", "never"; None: the node's default) and `to` (node ids; None: every
-        trusted peer) say who may fetch it and until when (library/access.py)."""
+        trusted peer) say who may fetch it and until when (library/access.py).  `progress(done,
+        total)` is called as each file imported is read (its bytes, of its size)."""
         audience = access.Audience(access.expires_at(expires, self.paths.home),
                                    sorted(set(to)) if to else None)
         cwd = cwd or os.getcwd()
@@ -334,7 +341,7 @@ class Library:
             # are read and stored without the library's lock: peers are served meanwhile
             stored: list[tuple[Path, Version, list[str]]] = []
             for file, header in reversed(chain):  # root first
-                version, file_warnings = self._store_file(file, header, like)
+                version, file_warnings = self._store_file(file, header, like, progress)
                 stored.append((file, version, file_warnings))
                 like = version.src
             with self._lock:
@@ -527,15 +534,15 @@ class Library:
         atomic_write(said, json.dumps(dict(seen, system_prompt=True)).encode())
         return [SYSTEM_PROMPT_NOTICE]
 
-    def _store_file(self, path: Path, header: pisession.SessionHeader,
-                    like: str | None) -> tuple[Version, list[str]]:
+    def _store_file(self, path: Path, header: pisession.SessionHeader, like: str | None,
+                    progress: Callable[[int, int], object] | None = None) -> tuple[Version, list[str]]:
         """The stored version of the file's complete lines (imported unless held already)."""
         warnings: list[str] = []
         cached = self.hasher.cached(path)
         if cached is not None and self.sessions.has_version(cached.blake3):
             version = self.sessions.version(cached.blake3)
         else:
-            version, warnings = self._import(path, header, like)
+            version, warnings = self._import(path, header, like, progress)
         left_out = path.stat().st_size - version.size
         if left_out > 0:
             warnings.append(f"{path}: shared its complete lines ({version.size} bytes); the {left_out} bytes "
@@ -549,8 +556,8 @@ class Library:
         self.manifest.record(record.branch, path.absolute())
         return self._info(record, str(path.absolute()))
 
-    def _import(self, path: Path, header: pisession.SessionHeader,
-                like: str | None) -> tuple[Version, list[str]]:
+    def _import(self, path: Path, header: pisession.SessionHeader, like: str | None,
+                progress: Callable[[int, int], object] | None) -> tuple[Version, list[str]]:
         """Store the file, reusing an older version it grew from, or its parent's lines."""
         size = path.stat().st_size
         known = self.hasher.known(path)
@@ -560,7 +567,7 @@ class Library:
             else:
                 base = self.sessions.latest_version_of(header.id, size)
 
-        fed = _ScanningSink()
+        fed = _ScanningSink(progress, size)
 
         def scan(prefix: Prefix | None, sink: Sink) -> Scan:
             fed.inner = sink

@@ -15,6 +15,9 @@ out; errors carry the CLI exit code):
     /v1/status {}                                     -> await Node.status()
     /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact", "expires", "to"}
                                                       -> ShareResult.as_dict() + "fetch", "ticket"
+                                (with "stream": true, NDJSON: {"event": "progress", bytes_done,
+                                bytes_total, rate, eta, ...} every EVENT_INTERVAL, then the result
+                                or an error; the command going away does not stop the share)
     /v1/unshare {"branch"}                            -> {"branch"}
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi", "exact"} -> FetchResult.as_dict() + "note"
                                 (streamed, in the background, cancelled: node/transfers.py)
@@ -37,6 +40,7 @@ import base64
 import contextlib
 import dataclasses
 import errno
+import functools
 import gc
 import json
 import logging
@@ -51,7 +55,7 @@ from aiohttp import web
 
 from p2pnode.discovery.mdns import Discovery, Peer, listen_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
-from p2pnode.library.api import Library
+from p2pnode.library.api import Library, ShareResult
 from p2pnode.node import upkeep
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
@@ -59,7 +63,7 @@ from p2pnode.node.live import LiveShares
 from p2pnode.node.pairing import NodePairing
 from p2pnode.node.routing import share_handoff, ticket_addresses
 from p2pnode.node.status import build_status, trusted_peer
-from p2pnode.node.transfers import Transfers
+from p2pnode.node.transfers import EVENT_INTERVAL, Transfers
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import get_catalog
@@ -362,20 +366,51 @@ class Node:
     async def _c_status(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.status()
 
-    async def _c_share(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _c_share(self, body: dict[str, Any]) -> dict[str, Any] | AsyncGenerator[dict[str, Any], None]:
         cwd, target = _field(body, "cwd", str) or None, _field(body, "target", str) or None
         if cwd and target and not os.path.isabs(target) and (Path(cwd) / target).exists():
             target = str(Path(cwd) / target)  # a path relative to the caller, not to the node
-        result = await asyncio.to_thread(self.lib.share, target, latest=bool(_field(body, "latest", bool)),
-                                         no_lineage=bool(_field(body, "no_lineage", bool)), cwd=cwd,
-                                         pi=_pi_dirs(body),
-                                         allow_secrets=bool(_field(body, "allow_secrets", bool)),
-                                         redact=bool(_field(body, "redact", bool)),
-                                         expires=_field(body, "expires", str),
-                                         to=_field(body, "to", list, str))
+        share = functools.partial(self.lib.share, target, latest=bool(_field(body, "latest", bool)),
+                                  no_lineage=bool(_field(body, "no_lineage", bool)), cwd=cwd,
+                                  pi=_pi_dirs(body), allow_secrets=bool(_field(body, "allow_secrets", bool)),
+                                  redact=bool(_field(body, "redact", bool)),
+                                  expires=_field(body, "expires", str), to=_field(body, "to", list, str))
+        if body.get("stream") is not True:
+            return await self._shared(await asyncio.to_thread(share))
+        meter = ProgressMeter()
+        task = asyncio.ensure_future(asyncio.to_thread(share, progress=meter))
+
+        async def events() -> AsyncGenerator[dict[str, Any], None]:
+            """Progress every EVENT_INTERVAL while the share runs (a big session takes minutes,
+            in which one silent reply made the command give up), then its result or error."""
+            try:
+                while not (await asyncio.wait([task], timeout=EVENT_INTERVAL))[0]:
+                    yield dict(meter.current.as_dict(), event="progress")
+                try:
+                    result = task.result()
+                except Exception as exc:
+                    yield _error_event(exc)
+                    return
+                yield {"event": "result", "result": await self._shared(result)}
+            finally:  # the command went away: the share goes on (a thread), and is announced at its end
+                if not task.done():
+                    task.add_done_callback(self._shared_meanwhile)
+
+        return events()
+
+    async def _shared(self, result: ShareResult) -> dict[str, Any]:
         log.info("shared %s (%s)", result.branch, result.path)
         self.announce_soon()
         return dict(result.as_dict(), **await asyncio.to_thread(self._share_handoff, result.branch))
+
+    def _shared_meanwhile(self, task: asyncio.Future[ShareResult]) -> None:
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            log.warning("share (its command went away) failed: %s", exc)
+            return
+        log.info("shared %s (%s; its command went away)", task.result().branch, task.result().path)
+        self.announce_soon()
 
     def _share_handoff(self, branch: str) -> dict[str, Any]:
         """The fetch command and ticket `share` prints (node/routing.share_handoff), answered
@@ -457,6 +492,17 @@ def _callers_path_error(exc: OSError) -> InvalidInput | None:
         return None
     names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)
     return InvalidInput(f"{(exc.strerror or 'system error').lower()}: {names[:300] or '(no file named)'}")
+
+
+def _error_event(exc: Exception) -> dict[str, Any]:
+    """A failure after an NDJSON answer began, as its last event: the message and exit code the
+    CLI reports, as _errors_as_json gives them in one reply."""
+    error = _callers_path_error(exc) if isinstance(exc, OSError) else exc
+    if isinstance(error, P2PNodeError):
+        return {"event": "error", "message": str(error), "exit_code": error.exit_code}
+    log.error("control request failed", exc_info=exc)
+    return {"event": "error", "exit_code": 1,
+            "message": f"the node failed: {exc or 'no details'} (its log has the traceback)"}
 
 
 @web.middleware

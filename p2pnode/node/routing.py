@@ -4,10 +4,17 @@ command acts on the store itself (a fetch with no node: fetch_here).  Used by th
 only parses and prints."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.node.control_client import FETCH_TIMEOUT, NodeLibrary, call_node, node_running
+from p2pnode.node.control_client import (
+    CONTROL_TIMEOUT,
+    FETCH_TIMEOUT,
+    NodeLibrary,
+    call_node,
+    call_node_streamed,
+    node_running,
+)
 from p2pnode.paths import NodePaths, PiDirs
 
 if TYPE_CHECKING:
@@ -21,6 +28,14 @@ if TYPE_CHECKING:
 def via_node(paths: NodePaths, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
     """Have the running node do `op` (it owns the store while it runs); None: no node, act here."""
     return call_node(paths, op, payload, timeout=FETCH_TIMEOUT if op == "fetch" else 30.0)
+
+
+def share_via_node(paths: NodePaths, payload: dict[str, Any],
+                   on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+    """Have the running node share, its progress streamed to `on_event` (node/daemon.py): a big
+    session takes minutes, in which one silent reply made the command give up after
+    CONTROL_TIMEOUT; the timeout now bounds the silence between events.  None: no node."""
+    return call_node_streamed(paths, "share", payload, on_event, timeout=CONTROL_TIMEOUT)
 
 
 def open_library(paths: NodePaths) -> Any:

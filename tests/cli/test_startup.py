@@ -80,8 +80,8 @@ def test_share_through_the_node_and_a_one_shot_fetch_load_what_they_need(team: t
 
 @pytest.mark.parametrize("env, drawn", [({}, False), ({"FORCE_COLOR": "1"}, True)])
 def test_the_progress_bar_loads_rich_only_when_it_may_draw(env: dict[str, str], drawn: bool) -> None:
-    script = ("import sys\nfrom p2pnode.cli.progress import FetchProgress\n"
-              "print(FetchProgress([]).enabled, 'rich' in sys.modules)")
+    script = ("import sys\nfrom p2pnode.cli.progress import TransferBar\n"
+              "print(TransferBar([]).enabled, 'rich' in sys.modules)")
     clean = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
     proc = subprocess.run([sys.executable, "-c", script], env=dict(clean, **env), capture_output=True,
                           text=True, timeout=60, check=True)

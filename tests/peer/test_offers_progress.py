@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from p2pnode.cli.progress import FetchProgress
+from p2pnode.cli.progress import TransferBar
 from p2pnode.errors import InvalidInput, NotFound
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
@@ -86,7 +86,7 @@ def test_meter_rate_eta_and_optional_info() -> None:
 
 def test_the_bar_draws_on_a_terminal_and_stays_silent_elsewhere() -> None:
     tty = io.StringIO()
-    with FetchProgress(["127.0.0.1:4747"], Console(file=tty, force_terminal=True, width=160)) as view:
+    with TransferBar(["127.0.0.1:4747"], Console(file=tty, force_terminal=True, width=160)) as view:
         view(0, 8_000_000)
         view(2_000_000, 8_000_000, ProgressInfo(lines_verified=12, lines_total=40))
         view.event({"event": "progress", "bytes_done": 4_000_000, "bytes_total": 8_000_000, "rate": 1.5e6,
@@ -97,6 +97,6 @@ def test_the_bar_draws_on_a_terminal_and_stays_silent_elsewhere() -> None:
     assert "2 peers" in drawn
     assert "2.0/8.0 MB" in drawn and "12/40 lines verified" in drawn and "(127.0.0.1:4747)" in drawn
     pipe = io.StringIO()
-    with FetchProgress([], Console(file=pipe, force_terminal=False)) as view:
+    with TransferBar([], Console(file=pipe, force_terminal=False)) as view:
         view(4_000_000, 8_000_000)
     assert pipe.getvalue() == ""

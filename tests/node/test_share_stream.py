@@ -1,0 +1,129 @@
+"""`share` through the running node streams its progress (/v1/share with "stream": true): the
+command's timeout bounds the silence between events, not the share (a share that took longer
+than the 30 s of one silent reply failed in the command while the node went on).  Errors come
+as the last event with the exit code a one-reply answer gives; a command that goes away leaves
+the share to finish.  A real in-process node on its real control socket, real Pi files; the
+import is held in the middle by wrapping the file hasher's sink (no timing)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from pifork import find
+from secretkeys import PLANTED, plant
+
+from p2pnode.node import routing
+from p2pnode.node.control_client import NodeError, call_node
+from p2pnode.node.daemon import Node, NodeConfig
+from p2pnode.node.routing import share_via_node
+from p2pnode.paths import NodePaths
+from p2pnode.pi.hashing import FileHasher
+
+A3 = "*173a-7744-89ad-bbc16c12cc22.jsonl"  # 1.4 MB, images
+BOUND = 10.0
+
+
+@pytest.fixture
+async def node(corpus_dir: Path, tmp_path: Path) -> AsyncIterator[Node]:
+    agent = tmp_path / "agent"
+    shutil.copytree(corpus_dir / "sessions", agent / "sessions")
+    config = NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)
+    node = Node(NodePaths(tmp_path / "home"), config)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.close()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Every import waits at its second chunk until the event is set."""
+    go = threading.Event()
+    scan = FileHasher.scan
+
+    class Held:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.fed = inner, 0
+
+        def begin(self, appended: bool) -> int:
+            start: int = self.inner.begin(appended)
+            return start
+
+        def feed(self, chunk: bytes) -> None:
+            self.fed += 1
+            if self.fed == 2:
+                assert go.wait(BOUND)
+            self.inner.feed(chunk)
+
+    def holding(self: FileHasher, path: Path, *, prefix: Any = None, sink: Any = None) -> Any:
+        return scan(self, path, prefix=prefix, sink=None if sink is None else Held(sink))
+
+    monkeypatch.setattr("p2pnode.pi.hashing.CHUNK", 256 << 10)  # several chunks of a 1.4 MB file
+    monkeypatch.setattr(FileHasher, "scan", holding)
+    yield go
+    go.set()
+
+
+async def test_a_share_streams_progress_then_its_result(node: Node, held: threading.Event,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = find(node.config.agent_dir, A3)
+    events: list[dict[str, Any]] = []
+    monkeypatch.setattr(routing, "CONTROL_TIMEOUT", 1.0)  # bounds the silence only: held longer, it goes on
+    sharing = asyncio.ensure_future(asyncio.to_thread(share_via_node, node.paths, {"target": str(path)},
+                                                      events.append))
+    for _ in range(int(BOUND * 20)):  # 8 events: held for 1.6 s
+        if sum(e["event"] == "progress" for e in events) >= 8:
+            break
+        await asyncio.sleep(0.05)
+    progress = [e for e in events if e["event"] == "progress"]
+    assert len(progress) >= 8 and not sharing.done()
+    assert all(e["bytes_total"] == path.stat().st_size for e in progress if e["bytes_total"])
+    assert any(0 < e["bytes_done"] < path.stat().st_size for e in progress)
+    held.set()
+    result = await asyncio.wait_for(sharing, BOUND)
+    assert result is not None and result["branch"] and result["fetch"].startswith("p2pnode fetch ")
+    assert node.lib.branch(result["branch"]).offered
+    assert node.lib.session_bytes(result["src"]) == path.read_bytes()
+
+
+async def test_an_error_is_the_last_event_with_the_exit_code_of_one_reply(node: Node) -> None:
+    path = find(node.config.agent_dir, A3)
+    secret, _, _ = plant(path.read_bytes(), "toolResult", PLANTED[0][1])
+    path.write_bytes(secret)
+    errors = []
+    for stream in (False, True):
+        with pytest.raises(NodeError) as caught:
+            if stream:
+                await asyncio.to_thread(share_via_node, node.paths, {"target": str(path)}, lambda e: None)
+            else:
+                await asyncio.to_thread(call_node, node.paths, "share", {"target": str(path)})
+        errors.append((str(caught.value), caught.value.exit_code))
+    assert errors[0] == errors[1] and "secret" in errors[0][0]
+    missing = {"target": str(path.with_name("nope.jsonl"))}
+    with pytest.raises(NodeError) as caught:
+        await asyncio.to_thread(share_via_node, node.paths, missing, lambda e: None)
+    assert caught.value.exit_code == 3
+
+
+async def test_a_command_that_goes_away_leaves_the_share_to_finish(node: Node, held: threading.Event) -> None:
+    path = find(node.config.agent_dir, A3)
+    sock = str(node.paths.home / "control.sock")
+    body = json.dumps({"target": str(path), "stream": True})
+    async with (aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as s,
+                s.post("http://node/v1/share", data=body) as r):
+        assert json.loads(await r.content.readline())["event"] == "progress"
+    held.set()  # the command is gone; the import goes on
+    for _ in range(int(BOUND * 20)):
+        if any(b.path == str(path) for b in node.lib.branches()):
+            break
+        await asyncio.sleep(0.05)
+    (info,) = [b for b in node.lib.branches() if b.path == str(path)]
+    assert info.offered and node.lib.session_bytes(info.src) == path.read_bytes()
