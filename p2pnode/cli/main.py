@@ -45,7 +45,7 @@ from p2pnode.cli.render import (
 from p2pnode.cli.space import add_space_commands
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
 from p2pnode.node.control_client import NodeLibrary
-from p2pnode.node.routing import open_library, share_handoff, share_via_node, via_node
+from p2pnode.node.routing import open_library, share_handoff, via_node, via_node_streamed
 from p2pnode.paths import NodePaths
 
 Command = Callable[[argparse.Namespace], int]
@@ -146,7 +146,7 @@ def cmd_share(args: argparse.Namespace) -> int:
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
                "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
     with TransferBar(label="share") as bar:
-        result = share_via_node(node_paths(args), payload, bar.event)  # + "fetch", "ticket" (share_handoff)
+        result = via_node_streamed(node_paths(args), "share", payload, bar.event)  # + "fetch", "ticket"
         if result is None:
             with open_library(node_paths(args)) as lib:
                 result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,

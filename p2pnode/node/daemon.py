@@ -16,8 +16,8 @@ out; errors carry the CLI exit code):
     /v1/share {"target", "latest", "no_lineage", "cwd", "pi", "allow_secrets", "redact", "expires", "to"}
                                                       -> ShareResult.as_dict() + "fetch", "ticket"
                                 (with "stream": true, NDJSON: {"event": "progress", bytes_done,
-                                bytes_total, rate, eta, ...} every EVENT_INTERVAL, then the result
-                                or an error; the command going away does not stop the share)
+                                bytes_total, rate, eta, ...} while it runs, then the result or an
+                                error: node/answers.py; the command going away does not stop it)
     /v1/unshare {"branch"}                            -> {"branch"}
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi", "exact"} -> FetchResult.as_dict() + "note"
                                 (streamed, in the background, cancelled: node/transfers.py)
@@ -28,7 +28,8 @@ environment and --session-dir count, not the node's (without it: the node's).
                                                      (control.NodeLibrary: `ls`, `show`, `cat --json`)
     /v1/cat {"src"}                                   -> NDJSON: {"event": "data", "b64"} per run of
                                                      the session, then a result or an error (`cat`)
-    /v1/gc, /v1/rm                                    node/upkeep.py (with background GC)
+    /v1/gc, /v1/rm                                    node/upkeep.py (with background GC; streamed
+                                                     like share with "stream": true)
     /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
     /v1/live, /v1/unlive                              -> node/live.py (`share --live`, `live --stop`)
     /v1/pair/start, /v1/pair/wait, /v1/pending         -> node/pairing.py (`pair`, `peers --pending`)
@@ -57,13 +58,14 @@ from p2pnode.discovery.mdns import Discovery, Peer, listen_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.node import upkeep
+from p2pnode.node.answers import callers_path_error, streamed
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
 from p2pnode.node.live import LiveShares
 from p2pnode.node.pairing import NodePairing
 from p2pnode.node.routing import share_handoff, ticket_addresses
 from p2pnode.node.status import build_status, trusted_peer
-from p2pnode.node.transfers import EVENT_INTERVAL, Transfers
+from p2pnode.node.transfers import Transfers
 from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import get_catalog
@@ -378,38 +380,16 @@ class Node:
         if body.get("stream") is not True:
             return await self._shared(await asyncio.to_thread(share))
         meter = ProgressMeter()
-        task = asyncio.ensure_future(asyncio.to_thread(share, progress=meter))
-
-        async def events() -> AsyncGenerator[dict[str, Any], None]:
-            """Progress every EVENT_INTERVAL while the share runs (a big session takes minutes,
-            in which one silent reply made the command give up), then its result or error."""
-            try:
-                while not (await asyncio.wait([task], timeout=EVENT_INTERVAL))[0]:
-                    yield dict(meter.current.as_dict(), event="progress")
-                try:
-                    result = task.result()
-                except Exception as exc:
-                    yield _error_event(exc)
-                    return
-                yield {"event": "result", "result": await self._shared(result)}
-            finally:  # the command went away: the share goes on (a thread), and is announced at its end
-                if not task.done():
-                    task.add_done_callback(self._shared_meanwhile)
-
-        return events()
+        return streamed(functools.partial(share, progress=meter), self._shared,
+                        lambda: meter.current.as_dict(), self._shared_meanwhile)
 
     async def _shared(self, result: ShareResult) -> dict[str, Any]:
         log.info("shared %s (%s)", result.branch, result.path)
         self.announce_soon()
         return dict(result.as_dict(), **await asyncio.to_thread(self._share_handoff, result.branch))
 
-    def _shared_meanwhile(self, task: asyncio.Future[ShareResult]) -> None:
-        if task.cancelled():
-            return
-        if (exc := task.exception()) is not None:
-            log.warning("share (its command went away) failed: %s", exc)
-            return
-        log.info("shared %s (%s; its command went away)", task.result().branch, task.result().path)
+    def _shared_meanwhile(self, result: ShareResult) -> None:
+        log.info("shared %s (%s; its command went away)", result.branch, result.path)
         self.announce_soon()
 
     def _share_handoff(self, branch: str) -> dict[str, Any]:
@@ -482,29 +462,6 @@ def _pi_dirs(body: dict[str, Any]) -> PiDirs | None:
         raise InvalidInput(f"control request: pi: {exc}") from None
 
 
-_CALLERS_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
-"""OSErrors that only a path the caller named can cause (a share of a 10,000-character name was a
-500 and a traceback): bad input, answered 400 with exit 4, as the CLI reports it without a node."""
-
-
-def _callers_path_error(exc: OSError) -> InvalidInput | None:
-    if exc.errno not in _CALLERS_PATH_ERRNOS:
-        return None
-    names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)
-    return InvalidInput(f"{(exc.strerror or 'system error').lower()}: {names[:300] or '(no file named)'}")
-
-
-def _error_event(exc: Exception) -> dict[str, Any]:
-    """A failure after an NDJSON answer began, as its last event: the message and exit code the
-    CLI reports, as _errors_as_json gives them in one reply."""
-    error = _callers_path_error(exc) if isinstance(exc, OSError) else exc
-    if isinstance(error, P2PNodeError):
-        return {"event": "error", "message": str(error), "exit_code": error.exit_code}
-    log.error("control request failed", exc_info=exc)
-    return {"event": "error", "exit_code": 1,
-            "message": f"the node failed: {exc or 'no details'} (its log has the traceback)"}
-
-
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure goes back as JSON with the CLI exit code, so the caller can report it."""
@@ -512,7 +469,7 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
         try:
             return await handler(request)
         except OSError as exc:
-            error = _callers_path_error(exc)
+            error = callers_path_error(exc)
             if error is None:
                 raise
             raise error from None

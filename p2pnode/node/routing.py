@@ -30,12 +30,14 @@ def via_node(paths: NodePaths, op: str, payload: dict[str, Any]) -> dict[str, An
     return call_node(paths, op, payload, timeout=FETCH_TIMEOUT if op == "fetch" else 30.0)
 
 
-def share_via_node(paths: NodePaths, payload: dict[str, Any],
-                   on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
-    """Have the running node share, its progress streamed to `on_event` (node/daemon.py): a big
-    session takes minutes, in which one silent reply made the command give up after
-    CONTROL_TIMEOUT; the timeout now bounds the silence between events.  None: no node."""
-    return call_node_streamed(paths, "share", payload, on_event, timeout=CONTROL_TIMEOUT)
+def via_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
+                      on_event: Callable[[dict[str, Any]], None] = lambda event: None
+                      ) -> dict[str, Any] | None:
+    """`via_node` for work that may take minutes (`share`, `gc`, `rm`): answered as events
+    (node/answers.py), its progress to `on_event`, so that CONTROL_TIMEOUT bounds the silence
+    between them, not the work (as one silent reply, a big share failed in the command after
+    30 s while the node went on).  None: no node, act here."""
+    return call_node_streamed(paths, op, payload, on_event, timeout=CONTROL_TIMEOUT)
 
 
 def open_library(paths: NodePaths) -> Any:

@@ -3,7 +3,8 @@ background when garbage passes library/space.py's threshold, and the mDNS re-ann
 what is offered shrinks (unshare, expiry, rm: peers following the catalog see its generation
 move).
 
-Control endpoints (POST, JSON; see daemon.py):
+Control endpoints (POST, JSON; see daemon.py; with "stream": true, NDJSON: node/answers.py, as
+the CLI asks: a GC of a big store, or one waiting for a share, takes longer than one reply's 30 s):
     /v1/gc {}                  -> GCReport.as_dict()   (skipped while a fetch holds a lease)
     /v1/rm {"target"}          -> {"removed": [BranchInfo.as_dict()...], "gc": GCReport.as_dict()}
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from p2pnode.errors import InvalidInput
 from p2pnode.library import space
 from p2pnode.library.api import Library
+from p2pnode.node.answers import streamed
 
 if TYPE_CHECKING:
     from p2pnode.node.daemon import Node
@@ -27,16 +29,27 @@ Route = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 def routes(node: Node) -> dict[str, Route]:
-    async def gc(body: dict[str, Any]) -> dict[str, Any]:
-        return (await asyncio.to_thread(node.lib.gc)).as_dict()
+    async def gc(body: dict[str, Any]) -> Any:
+        return await _answer(body, lambda: node.lib.gc().as_dict())
 
-    async def rm(body: dict[str, Any]) -> dict[str, Any]:
+    async def rm(body: dict[str, Any]) -> Any:
         target = body.get("target")
         if not isinstance(target, str) or not target:
             raise InvalidInput("control: 'target' must be a branch hash, prefix or session id")
-        return await asyncio.to_thread(remove_and_collect, node.lib, target)
+        return await _answer(body, lambda: remove_and_collect(node.lib, target))
 
     return {"gc": gc, "rm": rm}
+
+
+async def _answer(body: dict[str, Any], work: Callable[[], dict[str, Any]]) -> Any:
+    """work()'s answer: one reply, or NDJSON events if the command asked for a stream."""
+    if body.get("stream") is not True:
+        return await asyncio.to_thread(work)
+    return streamed(work, _as_is)
+
+
+async def _as_is(result: dict[str, Any]) -> dict[str, Any]:
+    return result
 
 
 def remove_and_collect(lib: Library, target: str) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""`share` through the running node streams its progress (/v1/share with "stream": true): the
-command's timeout bounds the silence between events, not the share (a share that took longer
+"""`share` (and `gc`, `rm`) through the running node stream their progress (node/answers.py): the
+command's timeout bounds the silence between events, not the work (a share that took longer
 than the 30 s of one silent reply failed in the command while the node went on).  Errors come
 as the last event with the exit code a one-reply answer gives; a command that goes away leaves
 the share to finish.  A real in-process node on its real control socket, real Pi files; the
@@ -22,7 +22,7 @@ from secretkeys import PLANTED, plant
 from p2pnode.node import routing
 from p2pnode.node.control_client import NodeError, call_node
 from p2pnode.node.daemon import Node, NodeConfig
-from p2pnode.node.routing import share_via_node
+from p2pnode.node.routing import via_node_streamed
 from p2pnode.paths import NodePaths
 from p2pnode.pi.hashing import FileHasher
 
@@ -77,8 +77,8 @@ async def test_a_share_streams_progress_then_its_result(node: Node, held: thread
     path = find(node.config.agent_dir, A3)
     events: list[dict[str, Any]] = []
     monkeypatch.setattr(routing, "CONTROL_TIMEOUT", 1.0)  # bounds the silence only: held longer, it goes on
-    sharing = asyncio.ensure_future(asyncio.to_thread(share_via_node, node.paths, {"target": str(path)},
-                                                      events.append))
+    sharing = asyncio.ensure_future(asyncio.to_thread(via_node_streamed, node.paths, "share",
+                                                      {"target": str(path)}, events.append))
     for _ in range(int(BOUND * 20)):  # 8 events: held for 1.6 s
         if sum(e["event"] == "progress" for e in events) >= 8:
             break
@@ -102,14 +102,14 @@ async def test_an_error_is_the_last_event_with_the_exit_code_of_one_reply(node: 
     for stream in (False, True):
         with pytest.raises(NodeError) as caught:
             if stream:
-                await asyncio.to_thread(share_via_node, node.paths, {"target": str(path)}, lambda e: None)
+                await asyncio.to_thread(via_node_streamed, node.paths, "share", {"target": str(path)})
             else:
                 await asyncio.to_thread(call_node, node.paths, "share", {"target": str(path)})
         errors.append((str(caught.value), caught.value.exit_code))
     assert errors[0] == errors[1] and "secret" in errors[0][0]
     missing = {"target": str(path.with_name("nope.jsonl"))}
     with pytest.raises(NodeError) as caught:
-        await asyncio.to_thread(share_via_node, node.paths, missing, lambda e: None)
+        await asyncio.to_thread(via_node_streamed, node.paths, "share", missing)
     assert caught.value.exit_code == 3
 
 
@@ -127,3 +127,27 @@ async def test_a_command_that_goes_away_leaves_the_share_to_finish(node: Node, h
         await asyncio.sleep(0.05)
     (info,) = [b for b in node.lib.branches() if b.path == str(path)]
     assert info.offered and node.lib.session_bytes(info.src) == path.read_bytes()
+
+
+async def test_a_gc_that_waits_for_a_share_outlasts_the_commands_timeout(
+        node: Node, held: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gc` waits for a share in its import (it deletes the store contexts the state does not
+    name yet); streamed as the share is, the command's timeout bounds only the silence."""
+    monkeypatch.setattr(routing, "CONTROL_TIMEOUT", 1.0)
+    path = find(node.config.agent_dir, A3)
+    events: list[dict[str, Any]] = []
+    sharing = asyncio.ensure_future(asyncio.to_thread(via_node_streamed, node.paths, "share",
+                                                      {"target": str(path)}, events.append))
+    for _ in range(int(BOUND * 20)):
+        if any(e.get("bytes_done") for e in events):
+            break
+        await asyncio.sleep(0.05)
+    collecting = asyncio.ensure_future(asyncio.to_thread(via_node_streamed, node.paths, "gc", {}))
+    done, _ = await asyncio.wait([collecting], timeout=2.0)  # twice the command's timeout
+    assert not done
+    held.set()
+    report = await asyncio.wait_for(collecting, BOUND)
+    assert report is not None and report["skipped"] is None
+    result = await asyncio.wait_for(sharing, BOUND)
+    assert result is not None and node.lib.branch(result["branch"]).offered
+    assert node.lib.session_bytes(result["src"]) == path.read_bytes()

@@ -1,0 +1,80 @@
+"""Control answers that take a while (`share`, `gc`, `rm` through the running node): the work on
+a thread, answered as NDJSON events while it runs, so that the command's timeout bounds the
+silence between events, not the work.  As one silent reply, a share of a big session, or a `gc`
+waiting for one, failed in the command after its 30 s while the node went on.
+
+    {"event": "progress", ...}   every EVENT_INTERVAL while the work runs (its progress, if any)
+    {"event": "result", "result": {...}}   or   {"event": "error", "message", "exit_code"}
+
+A command that goes away does not stop the work (a thread cannot be): it is told when it ends.
+Also the mapping of a failure to the CLI's message and exit code, for one reply and for events.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from p2pnode.errors import InvalidInput, P2PNodeError
+from p2pnode.node.transfers import EVENT_INTERVAL
+
+log = logging.getLogger("p2pnode.node")
+T = TypeVar("T")
+
+CALLERS_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
+"""OSErrors that only a path the caller named can cause (a share of a 10,000-character name was a
+500 and a traceback): bad input, answered 400 with exit 4, as the CLI reports it without a node."""
+
+
+def callers_path_error(exc: OSError) -> InvalidInput | None:
+    if exc.errno not in CALLERS_PATH_ERRNOS:
+        return None
+    names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)
+    return InvalidInput(f"{(exc.strerror or 'system error').lower()}: {names[:300] or '(no file named)'}")
+
+
+def error_event(exc: Exception) -> dict[str, Any]:
+    """A failure after an NDJSON answer began, as its last event: the message and exit code a
+    one-reply answer gives (daemon._errors_as_json)."""
+    error = callers_path_error(exc) if isinstance(exc, OSError) else exc
+    if isinstance(error, P2PNodeError):
+        return {"event": "error", "message": str(error), "exit_code": error.exit_code}
+    log.error("control request failed", exc_info=exc)
+    return {"event": "error", "exit_code": 1,
+            "message": f"the node failed: {exc or 'no details'} (its log has the traceback)"}
+
+
+def streamed(work: Callable[[], T], answer: Callable[[T], Awaitable[dict[str, Any]]],
+             progress: Callable[[], dict[str, Any]] = dict,
+             unattended: Callable[[T], None] | None = None) -> AsyncGenerator[dict[str, Any], None]:
+    """`work()` on a thread, answered as events: `progress()`'s fields every EVENT_INTERVAL, then
+    `answer(result)` or the error.  Started at once; if the command goes away first, the work
+    goes on and `unattended(result)` is called when it ends (a failure is logged)."""
+    task = asyncio.ensure_future(asyncio.to_thread(work))
+
+    async def events() -> AsyncGenerator[dict[str, Any], None]:
+        try:
+            while not (await asyncio.wait([task], timeout=EVENT_INTERVAL))[0]:
+                yield dict(progress(), event="progress")
+            try:
+                result = task.result()
+            except Exception as exc:
+                yield error_event(exc)
+                return
+            yield {"event": "result", "result": await answer(result)}
+        finally:
+            if not task.done():
+                task.add_done_callback(lambda done: _ended(done, unattended))
+
+    return events()
+
+
+def _ended(task: asyncio.Future[T], unattended: Callable[[T], None] | None) -> None:
+    if task.cancelled():
+        return
+    if (exc := task.exception()) is not None:
+        log.warning("control work whose command went away failed: %s", exc)
+    elif unattended is not None:
+        unattended(task.result())
