@@ -53,8 +53,23 @@ def streamed(work: Callable[[], T], answer: Callable[[T], Awaitable[dict[str, An
     `answer(result)` or the error.  Started at once; if the command goes away first, the work
     goes on and `unattended(result)` is called when it ends (a failure is logged)."""
     task = asyncio.ensure_future(asyncio.to_thread(work))
+    gone = False
+
+    def ended(done: asyncio.Future[T]) -> None:
+        if done.cancelled():
+            return
+        exc = done.exception()  # retrieved in any case (no "never retrieved" at exit)
+        if not gone:
+            return
+        if exc is not None:
+            log.warning("control work whose command went away failed: %s", exc)
+        elif unattended is not None:
+            unattended(done.result())
+
+    task.add_done_callback(ended)
 
     async def events() -> AsyncGenerator[dict[str, Any], None]:
+        nonlocal gone
         try:
             while not (await asyncio.wait([task], timeout=EVENT_INTERVAL))[0]:
                 yield dict(progress(), event="progress")
@@ -65,16 +80,6 @@ def streamed(work: Callable[[], T], answer: Callable[[T], Awaitable[dict[str, An
                 return
             yield {"event": "result", "result": await answer(result)}
         finally:
-            if not task.done():
-                task.add_done_callback(lambda done: _ended(done, unattended))
+            gone = not task.done()
 
     return events()
-
-
-def _ended(task: asyncio.Future[T], unattended: Callable[[T], None] | None) -> None:
-    if task.cancelled():
-        return
-    if (exc := task.exception()) is not None:
-        log.warning("control work whose command went away failed: %s", exc)
-    elif unattended is not None:
-        unattended(task.result())

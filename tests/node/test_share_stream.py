@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -113,7 +114,9 @@ async def test_an_error_is_the_last_event_with_the_exit_code_of_one_reply(node: 
     assert caught.value.exit_code == 3
 
 
-async def test_a_command_that_goes_away_leaves_the_share_to_finish(node: Node, held: threading.Event) -> None:
+async def test_a_command_that_goes_away_leaves_the_share_to_finish(node: Node, held: threading.Event,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="p2pnode.node")
     path = find(node.config.agent_dir, A3)
     sock = str(node.paths.home / "control.sock")
     body = json.dumps({"target": str(path), "stream": True})
@@ -127,6 +130,11 @@ async def test_a_command_that_goes_away_leaves_the_share_to_finish(node: Node, h
         await asyncio.sleep(0.05)
     (info,) = [b for b in node.lib.branches() if b.path == str(path)]
     assert info.offered and node.lib.session_bytes(info.src) == path.read_bytes()
+    for _ in range(int(BOUND * 20)):  # the node logs (and announces) it when it ends
+        if f"shared {info.branch}" in caplog.text:
+            break
+        await asyncio.sleep(0.05)
+    assert "its command went away" in caplog.text
 
 
 async def test_a_gc_that_waits_for_a_share_outlasts_the_commands_timeout(
