@@ -146,7 +146,12 @@ def cmd_share(args: argparse.Namespace) -> int:
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
                "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
     with TransferBar(label="share") as bar:
-        result = via_node_streamed(node_paths(args), "share", payload, bar.event)  # + "fetch", "ticket"
+        try:
+            result = via_node_streamed(node_paths(args), "share", payload, bar.event)  # + "fetch", "ticket"
+        except KeyboardInterrupt:
+            print("p2pnode: the running node finishes the share on its own (`p2pnode ls` then lists it; "
+                  "`p2pnode unshare` withdraws it)", file=sys.stderr)
+            raise
         if result is None:
             with open_library(node_paths(args)) as lib:
                 result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
