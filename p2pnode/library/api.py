@@ -250,8 +250,9 @@ class Library:
         self._lock = threading.RLock()
         self._imports = threading.Lock()
         """Held by a share while it reads and stores files without `_lock` (one share at a
-        time), and by `gc` and `remove`, which forget versions and delete every context the
-        state does not name (an import's, until it is recorded).  Taken before `_lock`."""
+        time) and by a fetch's commit while it writes its turns, and by `gc` and `remove`,
+        which forget versions and delete every context the state does not name (an import's,
+        until it is recorded).  Taken before `_lock`."""
         self._access: dict[str | None, _Visible] = {}
         """Per peer (None: any trusted peer): the generation and what it may be served, by hash
         (kind, the branch that makes it visible)."""
@@ -989,25 +990,29 @@ class Library:
         stored blobs (nothing is read back); the version continues the longest matching held
         version of the same session or the parent's; then the branch is recorded."""
         def store(parsed: Sidecar) -> None:
-            like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
-            if parsed.parent and self.has_branch(parsed.parent):
-                like.append(self.sessions.branch(parsed.parent).src)
-            self.sessions.import_refs(refs, prefix, header, titles, like)
+            with self._lock:
+                like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
+                if parsed.parent and self.has_branch(parsed.parent):
+                    like.append(self.sessions.branch(parsed.parent).src)
+            self.sessions.import_refs(refs, prefix, header, titles, like, self._lock)
 
         return self._add_fetched(sidecar, prefix, store)
 
     def _add_fetched(self, sidecar: bytes, prefix: Prefix, store: Callable[[Sidecar], None]) -> BranchInfo:
         """The sidecar checked against the verified session, `store` run unless the version
-        is held already, the branch recorded."""
+        is held already, the branch recorded.  The turns are written without the library's
+        lock, as a share's are (a 2 GB session's commit took seconds in which the node served
+        no one), under `_imports` (`gc` and `rm` wait)."""
         branch = blake3_hex(sidecar)
         parsed = parse_sidecar(sidecar, expected_branch=branch)
         if parsed.src != prefix.blake3:
             raise VerificationFailed(f"fetched branch {branch}: names session {parsed.src}, "
                                      f"not {prefix.blake3}")
-        with self._lock:
+        with self._imports:
             if not self.sessions.has_version(parsed.src):
                 store(parsed)
-            return self._record_fetched(sidecar, branch, parsed)
+            with self._lock:
+                return self._record_fetched(sidecar, branch, parsed)
 
     def extend_staged(self, sidecar: bytes, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
                       header: pisession.SessionHeader, titles: tuple[str | None, str | None]) -> BranchInfo:
@@ -1015,7 +1020,7 @@ class Library:
         held version `base`, then `new` (the caller hashed the whole to `prefix.blake3`).
         Its turns continue `base`'s: O(new lines), no held line or turn list read."""
         def store(_: Sidecar) -> None:
-            self.sessions.extend_refs(base, first, new, prefix, header, titles)
+            self.sessions.extend_refs(base, first, new, prefix, header, titles, self._lock)
 
         return self._add_fetched(sidecar, prefix, store)
 

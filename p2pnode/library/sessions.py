@@ -610,7 +610,8 @@ class SessionStore:
         return self._add_version(prefix, header, importer)
 
     def import_refs(self, refs: Sequence[LineRef], prefix: Prefix, header: SessionHeader,
-                    titles: tuple[str | None, str | None], like_srcs: Sequence[str]) -> Version:
+                    titles: tuple[str | None, str | None], like_srcs: Sequence[str],
+                    guard: contextlib.AbstractContextManager[Any]) -> Version:
         """Store a version whose lines are all in the store already (a fetch staged them as
         they were verified), by reference: no line is read, compressed or hashed again.  The
         caller has verified that they hash to `prefix.blake3` and are cut at their newlines.
@@ -618,7 +619,7 @@ class SessionStore:
         The body continues the held version among `like_srcs` (older versions of the same
         session, the parent's) that shares the longest run of first body lines with it; the
         largest older version of the same session whose lines all start this one is its
-        `previous` (library/versions.py)."""
+        `previous` (library/versions.py).  `guard`: as for `_add_refs`."""
         if prefix.blake3 in self._state.sessions:
             return self._state.sessions[prefix.blake3]
         body = [r.hash for r in refs[1:]]
@@ -640,16 +641,18 @@ class SessionStore:
                     and self.store.get_turn(older.head).payload_hash == refs[0].hash
                     and (previous is None or older.size > previous.size)):
                 previous = older
-        return self._add_refs(head, body[reused:], refs[0].hash, prefix, header, titles, previous)
+        return self._add_refs(head, body[reused:], refs[0].hash, prefix, header, titles, previous, guard)
 
     def extend_refs(self, base: str, first: int, new: Sequence[LineRef], prefix: Prefix,
-                    header: SessionHeader, titles: tuple[str | None, str | None]) -> Version:
+                    header: SessionHeader, titles: tuple[str | None, str | None],
+                    guard: contextlib.AbstractContextManager[Any]) -> Version:
         """Store a fetched version made of the first `first` lines of the held version `base`
         (first >= 1: its header among them) and the lines `new`, all in the store already: it
         continues `base`'s turn of line `first` (found by walking back from its head, over the
         lines it does not share), so that the cost is that of the new lines, not of the
         version.  The caller has verified the whole (the held lines' hash state continued
-        through the new ones to `prefix.blake3`) and that it is cut at its newlines."""
+        through the new ones to `prefix.blake3`) and that it is cut at its newlines.  `guard`:
+        as for `_add_refs`."""
         if prefix.blake3 in self._state.sessions:
             return self._state.sessions[prefix.blake3]
         older = self.version(base)
@@ -657,7 +660,8 @@ class SessionStore:
         previous = older if (older.session_id == header.id and first == older.lines
                              and older.last_line_start == older.size) else None
         header_hash = self.store.get_turn(older.head).payload_hash
-        return self._add_refs(head, [r.hash for r in new], header_hash, prefix, header, titles, previous)
+        new_lines = [r.hash for r in new]
+        return self._add_refs(head, new_lines, header_hash, prefix, header, titles, previous, guard)
 
     def line_turn(self, src: str, first: int) -> int:
         """The turn of a version's line `first - 1` (its first `first` lines end there; 0 when
@@ -684,8 +688,11 @@ class SessionStore:
 
     def _add_refs(self, head: int, body: Sequence[bytes], header_hash: bytes, prefix: Prefix,
                   header: SessionHeader, titles: tuple[str | None, str | None],
-                  previous: Version | None) -> Version:
-        """The version's turns after `head` (0: a new context): `body` then the header."""
+                  previous: Version | None, guard: contextlib.AbstractContextManager[Any]) -> Version:
+        """The version's turns after `head` (0: a new context): `body` then the header.  The
+        turns are written without `guard`, the version recorded with it (the caller's other
+        readers go on meanwhile; no version may be forgotten meanwhile, which the caller sees
+        to); a version recorded meanwhile by another commit wins, and these turns go."""
         ctx = (self.store.fork(head) if head else self.store.create_context()).context_id
         new = [TurnBlobRef(h, TAG_LINE) for h in body] + [TurnBlobRef(header_hash, TAG_HEADER)]
         try:
@@ -700,8 +707,12 @@ class SessionStore:
             src=prefix.blake3, session_id=header.id, header=header.as_dict(), size=prefix.size,
             lines=prefix.lines, last_line_start=prefix.last_line_start, context=ctx, head=head,
             name=name, first_user=first_user, previous=previous.src if previous is not None else None)
-        self._state.sessions[version.src] = version
-        self._save()
+        with guard:
+            if (held := self._state.sessions.get(version.src)) is not None:
+                self.store.delete_context(ctx)
+                return held
+            self._state.sessions[version.src] = version
+            self._save()
         return version
 
     def _add_version(self, prefix: Prefix, header: SessionHeader, importer: _Importer) -> Version:
