@@ -208,29 +208,28 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cat(args: argparse.Namespace) -> int:
-    out = sys.stdout.buffer
-    with open_library(node_paths(args)) as lib:
-        info = lib.branch(args.branch)
-        if not args.json:  # in runs, each line checked as it is read, the whole at the end
-            spool = _reader_paced(out, lib)
-            lib.write_session(info.src, (spool or out).write)
-        else:
-            data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
-    if not args.json:
-        if spool is not None:  # the store is free again; the reader takes its time
-            with spool:
-                spool.seek(0)
-                shutil.copyfileobj(spool, out, CAT_COPY)
-        out.flush()
-        return 0
-    text = data.decode("utf-8", "replace")
-    print_json({"branch": info.branch, "src": info.src, "size": len(data),
-                "lines": text.splitlines(keepends=True)})
-    return 0
-
-
 CAT_COPY = 1 << 20
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    if args.json:
+        with open_library(node_paths(args)) as lib:
+            info = lib.branch(args.branch)
+            data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
+        text = data.decode("utf-8", "replace")
+        print_json({"branch": info.branch, "src": info.src, "size": len(data),
+                    "lines": text.splitlines(keepends=True)})
+        return 0
+    out = sys.stdout.buffer
+    with open_library(node_paths(args)) as lib:  # in runs, each line checked as read, the whole at the end
+        spool = _reader_paced(out, lib)
+        lib.write_session(lib.branch(args.branch).src, (spool or out).write)
+    if spool is not None:  # the store is free again; the reader takes its time
+        with spool:
+            spool.seek(0)
+            shutil.copyfileobj(spool, out, CAT_COPY)
+    out.flush()
+    return 0
 
 
 def _reader_paced(out: BinaryIO, lib: Any) -> BinaryIO | None:

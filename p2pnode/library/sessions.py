@@ -551,12 +551,11 @@ class SessionStore:
 
         `grown`: an older version the file may have grown from (checked by the scan);
         `like_src`: a version whose lines the file may start with after its header (its parent).
-        `guard` is held while the state is read and written, not while the file is read and
-        its lines stored: the caller's other readers go on meanwhile (no version may be
-        forgotten meanwhile, which the caller sees to).
+        `guard` is held while the version is recorded, not while the file is read and its
+        lines stored: the caller's other readers go on meanwhile (no version may be forgotten
+        meanwhile, which the caller sees to).
         """
-        with guard:
-            like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
+        like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
         importer = _Importer(self.store, str(path), grown=grown, like=like)
         try:
             result = scan(grown.prefix if grown else None, importer)
