@@ -17,6 +17,30 @@ from p2pnode.peer.identity import load_or_create_identity
 
 PY = sys.executable
 
+PEAK_RSS = """
+import atexit, sys
+def peak():
+    with open("/proc/self/status") as f:
+        hwm = next(line for line in f if line.startswith("VmHWM:"))
+    sys.stderr.write("PEAK " + hwm.split()[1] + "\\n")
+atexit.register(peak)
+from p2pnode.cli.main import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+"""`python -c PEAK_RSS <p2pnode args>`: the CLI, which prints its peak RSS (VmHWM, Linux) to
+stderr as it exits (`peak_kb` reads it)."""
+
+
+def peak_kb(stderr: str) -> int:
+    """The peak RSS in kB that a PEAK_RSS run printed."""
+    return int(stderr.rsplit("PEAK ", 1)[1].split()[0])
+
+
+def hwm_kb(pid: int) -> int:
+    """Another process's peak RSS so far, in kB (Linux /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+
 
 class Node:
     def __init__(self, root: Path, name: str) -> None:

@@ -32,6 +32,7 @@ from p2pnode.cli.follow import add_follow_commands
 from p2pnode.cli.log import add_log_commands
 from p2pnode.cli.pairing import add_pairing_commands, cmd_pending, cmd_trust, cmd_untrust
 from p2pnode.cli.render import (
+    JsonLines,
     print_branches,
     print_fetch,
     print_json,
@@ -212,18 +213,18 @@ CAT_COPY = 1 << 20
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    if args.json:
-        with open_library(node_paths(args)) as lib:
-            info = lib.branch(args.branch)
-            data = lib.session_bytes(info.src)  # re-hashed to src before anything is printed
-        text = data.decode("utf-8", "replace")
-        print_json({"branch": info.branch, "src": info.src, "size": len(data),
-                    "lines": text.splitlines(keepends=True)})
-        return 0
     out = sys.stdout.buffer
+    spool: BinaryIO | None
     with open_library(node_paths(args)) as lib:  # in runs, each line checked as read, the whole at the end
-        spool = _reader_paced(out, lib)
-        lib.write_session(lib.branch(args.branch).src, (spool or out).write)
+        info = lib.branch(args.branch)
+        if args.json:  # printed once the whole hashed to src: a JSON answer is all or nothing
+            spool = _spool(lib)
+            answer = JsonLines(spool, {"branch": info.branch, "src": info.src, "size": info.size})
+            lib.write_session(info.src, answer.write)
+            answer.close()
+        else:
+            spool = _reader_paced(out, lib)
+            lib.write_session(info.src, (spool or out).write)
     if spool is not None:  # the store is free again; the reader takes its time
         with spool:
             spool.seek(0)
@@ -244,6 +245,11 @@ def _reader_paced(out: BinaryIO, lib: Any) -> BinaryIO | None:
             return None
     except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is a ValueError)
         pass
+    return _spool(lib)
+
+
+def _spool(lib: Any) -> BinaryIO:
+    """A temp file beside the store (gone when closed, or with the process)."""
     return tempfile.TemporaryFile(dir=lib.paths.home)
 
 

@@ -8,7 +8,7 @@ import json
 import shlex
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from p2pnode.library.api import BranchInfo
@@ -17,6 +17,36 @@ if TYPE_CHECKING:
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
+
+
+class JsonLines:
+    """`cat --json`'s answer, `{**head, "lines": [...]}` as print_json prints it, written as
+    the session's bytes come (in runs cut anywhere): one line in memory at a time, not the
+    session (which a 2 GB session held four times over).  A line is what Pi reads as one: the
+    bytes up to and including a newline, nothing else splits it (U+2028, a lone CR)."""
+
+    def __init__(self, out: IO[bytes], head: dict[str, Any]) -> None:
+        self.out = out
+        self._rest = b""
+        self._sep = b"\n    "
+        fields = json.dumps({**head, "lines": []}, indent=2)
+        out.write(fields[: fields.rindex("[") + 1].encode())
+
+    def write(self, run: bytes) -> None:
+        lines = (self._rest + run).split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            self._line(line + b"\n")
+
+    def _line(self, line: bytes) -> None:
+        self.out.write(self._sep + json.dumps(line.decode("utf-8", "replace")).encode())
+        self._sep = b",\n    "
+
+    def close(self) -> None:
+        """The last line (if it has no newline) and the end of the answer."""
+        if self._rest:
+            self._line(self._rest)
+        self.out.write(b"]\n}\n" if self._sep == b"\n    " else b"\n  ]\n}\n")
 
 
 def short(h: str | None) -> str:

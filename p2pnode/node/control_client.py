@@ -30,7 +30,7 @@ CONTROL_TIMEOUT = 30.0
 FETCH_TIMEOUT = 3600.0
 CONTROL_MAX_EVENT = 1 << 20
 """Longest event line a streamed answer may send (a result is a few KiB)."""
-READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes", "session_bytes",
+READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes",
                         "sessions_latest", "versions"})
 """Library methods `/v1/read` may call: read-only ones, for `ls`, `show` and `cat`."""
 
@@ -189,9 +189,6 @@ class NodeLibrary:
 
     def sidecar_bytes(self, branch_hex: str) -> bytes:
         return bytes(self._call("sidecar_bytes", branch_hex))
-
-    def session_bytes(self, src_hex: str) -> bytes:
-        return bytes(self._call("session_bytes", src_hex))
 
     def write_session(self, src_hex: str, write: Callable[[bytes], object]) -> int:
         """Library.write_session through the node: its runs as they come (/v1/cat)."""

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from procnode import PY, Node
+from procnode import PEAK_RSS, PY, Node, hwm_kb, peak_kb
+from skips import KERNEL_LIMITATION
 
 from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import Library
@@ -53,6 +54,54 @@ def test_cat_streams_the_session_alone_and_through_the_node(tmp_path: Path) -> N
         assert cat(a, branch) == path.read_bytes()
         missing = a.run("cat", "ab" * 32, check=False)
         assert missing.returncode == 3 and "Traceback" not in missing.stderr
+
+
+JSON_RSS_MARGIN_KB = 16_000
+"""What `cat --json` may hold beyond plain `cat` of the same session (the CLI, and the node it
+reads through): a line or a run at a time.  Whole, it held ~3.3x the session in the CLI and
+~5.7x in the node (bytes, base64, JSON): ~100 and ~170 MB for the 30 MB session below."""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(),
+                    reason=KERNEL_LIMITATION + "no /proc/<pid>/status (VmHWM) for a peak RSS: not Linux")
+def test_cat_json_lists_pi_lines_in_bounded_memory_alone_and_through_the_node(tmp_path: Path) -> None:
+    """`cat --json` lists the lines as Pi cuts them (at newlines only: not at a raw U+2028 or
+    U+0085 inside a line, which JSON allows and Python's splitlines cut at), and its peak RSS,
+    alone and in the node it reads through, stays near plain `cat`'s."""
+    a = Node(tmp_path, "a")
+    path = session(a.agent / "sessions" / "--w--" / f"2026-11-28T03-00-00-000Z_{SESSION_ID}.jsonl", 30 << 20)
+    odd = json.dumps({"type": "message", "message": {"role": "user", "content": "a\u2028b\u0085c"}},
+                     ensure_ascii=False).encode()
+    with path.open("ab") as f:
+        f.write(odd + b"\n")
+    data = path.read_bytes()
+    branch = json.loads(a.run("share", str(path), "--json").stdout)["branch"]
+
+    def peak(*args: str) -> tuple[bytes, int]:
+        proc = subprocess.run([PY, "-c", PEAK_RSS, "cat", branch, *args], env=a.env, capture_output=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout, peak_kb(proc.stderr.decode())
+
+    def check(answer: bytes) -> None:
+        lines = json.loads(answer)["lines"]
+        assert [line.encode() for line in lines] == [line + b"\n" for line in data.split(b"\n")[:-1]]
+        assert lines[-1].encode() == odd + b"\n"
+        assert "".join(lines).encode() == data
+
+    plain, plain_kb = peak()
+    assert plain == data
+    answer, json_kb = peak("--json")
+    check(answer)
+    assert json_kb < plain_kb + JSON_RSS_MARGIN_KB, (json_kb, plain_kb)
+    with a.node_running() as node:
+        assert peak()[0] == data
+        node_plain_kb = hwm_kb(node.pid)
+        answer, cli_kb = peak("--json")
+        check(answer)
+        assert hwm_kb(node.pid) < node_plain_kb + JSON_RSS_MARGIN_KB
+        assert cli_kb < plain_kb
+    assert not [p for p in a.home.iterdir() if p.name.startswith("tmp")]
 
 
 def test_session_runs_check_each_run_and_the_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

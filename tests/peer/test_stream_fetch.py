@@ -18,7 +18,7 @@ from pathlib import Path
 
 import blake3
 import pytest
-from procnode import PY, Node
+from procnode import PEAK_RSS, PY, Node, peak_kb
 from relay import Relay
 from skips import KERNEL_LIMITATION
 
@@ -188,18 +188,6 @@ async def test_node_killed_mid_fetch_resumes(pair) -> None:
     assert resumed["bytes_received"] <= 0.55 * clean["bytes_received"], (resumed, clean)
 
 
-PEAK_RSS = """
-import atexit, sys
-def peak():
-    with open("/proc/self/status") as f:
-        hwm = next(line for line in f if line.startswith("VmHWM:"))
-    sys.stderr.write("PEAK " + hwm.split()[1] + "\\n")
-atexit.register(peak)
-from p2pnode.cli.main import main
-raise SystemExit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(),
                     reason=KERNEL_LIMITATION + "no /proc/<pid>/status (VmHWM) for a peak RSS: not Linux")
 def test_a_300_mb_session_is_fetched_in_bounded_memory(tmp_path: Path) -> None:
@@ -221,6 +209,6 @@ def test_a_300_mb_session_is_fetched_in_bounded_memory(tmp_path: Path) -> None:
     result = json.loads(proc.stdout)
     assert Path(result["path"]).stat().st_size == path.stat().st_size
     assert blake3.blake3(Path(result["path"]).read_bytes()).hexdigest() == result["src"]
-    peak_kb = int(proc.stderr.rsplit("PEAK ", 1)[1].split()[0])
-    print(f"fetch of {path.stat().st_size} bytes: peak RSS {peak_kb} kB")
-    assert peak_kb < 160_000, f"peak RSS {peak_kb} kB"
+    peak = peak_kb(proc.stderr)
+    print(f"fetch of {path.stat().st_size} bytes: peak RSS {peak} kB")
+    assert peak < 160_000, f"peak RSS {peak} kB"
