@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library import access, space
@@ -49,8 +49,9 @@ ZSTD_LEVEL = 1
 """Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3,
 faster, and compression is most of the cost of a first share (docs/BENCHMARKS.md, Sharing)."""
 SESSION_RUN = 2 << 20
-"""Raw bytes of a session handed out at a time (`session_runs`): runs big enough to be read
-and hashed as fast as the whole session (docs/BENCHMARKS.md), small beside any session."""
+"""Raw bytes of a session handed out at a time (`session_runs`) or read (`share --redact`):
+runs big enough to be read and hashed as fast as the whole session (docs/BENCHMARKS.md),
+small beside any session."""
 TURNS_READ = 256
 """Lines read from the store per call (and per hold of the library's lock) by `session_runs`."""
 
@@ -163,27 +164,53 @@ def write_redacted_copy(path: Path) -> Path:
     """`share --redact`: the session with each secret replaced by its marker, as a new Pi
     session beside the original (a new id in its header and its name; every other byte as it
     was, so its lines are the original's lines and delta transfer still works).  A session with
-    nothing to redact is shared as it is."""
-    data = path.read_bytes()
-    findings = secrets.scan(data)
-    if not findings:
-        return path
-    header = pisession.read_header(path)
-    new_id = _new_session_id()
-    redacted = secrets.redact(data, findings)
-    end = redacted.find(b"\n")
-    first, rest = (redacted, b"") if end < 0 else (redacted[:end], redacted[end:])
-    old = b'"id":' + json.dumps(header.id).encode()
-    if first.count(old) != 1:
-        raise InvalidInput(f"{path}: cannot give the redacted copy a new id (the header line is not "
-                           "the first line or not as Pi writes it)")
-    copy = path.with_name(pisession.session_file_name(header.timestamp or "redacted", new_id))
-    with open(copy, "xb") as f:  # never over an existing file
-        f.write(first.replace(old, b'"id":' + json.dumps(new_id).encode()) + rest)
-        f.flush()
-        os.fsync(f.fileno())
+    nothing to redact is shared as it is.  The file is read twice in runs, scanned and then
+    copied, never whole in memory; the copy ends where the scan did (what Pi appends meanwhile
+    is left for the next share), and the share scans the copy again as it imports it."""
+    with open(path, "rb") as f:
+        scanner = secrets.Scanner()
+        size = 0
+        while chunk := f.read(SESSION_RUN):
+            scanner.feed(chunk)
+            size += len(chunk)
+        findings = scanner.finish()
+        if not findings:
+            return path
+        header = pisession.read_header(path)
+        f.seek(0)
+        first_end = f.read(pisession.HEADER_SCAN_BYTES).find(b"\n") + 1
+        first = b"".join(_redacted(f, path, findings, 0, first_end))
+        old = b'"id":' + json.dumps(header.id).encode()
+        if not first_end or first.count(old) != 1:
+            raise InvalidInput(f"{path}: cannot give the redacted copy a new id (the header line is not "
+                               "the first line or not as Pi writes it)")
+        new_id = _new_session_id()
+        copy = path.with_name(pisession.session_file_name(header.timestamp or "redacted", new_id))
+        with open(copy, "xb") as out:  # never over an existing file
+            out.write(first.replace(old, b'"id":' + json.dumps(new_id).encode()))
+            for run in _redacted(f, path, findings, first_end, size):
+                out.write(run)
+            out.flush()
+            os.fsync(out.fileno())
     os.chmod(copy, path.stat().st_mode & 0o777)
     return copy
+
+
+def _redacted(f: BinaryIO, path: Path, findings: list[secrets.Finding], start: int, end: int
+              ) -> Iterator[bytes]:
+    """The file's bytes [start, end) as --redact writes them (secrets.redaction), in runs."""
+    for piece in secrets.redaction(findings, start, end):
+        if isinstance(piece, bytes):
+            yield piece
+            continue
+        at, stop = piece
+        f.seek(at)
+        while at < stop:
+            run = f.read(min(SESSION_RUN, stop - at))
+            if not run:
+                raise InvalidInput(f"{path} was cut short while its redacted copy was written")
+            yield run
+            at += len(run)
 
 
 class _ScanningSink:

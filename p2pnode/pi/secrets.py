@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -295,15 +296,23 @@ def marker(kind: str) -> bytes:
     return f"[REDACTED:{kind}]".encode()
 
 
-def redact(data: bytes, findings: list[Finding]) -> bytes:
-    """The bytes with each finding replaced by its marker, everything else byte-identical."""
-    out: list[bytes] = []
-    at = 0
+def redaction(findings: Sequence[Finding], start: int, end: int) -> Iterator[tuple[int, int] | bytes]:
+    """What --redact writes for the scanned bytes [start, end): the ranges (lo, hi) of them
+    kept as they are and, between those, the marker of each finding that starts in the range,
+    in order.  No finding holds a newline: bytes cut just after one cut none in two."""
+    at = start
     for finding in sorted(findings, key=lambda f: f.start):
-        out += [data[at:finding.start], marker(finding.kind)]
-        at = finding.end
-    out.append(data[at:])
-    return b"".join(out)
+        if start <= finding.start < end:
+            yield at, finding.start
+            yield marker(finding.kind)
+            at = finding.end
+    yield at, end
+
+
+def redact(data: bytes, findings: Sequence[Finding]) -> bytes:
+    """The bytes with each finding replaced by its marker, everything else byte-identical."""
+    return b"".join(piece if isinstance(piece, bytes) else data[piece[0]:piece[1]]
+                    for piece in redaction(findings, 0, len(data)))
 
 
 class SecretsFound(InvalidInput):

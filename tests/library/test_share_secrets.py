@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from pifork import find
-from procnode import Node
+from procnode import PEAK_RSS, PY, Node, peak_kb
 from secretkeys import PLANTED, plant
+from skips import KERNEL_LIMITATION
 
+from p2pnode.library import api
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.pi import secrets
@@ -166,6 +168,50 @@ def test_redact_shares_a_new_pi_session_identical_but_for_the_secrets(lib: Libra
             json.loads(new_line)
     assert changed == 3  # one tool result, one user message, one bash command
     assert [b.branch for b in lib.branches() if b.path == str(path)] == []
+
+
+def test_redact_reads_in_runs_and_writes_what_redacting_the_whole_would(
+        agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy is written in runs (here of 7 bytes: every secret read across runs) and is
+    byte for byte the whole file redacted, its header's id replaced, a key in the header
+    line (its cwd) included."""
+    path = find(agent, B1)
+    plant_all(path)
+    key = next(value for kind, value in PLANTED if kind == "github-token")
+    header, rest = path.read_bytes().split(b"\n", 1)
+    path.write_bytes(header.replace(b'"cwd":"', b'"cwd":"/w ' + key.encode() + b" ", 1) + b"\n" + rest)
+    original = path.read_bytes()
+    monkeypatch.setattr(api, "SESSION_RUN", 7)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
+        copy = Path(lib.share(str(path), redact=True).path or "")
+    old_id, new_id = read_header(path).id, read_header(copy).id
+    whole = secrets.redact(original, secrets.scan(original))
+    assert copy.read_bytes() == whole.replace(old_id.encode(), new_id.encode(), 1)
+    assert b"[REDACTED:github-token]" in copy.read_bytes().split(b"\n", 1)[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(),
+                    reason=KERNEL_LIMITATION + "no /proc/<pid>/status (VmHWM) for a peak RSS: not Linux")
+def test_redact_of_a_big_session_in_bounded_memory(agent: Path, tmp_path: Path) -> None:
+    """`share --redact` of a 40 MB session peaks within 16 MB of `share --allow-secrets` of
+    the same file (which reads it in runs as it imports it); it held the session and its
+    redacted copy whole (~+80 MB)."""
+    path = find(agent, B1)
+    plant_all(path)
+    header, rest = path.read_bytes().split(b"\n", 1)
+    filler = json.dumps({"type": "custom", "customType": "pad", "data": "x" * 100_000}).encode() + b"\n"
+    with path.open("wb") as f:
+        f.write(header + b"\n" + rest)
+        for _ in range(400):
+            f.write(filler)
+    peaks = {}
+    for how in ("--allow-secrets", "--redact"):
+        node = Node(tmp_path, how.strip("-"))
+        proc = subprocess.run([PY, "-c", PEAK_RSS, "share", str(path), how, "--json"], env=node.env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        peaks[how] = peak_kb(proc.stderr)
+    assert peaks["--redact"] < peaks["--allow-secrets"] + 16_000, peaks
 
 
 def test_redact_with_nothing_to_redact_shares_the_file_itself(lib: Library, agent: Path) -> None:
