@@ -366,17 +366,16 @@ class Library:
                 known = list(reversed(self.lineage(base))) if base is not None else []
                 like = self.sessions.branch(base).src if base is not None else None
             # stored first (the store may keep bytes), scanned, and only then offered; the files
-            # are read and stored without the library's lock: peers are served meanwhile
+            # are read, stored and scanned without the library's lock: peers are served meanwhile
             stored: list[tuple[Path, Version, list[str]]] = []
             for file, header in reversed(chain):  # root first
                 version, file_warnings = self._store_file(file, header, like, progress)
                 stored.append((file, version, file_warnings))
                 like = version.src
+            found: list[tuple[str, str | None, secrets.Finding]] = [
+                (i.path or f"branch {i.branch}", i.branch, f) for i in known for f in self._findings(i.src)]
+            found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
             with self._lock:
-                found: list[tuple[str, str | None, secrets.Finding]] = [
-                    (i.path or f"branch {i.branch}", i.branch, f)
-                    for i in known for f in self._findings(i.src)]
-                found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
                 if found and not allow_secrets:
                     raise secrets.SecretsFound([(where, f) for where, _, f in found])
                 for branch in {b for _, b, _ in found if b is not None}:
@@ -408,35 +407,46 @@ class Library:
                            redacted_from=redacted_from, secrets=allowed)
 
     def _findings(self, src: str) -> list[secrets.Finding]:
-        """The secret scan of a stored version, remembered per version (scanned.json): the scan
-        the import ran on the bytes it read (a grown session: only what it grew by, with the
+        """The secret scan of a stored version, remembered per version (scanned.json).  Made
+        without the library's lock (it reads a file or the store: seconds for the sessions
+        users have, while peers are served), recorded with it."""
+        recorded = self._scanned().get(src)
+        if recorded is not None:
+            return [secrets.Finding(**f) for f in recorded]
+        found, also = self._scan(src)
+        with self._lock:
+            record = dict(self._scanned(), **also)
+            record[src] = [f.as_dict() for f in found]
+            atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
+            self._scan_record = record
+        return found
+
+    def _scan(self, src: str) -> tuple[list[secrets.Finding], dict[str, list[dict[str, Any]]]]:
+        """(the findings of src, the scans made on the way of other versions): the scan the
+        import ran on the bytes it read (a grown session: only what it grew by, with the
         findings of the version it grew from, scanned in the file if it never was), else of
         the stored bytes."""
-        record = dict(self._scanned())
-        if src in record:
-            return [secrets.Finding(**f) for f in record[src]]
+        record = self._scanned()
+        also: dict[str, list[dict[str, Any]]] = {}
         fed, base, path = self._fed.pop(src, (None, None, None))
         if fed is not None and base is not None and path is not None and fed.start and base.src not in record:
             prefix = _scanned_prefix(path, base.size, base.src)  # a fetched version, shared back grown
             if prefix is not None:
-                record[base.src] = [f.as_dict() for f in prefix]
+                also[base.src] = [f.as_dict() for f in prefix]
         if fed is not None and fed.start == 0:
-            found = fed.findings
-        elif fed is not None and base is not None and base.src in record:
+            return fed.findings, also
+        base_scan = None if fed is None or base is None else also.get(base.src, record.get(base.src))
+        if fed is not None and base is not None and base_scan is not None:
             cut = fed.start
             lines_before = base.lines - (1 if cut < base.size else 0)
-            found = [secrets.Finding(**f) for f in record[base.src] if f["end"] <= cut]
+            found = [secrets.Finding(**f) for f in base_scan if f["end"] <= cut]
             found += [replace(f, line=f.line + lines_before, start=f.start + cut, end=f.end + cut)
                       for f in fed.findings]
-        else:  # held already (cached), or grown from a version never scanned: scan it whole
-            scanner = secrets.Scanner()
-            for run in self.session_runs(src):  # as it is read back: never whole in memory
-                scanner.feed(run)
-            found = scanner.finish()
-        record[src] = [f.as_dict() for f in found]
-        atomic_write(self.paths.home / "scanned.json", json.dumps(record).encode())
-        self._scan_record = record
-        return found
+            return found, also
+        scanner = secrets.Scanner()  # held already (cached), or grown from a version never scanned
+        for run in self.session_runs(src):  # as it is read back: never whole in memory
+            scanner.feed(run)
+        return scanner.finish(), also
 
     def _scanned(self) -> dict[str, list[dict[str, Any]]]:
         """Every version this node has scanned: its findings ([] when clean).  Read once (only

@@ -1,4 +1,4 @@
-"""A share reads and stores its file without the library's lock: the node goes on serving
+"""A share reads, stores and scans its file without the library's lock: the node goes on serving
 peers meanwhile (a fetch from a node sharing a 1.5 GB session failed, "no progress for 5 s",
 while the import held the lock for 15 s), and `gc` and `rm`, which delete every context the
 state does not name, wait for it.  A real store and real Pi files; the import is paused in
@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from pifork import find
 
+from p2pnode.library import api
 from p2pnode.library.api import Library, ShareResult
+from p2pnode.paths import NodePaths
 from p2pnode.pi.hashing import FileHasher
 
 A1 = "*0313-7475-8d45-88a780e9fa37.jsonl"
@@ -122,3 +124,41 @@ def test_gc_and_rm_wait_for_a_share_in_its_import(lib: Library, agent: Path, fir
     assert done and out
     assert lib.session_bytes(out[0].src) == find(agent, A3).read_bytes()
     assert lib.branch(out[0].branch).offered
+
+
+def test_readers_are_answered_while_a_shared_back_session_is_scanned(
+        lib: Library, agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetched session continued and shared back: the version it was fetched as was never
+    scanned on this node, so the share scans the file's first bytes for secrets (seconds for a
+    2.6 GB session, which the node's peers waited for behind the library's lock and dropped
+    it meanwhile); the scan is paused here by wrapping it."""
+    path = find(agent, A3)
+    data = path.read_bytes()
+    with Library.open(NodePaths(tmp_path / "sender"), agent_dir=agent) as sender:
+        sent = sender.share(str(path))
+        fetched = lib.add_fetched(sender.sidecar_bytes(sent.branch), data.splitlines(keepends=True))
+    placed = tmp_path / "placed" / "sessions" / path.parent.name / path.name
+    placed.parent.mkdir(parents=True)
+    placed.write_bytes(data + data.splitlines(keepends=True)[-1])  # continued: one line more
+    reached, go = threading.Event(), threading.Event()
+    scanned_prefix = api._scanned_prefix
+
+    def paused(*args: Any) -> Any:
+        reached.set()
+        assert go.wait(BOUND)
+        return scanned_prefix(*args)
+
+    monkeypatch.setattr(api, "_scanned_prefix", paused)
+    thread, out = _in_thread(lambda: lib.share(str(placed)))
+    assert reached.wait(BOUND), "the share did not scan the version it grew from"
+    with ThreadPoolExecutor(1) as ex:
+        generation = ex.submit(lib.catalog).result(timeout=BOUND).generation
+        assert len(ex.submit(lib.line_manifest, fetched.src).result(timeout=BOUND)) == fetched.lines
+        assert ex.submit(lib.branch, fetched.branch).result(timeout=BOUND).src == fetched.src
+    assert thread.is_alive()  # still scanning
+    go.set()
+    thread.join(BOUND)
+    result: ShareResult = out[0]
+    assert result.offered and result.secrets == [] and result.parent == fetched.parent
+    assert lib.session_bytes(result.src) == placed.read_bytes()
+    assert lib.catalog().generation > generation
