@@ -5,6 +5,7 @@ slow link (100 KB/s per connection) and loopback are far either side of the thre
 server is given (`THRESHOLD`)."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from p2pnode.peer.pace import (
     LINES_MARGIN,
     MIN_COST_BYTES,
     MIN_WINDOW,
+    PROBE_ROOM,
     FetchPace,
     LinkPace,
     stream_level,
@@ -251,8 +253,23 @@ def test_a_window_while_held_lines_were_read_back_is_no_sample() -> None:
     assert pace.delivered[False].rate == pytest.approx(30 * MB)
 
 
+@pytest.mark.parametrize("mb", range(20, 300, 7))
+def test_no_try_in_the_last_windows_and_the_faster_format_taken_back_at_once(mb: int) -> None:
+    """Wherever the tries fall in a fetch of any size, per-line frames that the stream beats
+    never run on past their one window (a resumed fetch had tried them again 15 MB before
+    its end and then kept them to the end: "too little left" to switch back), and none is
+    tried within the last PROBE_ROOM windows."""
+    pace = paced(mb * MB)
+    window = pace.window_bytes() // MB
+    offers = fetch(pace, {True: 50 * MB, False: 30 * MB}, mb)
+    runs = [len(list(run)) for offered, run in itertools.groupby(offers) if not offered]
+    assert all(n <= window + 1 for n in runs), (runs, window)
+    tries = [i for i in switches(offers) if not offers[i]]
+    assert all(mb - i >= PROBE_ROOM * window - 1 for i in tries), (tries, window)
+
+
 def test_a_small_fetch_keeps_the_stream() -> None:
-    """A fetch of fewer than three windows (a +1 % append, a fork's new lines) has no room to
+    """A fetch of fewer than four windows (a +1 % append, a fork's new lines) has no room to
     try the per-line frames: the stream throughout."""
     pace = paced(12 * MB)
     assert pace.window_bytes() == MIN_WINDOW
