@@ -27,25 +27,30 @@ class JsonLines:
 
     def __init__(self, out: IO[bytes], head: dict[str, Any]) -> None:
         self.out = out
-        self._rest = b""
+        self._begun: list[bytes] = []
+        """The pieces of a line begun in earlier runs (joined once, when its newline comes)."""
         self._sep = b"\n    "
         fields = json.dumps({**head, "lines": []}, indent=2)
         out.write(fields[: fields.rindex("[") + 1].encode())
 
     def write(self, run: bytes) -> None:
-        lines = (self._rest + run).split(b"\n")
-        self._rest = lines.pop()
-        for line in lines:
-            self._line(line + b"\n")
+        start = 0
+        while (end := run.find(b"\n", start) + 1) > 0:
+            self._line([*self._begun, run[start:end]])
+            self._begun.clear()
+            start = end
+        if start < len(run):
+            self._begun.append(run[start:])
 
-    def _line(self, line: bytes) -> None:
-        self.out.write(self._sep + json.dumps(line.decode("utf-8", "replace")).encode())
+    def _line(self, pieces: list[bytes]) -> None:
+        text = b"".join(pieces).decode("utf-8", "replace")
+        self.out.write(self._sep + json.dumps(text).encode())
         self._sep = b",\n    "
 
     def close(self) -> None:
         """The last line (if it has no newline) and the end of the answer."""
-        if self._rest:
-            self._line(self._rest)
+        if self._begun:
+            self._line(self._begun)
         self.out.write(b"]\n}\n" if self._sep == b"\n    " else b"\n  ]\n}\n")
 
 

@@ -3,6 +3,7 @@ running node (/v1/cat's NDJSON events): each line checked as it is read, the who
 src at the end.  Real processes and files; the damaged store is a library-level test."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import pytest
 from procnode import PEAK_RSS, PY, Node, hwm_kb, peak_kb
 from skips import KERNEL_LIMITATION
 
+from p2pnode.cli.render import JsonLines
 from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.library.sessions import SessionStore
@@ -54,6 +56,25 @@ def test_cat_streams_the_session_alone_and_through_the_node(tmp_path: Path) -> N
         assert cat(a, branch) == path.read_bytes()
         missing = a.run("cat", "ab" * 32, check=False)
         assert missing.returncode == 3 and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("data", [b'{"a":"\xe2\x82\xac \xe2\x80\xa8 \r"}\n{"b":1}\n', b"x", b"", b"one\n\n",
+                                  b"\xff\n"])
+def test_json_lines_cut_anywhere_print_what_print_json_prints(data: bytes) -> None:
+    """Runs cut at every pair of places (inside a UTF-8 character too) give the same bytes as
+    print_json of the whole answer, the lines cut at newlines only."""
+    parts = data.split(b"\n")
+    lines = [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    head = {"branch": "b" * 64, "size": len(data)}
+    expected = json.dumps({**head, "lines": [ln.decode("utf-8", "replace") for ln in lines]}, indent=2) + "\n"
+    for i in range(len(data) + 1):
+        for j in range(i, len(data) + 1):
+            out = io.BytesIO()
+            answer = JsonLines(out, head)
+            for run in (data[:i], data[i:j], data[j:]):
+                answer.write(run)
+            answer.close()
+            assert out.getvalue().decode() == expected
 
 
 JSON_RSS_MARGIN_KB = 16_000
