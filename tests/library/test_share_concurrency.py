@@ -129,9 +129,9 @@ def test_gc_and_rm_wait_for_a_share_in_its_import(lib: Library, agent: Path, fir
 def test_readers_are_answered_while_a_shared_back_session_is_scanned(
         lib: Library, agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fetched session continued and shared back: the version it was fetched as was never
-    scanned on this node, so the share scans the file's first bytes for secrets (seconds for a
-    2.6 GB session, which the node's peers waited for behind the library's lock and dropped
-    it meanwhile); the scan is paused here by wrapping it."""
+    scanned on this node, so the share scans the file's first bytes for secrets (~0.2 s per
+    256 MB, which the node's peers waited out behind the library's lock: for a 2.6 GB session
+    the ~2 s after which a fetcher drops a holder); the scan is paused here by wrapping it."""
     path = find(agent, A3)
     data = path.read_bytes()
     with Library.open(NodePaths(tmp_path / "sender"), agent_dir=agent) as sender:

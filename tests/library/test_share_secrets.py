@@ -195,7 +195,7 @@ def test_redact_reads_in_runs_and_writes_what_redacting_the_whole_would(
 def test_redact_of_a_big_session_in_bounded_memory(agent: Path, tmp_path: Path) -> None:
     """`share --redact` of a 40 MB session peaks within 16 MB of `share --allow-secrets` of
     the same file (which reads it in runs as it imports it); it held the session and its
-    redacted copy whole (~+80 MB)."""
+    redacted copy whole (180 MB against 50)."""
     path = find(agent, B1)
     plant_all(path)
     header, rest = path.read_bytes().split(b"\n", 1)
