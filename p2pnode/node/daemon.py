@@ -25,9 +25,10 @@ out; errors carry the CLI exit code):
 `pi` is the caller's `PiDirs.as_dict()` ({"agent_dir", "session_dir"}): the CLI's own Pi
 environment and --session-dir count, not the node's (without it: the node's).
     /v1/read {"call": one of READ_CALLS, "args": [...]} -> {"value": ...} or {"b64": ...}
-                                                     (control.NodeLibrary: `ls`, `show`, `cat --json`)
+                                                     (control.NodeLibrary: `ls`, `show`, `cat`)
     /v1/cat {"src"}                                   -> NDJSON: {"event": "data", "b64"} per run of
-                                                     the session, then a result or an error (`cat`)
+                                                     the session, then a result or an error (`cat`,
+                                                     `cat --json`)
     /v1/gc, /v1/rm                                    node/upkeep.py (with background GC; streamed
                                                      like share with "stream": true)
     /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
