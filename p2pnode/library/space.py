@@ -29,6 +29,10 @@ GC_THRESHOLD_SHARE = 0.5
 GC_MIN_BYTES = 1 << 20
 GC_CHECK_SECONDS = 300.0
 """How often the running node estimates the garbage (the estimate walks every kept turn)."""
+GC_QUIET_SECONDS = 30.0
+"""The background GC waits until no peer was served lines or objects for this long, and
+looks again that often: GC holds off every read of the store while it sweeps (about a second
+per 100 MB kept), which a teammate's fetch would see as a stalled holder."""
 FETCHING_LOCK = "fetching.lock"
 """In the node's home: a one-shot fetch (no node running: it opens the store only for each
 step, so a `gc` in another process could open it in between) holds a shared flock on it for as

@@ -157,7 +157,7 @@ class Node:
             await self.announce()
             self._tasks.append(asyncio.ensure_future(self._liveness()))
             upkeep.announce_on_change(self)
-        self._tasks.append(asyncio.ensure_future(upkeep.background_gc(self.lib)))
+        self._tasks.append(asyncio.ensure_future(upkeep.background_gc(self.lib, peers.served_within)))
         for part in (self.follows, self.live):  # node/follow.py, node/live.py: resumed after a restart
             await part.start()
             self._stack.push_async_callback(part.close)

@@ -70,15 +70,25 @@ def announce_on_change(node: Node) -> None:
     node.lib.add_listener(changed)
 
 
-async def background_gc(lib: Library, every: float = space.GC_CHECK_SECONDS) -> None:
+async def background_gc(lib: Library, serving: Callable[[float], bool] = lambda quiet: False,
+                        every: float = space.GC_CHECK_SECONDS, quiet: float = space.GC_QUIET_SECONDS) -> None:
     """Estimate the garbage every `every` seconds and collect it past the threshold; never
-    while a fetch holds a transfer lease (Library.gc skips then)."""
+    while a fetch holds a transfer lease (Library.gc skips then), nor while peers are being
+    served (`serving(quiet)`: served within the last `quiet` seconds), looking again after
+    `quiet` seconds then."""
+    wait = every
     while True:
-        await asyncio.sleep(every)
+        await asyncio.sleep(wait)
+        wait = every
         try:
             sizes = await asyncio.to_thread(lib.space)
-            if space.worth_collecting(sizes["reclaimable_bytes"], sizes["store_bytes"]):
-                report = await asyncio.to_thread(lib.gc)
-                log.info("background gc: %s", report.skipped or f"freed {report.bytes_freed} bytes")
+            if not space.worth_collecting(sizes["reclaimable_bytes"], sizes["store_bytes"]):
+                continue
+            if serving(quiet):
+                log.debug("background gc: put off while peers are served")
+                wait = min(every, quiet)
+                continue
+            report = await asyncio.to_thread(lib.gc)
+            log.info("background gc: %s", report.skipped or f"freed {report.bytes_freed} bytes")
         except Exception:  # the node keeps serving; the next round tries again
             log.exception("background gc failed")

@@ -115,6 +115,8 @@ class PeerServer:
         self.tls = server_context(identity, trust)
         self._serving: dict[asyncio.BaseTransport, tuple[str, list[str]]] = {}
         """Responses being written: the peer and the hashes each one carries."""
+        self._served_at = float("-inf")
+        """When the last of them ended (served_within)."""
         self._rechecks: set[asyncio.Task[None]] = set()
         self._pace: dict[str, LinkPace] = {}
         """Per peer: its link as batch responses saw it (which batch format it gets)."""
@@ -204,6 +206,7 @@ class PeerServer:
             yield
         finally:
             self._serving.pop(transport, None)
+            self._served_at = time.monotonic()
 
     def _served(self, peer: str, kind: str, hashes: list[str], nbytes: int,
                 complete: bool = True) -> None:
@@ -250,6 +253,11 @@ class PeerServer:
             self._active[fp] -= 1
             if transport.is_closing():
                 self._transports[fp].discard(transport)
+
+    def served_within(self, seconds: float) -> bool:
+        """Whether a peer is being served lines or objects, or was within the last `seconds`
+        (the background GC waits for a quiet spell: node/upkeep.py)."""
+        return bool(self._serving) or time.monotonic() - self._served_at < seconds
 
     # -- deadlines: request heads (slowloris) and bodies ---------------------------------
 

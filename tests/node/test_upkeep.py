@@ -1,5 +1,5 @@
 """The node's background GC (node/upkeep.py) on a real library: it collects past the
-threshold, and never while a fetch holds a transfer lease."""
+threshold, and never while a fetch holds a transfer lease or peers are being served."""
 from __future__ import annotations
 
 import asyncio
@@ -18,23 +18,39 @@ A3 = "*173a-7744-89ad-bbc16c12cc22.jsonl"  # 1.4 MB, images
 A6 = "*2810-72f3-bf21-ab15b19d413f.jsonl"
 
 
-async def test_background_gc_waits_for_fetches_then_collects(corpus_dir: Path, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("holder", ["fetch", "serving"])
+async def test_background_gc_waits_for_fetches_and_served_peers_then_collects(
+        holder: str, corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch's lease, or a peer served within the quiet spell, puts the collection off;
+    once neither holds, the next round collects."""
     agent = tmp_path / "agent"
     shutil.copytree(corpus_dir / "sessions", agent / "sessions")
     monkeypatch.setattr(space, "GC_THRESHOLD_BYTES", 500_000)
+    served = [True]
+    quiets: list[float] = []
+
+    def serving(quiet: float) -> bool:
+        quiets.append(quiet)
+        return served[0]
+
     with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
         keep = lib.share(str(find(agent, A6)))
         big = lib.share(str(find(agent, A3)))
         assert not space.worth_collecting(lib.space()["reclaimable_bytes"], lib.space()["store_bytes"])
         lib.unshare(big.branch)
         assert space.worth_collecting(lib.space()["reclaimable_bytes"], lib.space()["store_bytes"])
-        assert lib.leases.try_acquire()  # a fetch in progress
-        task = asyncio.ensure_future(upkeep.background_gc(lib, every=0.05))
+        if holder == "fetch":
+            served[0] = False
+            assert lib.leases.try_acquire()  # a fetch in progress
+        task = asyncio.ensure_future(upkeep.background_gc(lib, serving, every=0.05, quiet=0.02))
         try:
             await asyncio.sleep(0.5)  # several rounds, each one skipped
             assert lib.has_branch(big.branch) and not [e for e in lib.audit.read() if e["event"] == "gc"]
-            lib.leases.release()
+            if holder == "fetch":
+                lib.leases.release()
+            else:
+                assert quiets and set(quiets) == {0.02}
+                served[0] = False
             for _ in range(200):
                 await asyncio.sleep(0.05)
                 if not lib.has_branch(big.branch):

@@ -195,3 +195,25 @@ async def test_a_transfer_to_a_peer_still_allowed_goes_on(world: World, server: 
         bob.release()
         await s_a.close()
         await s_b.close()
+
+
+async def test_served_within_tells_the_background_gc_of_transfers(world: World, server: PeerServer) -> None:
+    """A transfer in flight, or one ended within the quiet spell, counts as serving (the
+    background GC waits: node/upkeep.py); a catalog request does not."""
+    big = world.lib.share(str(world.big()))
+    base = f"https://127.0.0.1:{server.port}"
+    async with session(world, "alice") as alice:
+        assert (await answer(alice, "GET", base + wire.PATH_CATALOG))[0] == 200
+    assert not server.served_within(3600)
+    s, stalled = await stalled_download(world, server, "alice", base + wire.PATH_OBJECT.format(hash=big.src))
+    try:
+        assert server.served_within(0)
+        assert len(await asyncio.wait_for(stalled.read(), 60)) == big.size
+    finally:
+        stalled.release()
+        await s.close()
+    for _ in range(100):  # the handler ends once the last bytes are written
+        if not server._serving:
+            break
+        await asyncio.sleep(0.05)
+    assert server.served_within(3600) and not server.served_within(0)
