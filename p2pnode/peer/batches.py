@@ -179,7 +179,8 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     headers = {"Content-Type": "application/octet-stream", **offer}
     if wire.BATCH_FORMAT_HEADER in headers:
         headers.update(lane.headers())
-    decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=wire.BATCH_FORMAT_HEADER in headers)
+    decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=wire.BATCH_FORMAT_HEADER in headers,
+                                lengths={r.hash: r.length for r in group})
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
     run_bytes = wire_bytes = 0

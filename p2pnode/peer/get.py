@@ -44,6 +44,7 @@ import functools
 import logging
 import re
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -51,7 +52,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import blake3
 
@@ -69,7 +70,7 @@ from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import Prefix, new_hasher, prefix_hasher
-from p2pnode.pi.lines import LineRef, split_lines
+from p2pnode.pi.lines import LineRef, LineSplitter
 from p2pnode.pi.placement import (
     Appendable,
     Content,
@@ -611,61 +612,90 @@ class _Fetch:
         return await self._lib(functools.partial(_missing_in, refs=manifest))
 
     async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, _Stream, None]:
-        """A peer without line manifests: the whole blob (verified to `src` as it came), cut
-        into lines and staged as raw-codec blobs (the store compresses them)."""
-        data = await self._whole(src)
-        lines = split_lines(data)
-        refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
-        stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), len(data), place)
-        blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line) for r, line in zip(refs, lines, strict=True)]
-        try:
+        """A peer without line manifests: the whole blob, spooled to an unnamed temp file in
+        `fetching/` and verified to `src` as it came, then cut into lines and staged as
+        raw-codec blobs (the store compresses them), a run of READ_BACK bytes at a time: the
+        session is never in memory whole, whatever size the peer announces."""
+        await asyncio.to_thread(self.kept.directory.mkdir, mode=0o700, parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=self.kept.directory) as spool:
+            size = await self._whole(src, spool)
+            refs = await asyncio.to_thread(_spooled_refs, spool)
+            stream = _Stream(self, SessionGetter(src, refs, {r.hash for r in refs}), size, place)
             try:
-                await stream.received(blobs, lines)
-                await stream.flush()
-                assembled = stream.getter.finish()
+                try:
+                    runs, at, end = _spooled_runs(spool), 0, list[bytes]()
+                    while lines := await asyncio.to_thread(next, runs, end):
+                        blobs = [StoredBlob(r.hash, CODEC_RAW, r.length, line)
+                                 for r, line in zip(refs[at:at + len(lines)], lines, strict=True)]
+                        at += len(lines)
+                        await stream.received(blobs, lines)
+                    await stream.flush()
+                    assembled = stream.getter.finish()
+                except BaseException:
+                    await asyncio.shield(stream.release())
+                    raise
             except BaseException:
-                await asyncio.shield(stream.release())
+                stream.discard()
                 raise
-        except BaseException:
-            stream.discard()
-            raise
         self.lines_total += len(refs)
         return assembled, stream, None
 
-    async def _whole(self, src: str) -> bytes:
-        """Fallback: the session as one blob, resumed with Range after a broken link."""
-        buf = bytearray()
+    async def _whole(self, src: str, spool: BinaryIO) -> int:
+        """Fallback: the session as one blob into `spool`, hashed as it comes and resumed with
+        Range after a broken link; its size once it hashes to `src`."""
         hasher = blake3.blake3()
 
-        async def attempt(peer: PeerLink) -> bytes:
+        def restart() -> None:
             nonlocal hasher
-            headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
+            spool.seek(0)
+            spool.truncate()
+            hasher = blake3.blake3()
+
+        async def attempt(peer: PeerLink) -> int:
+            have = spool.tell()
+            headers = {"Range": f"bytes={have}-"} if have else {}
             async with peer.request("GET", wire.PATH_OBJECT.format(hash=src), headers=headers) as resp:
                 peer._check(resp, f"session {src}")
-                if resp.status == 200 and buf:  # the peer ignored Range: start over
-                    buf.clear()
-                    hasher = blake3.blake3()
-                total = _total_size(resp, len(buf))
+                if resp.status == 200 and have:  # the peer ignored Range: start over
+                    restart()
+                    have = 0
+                total = _total_size(resp, have)
                 if total > self.limits.max_session:
                     raise wire.WireError(f"session {src}: {total} bytes is over {self.limits.max_session}")
                 async for chunk in resp.chunks():
                     peer.bytes_received += len(chunk)
-                    if len(buf) + len(chunk) > total:
+                    if have + len(chunk) > total:
                         raise wire.WireError(f"session {src}: more than the {total} bytes announced")
-                    buf.extend(chunk)
+                    spool.write(chunk)
                     hasher.update(chunk)
+                    have += len(chunk)
                     if self.progress:
-                        self.progress(len(buf), total)
-                if len(buf) != total:
-                    raise https.PayloadError(f"session {src}: cut at {len(buf)} of {total} bytes")
+                        self.progress(have, total)
+                if have != total:
+                    raise https.PayloadError(f"session {src}: cut at {have} of {total} bytes")
             got = hasher.hexdigest()
             if got != src:
-                buf.clear()
-                hasher = blake3.blake3()
+                restart()
                 raise wire.HashMismatch(bytes.fromhex(src), bytes.fromhex(got), "session")
-            return bytes(buf)
+            return total
 
         return await self.pool.run(f"session {src}", attempt)
+
+
+def _spooled_runs(spool: BinaryIO) -> Iterator[list[bytes]]:
+    """The lines of a spooled session from its start, in runs of about READ_BACK bytes."""
+    spool.seek(0)
+    splitter = LineSplitter()
+    while chunk := spool.read(READ_BACK):
+        if lines := list(splitter.feed(chunk)):
+            yield lines
+    if (last := splitter.rest()) is not None:
+        yield [last]
+
+
+def _spooled_refs(spool: BinaryIO) -> list[LineRef]:
+    """The line manifest of a spooled session: each line's hash and length."""
+    return [LineRef(blake3.blake3(line).digest(), len(line)) for run in _spooled_runs(spool) for line in run]
 
 
 def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:

@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from aiohttp import web, web_protocol
+from aiohttp.http_exceptions import HttpProcessingError
 
 from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import BranchInfo, Catalog
@@ -65,6 +66,7 @@ from p2pnode.pi.sidecar import is_hash_hex
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Bytes = bytes | memoryview
 
 CHUNK = 1 << 20
 Group = tuple[bytes, list[str], int, int, float]
@@ -73,6 +75,14 @@ GROUP_BYTES = 1 << 20
 """Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
 WORKERS = 4
 TRUST_POLL_SECONDS = 1.0
+LINGER_SECONDS = 1.0
+"""After an answer given before its request's body was read (413, 408), the rest of the body
+is read and dropped for at most this long before the connection closes: closed with bytes
+unread, the kernel resets it and the peer loses the answer (aiohttp's default lingers 10 s)."""
+WAIT_CHECK_SECONDS = 0.5
+"""A catalog request waiting for a change looks this often whether its peer is still there:
+aiohttp does not cancel a handler whose peer went, and a wait left behind would hold one of
+the peer's max_waiting_per_peer slots until catalog_wait ran out."""
 NOT_FOUND_BODY = b"not found\n"
 
 
@@ -130,7 +140,8 @@ class PeerServer:
         app.router.add_get(wire.PATH_OBJECT, self._object)
         app.router.add_get(wire.PATH_LINES, self._lines)
         app.router.add_post(wire.PATH_BATCH, self._batch)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_http_log(),
+                                     lingering_time=LINGER_SECONDS)
         await self._runner.setup()
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         site = _DeadlineSite(self, host, port)
@@ -284,13 +295,17 @@ class PeerServer:
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The request body within request_timeout: a peer that declares a large Content-Length
-        and sends a few bytes is cut off (408, connection closed)."""
+        and sends a few bytes gets 408, one that declares more than max_batch_request gets 413
+        at once; either way the connection is closed after the answer (what is left of the
+        body is not waited for)."""
+        if request.content_length is not None and request.content_length > self.limits.max_batch_request:
+            raise _closing(web.HTTPRequestEntityTooLarge(
+                max_size=self.limits.max_batch_request, actual_size=request.content_length))
         try:
             return await asyncio.wait_for(request.read(), self.limits.request_timeout)
         except TimeoutError:
-            if request.transport is not None:
-                request.transport.close()
-            raise web.HTTPRequestTimeout(text="request body not received in time\n") from None
+            late = web.HTTPRequestTimeout(text="request body not received in time\n")
+            raise _closing(late) from None
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -300,15 +315,27 @@ class PeerServer:
             return None
         return await self._call(self.lib.offered_object, hash_hex, peer)
 
-    async def _send(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
+    async def _send(self, request: web.Request, response: web.StreamResponse, data: Bytes) -> None:
         """Write with the slow-reader timeout: a peer that stops reading is cut off."""
-        await asyncio.wait_for(response.write(data), self.limits.slow_reader_timeout)
+        await self._in_time(request, response.write(data))
 
-    async def _finish(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
+    async def _finish(self, request: web.Request, response: web.StreamResponse, data: Bytes) -> None:
         """The last bytes of an answer, then wait until the socket took them (slow-reader
         timeout): the next pipelined request is not served while this answer sits in memory
         (aiohttp drains only after 64 KiB written, or on a non-empty write_eof)."""
-        await asyncio.wait_for(response.write_eof(bytes(data)), self.limits.slow_reader_timeout)
+        await self._in_time(request, response.write_eof(bytes(data)))
+
+    async def _in_time(self, request: web.Request, write: Awaitable[None]) -> None:
+        """`write` within slow_reader_timeout, else the connection is aborted and
+        ConnectionResetError raised, as when the peer goes: a TLS close would first wait
+        (asyncio's 30 s) for the peer that does not read to take what is buffered."""
+        try:
+            await asyncio.wait_for(write, self.limits.slow_reader_timeout)
+        except TimeoutError:
+            log.info("cutting off a peer that read nothing for %.0f s", self.limits.slow_reader_timeout)
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the peer stopped reading") from None
 
     # -- handlers -----------------------------------------------------------------------
 
@@ -368,7 +395,7 @@ class PeerServer:
                     if request.transport is None or request.transport.is_closing():
                         break  # cut off while the store was read (_recheck, or the peer went)
                     last = after is None
-                    await (self._finish(response, piece) if last else self._send(response, piece))
+                    await (self._finish if last else self._send)(request, response, piece)
                     sent += len(piece)
                     piece = after
                 else:
@@ -396,11 +423,13 @@ class PeerServer:
         self._waiting[fp] += 1
         try:
             deadline = asyncio.get_running_loop().time() + self.limits.catalog_wait
-            while (catalog.generation == seen and not self._closing
+            while (catalog.generation == seen and not self._closing and _connected(request)
                    and (left := deadline - asyncio.get_running_loop().time()) > 0):
+                changed = self._changed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), left)
-                catalog = await self._call(self.lib.catalog, _peer(request))
+                    await asyncio.wait_for(changed.wait(), min(left, WAIT_CHECK_SECONDS))
+                if changed.is_set() or asyncio.get_running_loop().time() >= deadline:
+                    catalog = await self._call(self.lib.catalog, _peer(request))
         finally:
             self._waiting[fp] -= 1
         return catalog
@@ -461,10 +490,10 @@ class PeerServer:
                     served += group
                     pace.link.waiting()
                     try:
-                        await self._send(response, frames)
+                        await self._send(request, response, frames)
                     finally:
                         pace.link.moved(len(frames))
-                await self._finish(response, wire.encode_batch_end(sent))
+                await self._finish(request, response, wire.encode_batch_end(sent))
                 complete = True
                 if stream is not None:
                     stream.answers += 1
@@ -724,6 +753,39 @@ class _DeadlineSite(web.TCPSite):
         ps = self.peer_server
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _HandshakeGate(ps, handlers), self._host, self._port, backlog=self._backlog)
+
+
+class _PeerMistakes(logging.Filter):
+    """aiohttp logs a malformed request (answered 400) at ERROR with its traceback: any
+    trusted peer could fill the log with them.  They become one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "%s: %s", (record.getMessage(), " ".join(str(exc).split()))
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.exc_info = record.exc_text = None
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)  # checked at ERROR before
+        return True
+
+
+def _http_log() -> logging.Logger:
+    """The logger the server's HTTP layer reports to (aiohttp's own, filtered: _PeerMistakes)."""
+    logger = logging.getLogger("p2pnode.peer.http")
+    if not any(isinstance(f, _PeerMistakes) for f in logger.filters):
+        logger.addFilter(_PeerMistakes())
+    return logger
+
+
+def _connected(request: web.Request) -> bool:
+    return request.transport is not None and not request.transport.is_closing()
+
+
+def _closing(answer: web.HTTPException) -> web.HTTPException:
+    """`answer`, after which the connection closes (what is left of the body is read for
+    LINGER_SECONDS at most, then dropped)."""
+    answer.force_close()
+    return answer
 
 
 def _peer(request: web.Request) -> str:

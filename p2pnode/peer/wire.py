@@ -24,7 +24,7 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import zstandard
@@ -444,13 +444,15 @@ class BatchDecoder:
     """Incremental parser of a batch response.  `feed()` returns the frames completed so far.
 
     A frame is refused (WireError) if its hash was not asked for or came twice, its codec is
-    unknown (or a stream segment that was not asked for), or its lengths exceed the limits;
-    bytes after the end frame are refused too.
+    unknown (or a stream segment that was not asked for), or its lengths exceed the limits or
+    (`lengths`: each hash's raw length in the manifest) are not its line's; all before its
+    bytes are buffered.  Bytes after the end frame are refused too.
     """
 
     def __init__(self, wanted: Iterable[bytes], limits: Limits = DEFAULT_LIMITS,
-                 stream: bool = False) -> None:
+                 stream: bool = False, lengths: Mapping[bytes, int] | None = None) -> None:
         self._wanted = set(wanted)
+        self._lengths = lengths
         self._limits = limits
         self._codecs = (CODEC_RAW, CODEC_ZSTD, CODEC_ZSTD_STREAM) if stream else (CODEC_RAW, CODEC_ZSTD)
         """CODEC_ZSTD_STREAM only where it was asked for (BATCH_FORMAT_HEADER)."""
@@ -508,6 +510,9 @@ class BatchDecoder:
             raise WireError(f"{what}: unknown codec {codec}")
         if raw_len > self._limits.max_blob:
             raise WireError(f"{what}: raw length {raw_len} exceeds the limit of {self._limits.max_blob}")
+        listed = raw_len if self._lengths is None else self._lengths[blob_hash]
+        if raw_len != listed:
+            raise WireError(f"{what}: raw length {raw_len}, where the manifest says {listed}")
         bound = raw_len if codec == CODEC_RAW else max_stored_len(raw_len)
         if stored_len > bound or (codec == CODEC_RAW and stored_len != raw_len):
             raise WireError(f"{what}: stored length {stored_len} impossible for raw length {raw_len}")

@@ -17,7 +17,7 @@ from corpus import A6
 from p2pnode.library import access
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import provider, wire
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.tls import client_context
@@ -217,3 +217,25 @@ async def test_served_within_tells_the_background_gc_of_transfers(world: World, 
             break
         await asyncio.sleep(0.05)
     assert server.served_within(3600) and not server.served_within(0)
+
+
+async def test_catalog_waits_whose_peer_went_free_their_slots(world: World, server: PeerServer) -> None:
+    """A peer whose waiting catalog requests went (its link dropped) may wait again within
+    WAIT_CHECK_SECONDS, not only once catalog_wait (20 s) ran out."""
+    url = f"https://127.0.0.1:{server.port}" + wire.PATH_CATALOG
+    async with session(world, "alice") as s:
+        generation = wire.decode_catalog((await answer(s, "GET", url))[2]).generation
+    waits = [(s, asyncio.ensure_future(answer(s, "GET", f"{url}?wait={generation}")))
+             for s in (session(world, "alice") for _ in range(2))]
+    await asyncio.sleep(0.5)
+    assert sum(server._waiting.values()) == 2
+    for s, waiting in waits:
+        waiting.cancel()
+        await s.close()
+    await asyncio.sleep(provider.WAIT_CHECK_SECONDS + 0.5)
+    assert sum(server._waiting.values()) == 0
+    async with session(world, "alice") as s:
+        again = asyncio.ensure_future(answer(s, "GET", f"{url}?wait={generation}"))
+        await asyncio.sleep(0.5)
+        assert not again.done()  # held, not 429
+        again.cancel()

@@ -14,6 +14,8 @@ import os
 import random
 import shutil
 import ssl
+import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from aiohttp import web
 from p2pnode.errors import InvalidInput, NotFound, Refused, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import get, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, LineageError, _Fetch, fetch_branch
 from p2pnode.peer.identity import Identity, load_or_create_identity
@@ -41,6 +43,7 @@ from store.config import StoreConfig
 ALPHA = "sessions/--tmp-pi-harness-work-alpha--"
 A1 = f"{ALPHA}/2026-11-21T19-26-27-092Z_01a1ff93-0313-7475-8d45-88a780e9fa37.jsonl"
 A2 = f"{ALPHA}/2026-11-21T19-26-31-001Z_01a1ff93-1258-73ae-a9a4-6ce4a586df6a.jsonl"
+A3 = f"{ALPHA}/2026-11-21T19-26-32-251Z_01a1ff93-173a-7744-89ad-bbc16c12cc22.jsonl"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -233,6 +236,30 @@ async def test_wrong_bytes_for_the_whole_session(world) -> None:
     await refused(world, branch, VerificationFailed, "session .*: the received bytes hash to")
 
 
+async def test_a_frame_announcing_more_than_its_line_is_refused_before_its_bytes(world) -> None:
+    """A batch frame whose head declares 200 MiB for a line of the manifest's few hundred
+    bytes: refused at the head (its body is never buffered), where the limit alone (256 MiB a
+    line) let the fetcher take in 200 MiB first."""
+    liar = world["liar"]
+    branch = liar.add((world["corpus"] / A1).read_bytes())
+
+    async def inflated(request: web.Request) -> web.StreamResponse:
+        first = wire.decode_batch_request(await request.read())[0]
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(wire.BATCH_FRAME.pack(first, wire.CODEC_RAW, 200 << 20, 200 << 20))
+        for _ in range(64):  # 4 MiB of the body, then nothing: a fetcher still reading would wait
+            await response.write(b"\0" * (64 << 10))
+        for _ in range(600):  # until the fetcher hangs up (or 30 s)
+            if request.transport is None or request.transport.is_closing():
+                break
+            await asyncio.sleep(0.05)
+        return response
+
+    liar.handlers["batch"] = inflated
+    await refused(world, branch, VerificationFailed, "where the manifest says")
+
+
 async def test_manifest_that_lies_about_the_session(world) -> None:
     """Every line is genuine, but the manifest leaves one out: the re-hash to src catches it."""
     liar = world["liar"]
@@ -420,6 +447,51 @@ async def test_one_liar_among_honest_peers(world, tmp_path: Path) -> None:
     assert "failed verification" in dropped
 
 
+async def test_the_whole_session_fallback_holds_no_more_than_a_run_in_memory(world) -> None:
+    """Fallback path, a liar announcing 96 MiB of garbage as the session: the fetch is refused
+    by the hash with a few MB of Python memory at its peak (the bytes go to a temp file), where
+    it had held all of them (up to max_session, 8 GiB) before checking."""
+    liar = world["liar"]
+    data = (world["corpus"] / A1).read_bytes()
+    branch = liar.add(data)
+    liar.manifests.clear()
+    src = blake3.blake3(data).hexdigest()
+    size = 96 << 20
+
+    async def garbage(request: web.Request) -> web.StreamResponse:
+        if request.match_info["hash"] != src:
+            return await liar.object(request)
+        response = web.StreamResponse(headers={"Content-Length": str(size)})
+        await response.prepare(request)
+        for _ in range(size >> 20):
+            await response.write(os.urandom(1 << 20))
+        return response
+
+    liar.handlers["object"] = garbage
+    tracemalloc.start()
+    try:
+        await refused(world, branch, VerificationFailed, f"session {src}: the received bytes hash to")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, f"{peak >> 20} MiB at the peak"
+
+
+@pytest.mark.parametrize("run", [4096, 100_000])
+async def test_the_whole_session_fallback_in_runs_is_byte_identical(world, monkeypatch: pytest.MonkeyPatch,
+                                                                   run: int) -> None:
+    """Fallback path read back in runs smaller than the session (lines cut across runs)."""
+    monkeypatch.setattr(get, "READ_BACK", run)
+    liar = world["liar"]
+    data = (world["corpus"] / A3).read_bytes()  # 1.4 MB, image lines of ~700 KB
+    assert len(data) > 10 * run
+    branch = liar.add(data)
+    liar.manifests.clear()
+    result = await fetch(world, branch)
+    assert Path(result.path or "").read_bytes() == data
+    assert world["lib"].session_bytes(blake3.blake3(data).hexdigest()) == data
+
+
 async def test_cut_whole_blob_resumes_with_range(world) -> None:
     """Fallback path, link cut mid-body: the next request asks only for the rest (Range)."""
     liar = world["liar"]
@@ -570,18 +642,24 @@ def test_placement_never_leaves_partial_files(tmp_path: Path, corpus_dir: Path) 
     assert not again.written
 
 
-async def test_per_peer_request_limit_and_slow_reader(world, tmp_path: Path) -> None:
-    """A peer that stops reading holds its one allowed request (a second one gets 429) until
-    the slow-reader timeout cuts it off."""
-    lib, agent = world["lib"], world["agent"]
-    path = agent / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_big.jsonl"
+def share_big(w) -> str:
+    """A session of 24 MB that does not compress (more than the socket buffers hold), shared:
+    its src."""
+    path = w["agent"] / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_big.jsonl"
     path.parent.mkdir(parents=True)
     header = b'{"type":"session","version":3,"id":"big","timestamp":"2026-11-21T20:00:00.000Z","cwd":"/w"}\n'
     rnd = random.Random(5)
     body = b"".join(b'{"type":"custom","data":"' + rnd.randbytes(300_000).hex().encode() + b'"}\n'
-                    for _ in range(40))  # 24 MB that do not compress: more than the socket buffers hold
+                    for _ in range(40))
     path.write_bytes(header + body)
-    big = lib.share(str(path))
+    return w["lib"].share(str(path)).src
+
+
+async def test_per_peer_request_limit_and_slow_reader(world, tmp_path: Path) -> None:
+    """A peer that stops reading holds its one allowed request (a second one gets 429) until
+    the slow-reader timeout cuts it off."""
+    lib = world["lib"]
+    big_src = share_big(world)
     client, tls = trusted_client(world, tmp_path)
     server = PeerServer(lib, world["me"], world["trust"],
                         wire.Limits(max_concurrent_requests=1, slow_reader_timeout=1.5))
@@ -593,7 +671,7 @@ async def test_per_peer_request_limit_and_slow_reader(world, tmp_path: Path) -> 
 
     try:
         async with session() as slow, session() as other:
-            async with slow.get(base + wire.PATH_OBJECT.format(hash=big.src)) as stalled:
+            async with slow.get(base + wire.PATH_OBJECT.format(hash=big_src)) as stalled:
                 assert stalled.status == 200
                 await asyncio.sleep(0.3)  # the server is now blocked writing to us
                 async with other.get(base + wire.PATH_CATALOG) as second:
@@ -603,5 +681,36 @@ async def test_per_peer_request_limit_and_slow_reader(world, tmp_path: Path) -> 
                     await stalled.read()
             async with other.get(base + wire.PATH_CATALOG) as after:  # the slot is free again
                 assert after.status == 200
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("ask", ["object", "batch"])
+async def test_a_peer_that_stops_reading_is_disconnected_at_the_slow_reader_timeout(
+        world, tmp_path: Path, ask: str) -> None:
+    """Its connection is gone at slow_reader_timeout, not only its request: aborted, where a
+    TLS close would first wait (asyncio's 30 s) for the peer to take what is buffered, holding
+    one of its connection slots meanwhile."""
+    lib = world["lib"]
+    big_src = share_big(world)
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(lib, world["me"], world["trust"], wire.Limits(slow_reader_timeout=1.0))
+    await server.start("127.0.0.1", 0)
+    try:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+        if ask == "object":
+            writer.write(f"GET {wire.PATH_OBJECT.format(hash=big_src)} HTTP/1.1\r\nHost: p\r\n\r\n".encode())
+        else:
+            body = b"".join(r.hash for r in lib.line_manifest(big_src))
+            head = f"POST {wire.PATH_BATCH} HTTP/1.1\r\nHost: p\r\nContent-Length: {len(body)}\r\n\r\n"
+            writer.write(head.encode() + body)
+        t0 = time.monotonic()
+        while not server._connections and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.02)
+        assert server._connections  # authenticated and being served; the test never reads
+        while server._connections and time.monotonic() - t0 < 20:
+            await asyncio.sleep(0.05)
+        assert not server._connections and time.monotonic() - t0 < 1.0 + 2.0
+        writer.close()
     finally:
         await server.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from p2pnode.errors import Conflict, InvalidInput, PeerUnavailable, Verification
 from p2pnode.library.api import Library
 from p2pnode.node.daemon import CONTROL_MAX_BODY, FETCH_LIMITS, Node, NodeConfig
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import provider, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import OpenPerUse, fetch_branch
 from p2pnode.peer.identity import load_or_create_identity
@@ -414,12 +415,16 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
     return got
 
 
-@pytest.mark.parametrize("attack", ["huge content-length", "slowloris", "silent"])
-async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("attack, answer", [("huge content-length", b"HTTP/1.1 413"),
+                                            ("slow body", b"HTTP/1.1 408"),
+                                            ("slowloris", b""), ("silent", b"")])
+async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str, answer: bytes) -> None:  # noqa: F811
     """A trusted client of the test's own (raw bytes over real mTLS): a batch declaring 100 MB
-    and sending 10 bytes, headers trickled one line every 0.3 s, or nothing at all after the
-    handshake: the server closes the connection within its request deadline, and an honest
-    request on another connection is answered meanwhile."""
+    (413 at once), one declaring 1000 bytes and sending 10 (408 at the request deadline),
+    headers trickled one line every 0.3 s, or nothing at all after the handshake (closed at
+    the deadline): the server answers as PROTOCOL.md says and closes the connection without
+    waiting for the rest of the body, and an honest request on another connection is
+    answered meanwhile."""
     lib = world["lib"]
     client, tls = trusted_client(world, tmp_path)
     server = PeerServer(lib, world["me"], world["trust"], wire.Limits(request_timeout=1.5))
@@ -427,8 +432,9 @@ async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str) -> 
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
     trickling: asyncio.Task[None] | None = None
     try:
-        if attack == "huge content-length":
-            writer.write(b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nContent-Length: 100000000\r\n\r\n"
+        if attack in ("huge content-length", "slow body"):
+            declared = 100_000_000 if attack == "huge content-length" else 1000
+            writer.write(f"POST /v1/batch HTTP/1.1\r\nHost: p\r\nContent-Length: {declared}\r\n\r\n".encode()
                          + b"\0" * 10)
         elif attack == "slowloris":
             async def trickle_headers() -> None:
@@ -442,9 +448,11 @@ async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str) -> 
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s, \
                 s.get(f"https://127.0.0.1:{server.port}{wire.PATH_CATALOG}") as r:
             assert r.status == 200 and wire.decode_catalog(await r.read()).branches
-        answer = await _closed_within(reader, BOUND)
-        assert time.monotonic() - t0 < BOUND
-        assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+        got = await _closed_within(reader, BOUND)
+        took = time.monotonic() - t0
+        assert got.startswith(answer) and (answer or not got)
+        deadline = 0.0 if attack == "huge content-length" else 1.5  # request_timeout
+        assert took < deadline + provider.LINGER_SECONDS + 1.0  # the body's rest not waited for
     finally:
         if trickling is not None:
             trickling.cancel()
@@ -626,4 +634,26 @@ async def test_a_trusted_peer_gets_a_bounded_number_of_connections(world, tmp_pa
     finally:
         for _, writer in conns:
             writer.close()
+        await server.close()
+
+
+async def test_a_malformed_request_is_answered_400_and_logged_in_one_line(
+        world, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    """aiohttp logs a request it cannot parse at ERROR with a traceback: a trusted peer could
+    fill the node's log with them.  Here: 400, and one INFO line saying what was wrong."""
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(world["lib"], world["me"], world["trust"])
+    await server.start("127.0.0.1", 0)
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+                writer.write(b"GET /v1/catalog HTTP/1.1\r\nHost: p\r\nContent-Length: -1\r\n\r\n")
+                assert (await _closed_within(reader, BOUND)).split(b"\r\n")[0].endswith(b" 400 Bad Request")
+                writer.close()
+        http = [r for r in caplog.records if r.name == "p2pnode.peer.http"]
+        assert len(http) == 3 and all(r.levelno == logging.INFO and not r.exc_info for r in http)
+        assert "Content-Length" in http[0].getMessage() and "\n" not in http[0].getMessage()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
         await server.close()

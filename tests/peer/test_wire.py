@@ -89,6 +89,16 @@ def test_batch_refuses_unrequested_duplicate_and_bad_frames() -> None:
         wire.BatchDecoder([h(LINE)]).feed(wire.encode_batch_end(3))
 
 
+def test_batch_refuses_a_length_other_than_the_manifests_at_the_frame_head() -> None:
+    """A frame head declaring 200 MiB for a line the manifest says is 23 bytes is refused
+    from its head alone: nothing of the body it announces is waited for or buffered."""
+    dec = wire.BatchDecoder([h(LINE)], lengths={h(LINE): len(LINE)})
+    with pytest.raises(wire.WireError, match=f"raw length {200 << 20}, where the manifest says {len(LINE)}"):
+        dec.feed(wire.BATCH_FRAME.pack(h(LINE), wire.CODEC_RAW, 200 << 20, 200 << 20))
+    assert [wire.decode_blob(b) for b in wire.BatchDecoder([h(LINE)], lengths={h(LINE): len(LINE)})
+            .feed(_batch([LINE]))] == [LINE]
+
+
 def test_wrong_bytes_and_zstd_bomb_are_refused() -> None:
     wrong = wire.BatchBlob(h(LINE), wire.CODEC_RAW, len(LINE), LINE.replace(b"m", b"M"))
     with pytest.raises(wire.HashMismatch, match=LINE_HASH):
