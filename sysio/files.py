@@ -10,10 +10,12 @@ narrow what os.open asks for, and an existing file keeps its old mode).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from sysio.flush import flush_data, flush_dir
 
@@ -70,6 +72,27 @@ def open_private(path: Path, flags: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_regular(path: Path) -> BinaryIO | None:
+    """`path` opened for reading if it is a regular file, else None: a FIFO is opened without
+    waiting for a writer (a plain open would block until one comes, forever if none does), a
+    socket cannot be opened at all (ENXIO, EOPNOTSUPP)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:

@@ -22,8 +22,11 @@ def share_to(paths: NodePaths, names: list[str] | None) -> list[str] | None:
             except InvalidInput:
                 fp = None
             found = [p.node_id for p in trusted if p.fingerprint == fp]
-        if len(found) != 1:
-            what = "several trusted peers" if found else "no trusted peer"
-            raise InvalidInput(f"share --to {name}: {what} by that name or id (`p2pnode peers` lists them)")
+        if len(found) > 1:
+            raise InvalidInput(f"share --to {name}: several trusted peers by that name: {', '.join(found)}; "
+                               "give the id of the one meant")
+        if not found:
+            raise InvalidInput(f"share --to {name}: no trusted peer by that name or id "
+                               "(`p2pnode peers` lists them)")
         ids.append(found[0])
     return sorted(set(ids))

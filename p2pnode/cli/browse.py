@@ -14,6 +14,7 @@ from p2pnode.cli.render import one_line, print_json, shown
 from p2pnode.errors import PeerUnavailable
 from p2pnode.node.routing import via_node
 from p2pnode.paths import NodePaths
+from p2pnode.peer.offers import unanswered
 
 
 def cmd_browse(args: argparse.Namespace) -> int:
@@ -25,9 +26,12 @@ def cmd_browse(args: argparse.Namespace) -> int:
     answer = via_node(paths, "browse", {"peers": [str(p) for p in given]})
     if answer is None:
         answer = _browse_here(paths, given)
-    for p in answer["peers"]:
-        if p["error"]:
-            print(f"p2pnode: warning: {shown(_who(p))} did not answer: {shown(p['error'])}", file=sys.stderr)
+    failed = [p for p in answer["peers"] if p["error"]]
+    why = "; ".join(f"{shown(_who(p))}: {shown(p['error'])}" for p in failed)
+    if failed and len(failed) == len(answer["peers"]):  # asked, and none answered: why, by the exit code
+        raise unanswered(p.get("exit_code") for p in failed)(f"no peer asked answered: {why}")
+    for p in failed:
+        print(f"p2pnode: warning: {shown(_who(p))} did not answer: {shown(p['error'])}", file=sys.stderr)
     if args.json:
         print_json(answer)
     else:

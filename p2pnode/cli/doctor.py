@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from p2pnode.cli import argtypes
 from p2pnode.cli.render import print_json, shown
 
 MARKS = {"ok": "ok  ", "fail": "FAIL", "skip": "skip"}
@@ -31,6 +32,7 @@ def add_doctor_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check the store, the node, reachability, mDNS, mutual trust and "
                                       "Pi's session dir; one line each, with what to do")
     p.add_argument("--session-dir", help="Pi's --session-dir, if you pass one to pi")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds for each network check (default 3)")
+    p.add_argument("--timeout", type=argtypes.seconds, default=3.0,
+                   help="seconds for each network check (default 3)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)

@@ -6,6 +6,7 @@ import argparse
 import time
 from typing import Any
 
+from p2pnode.cli import argtypes
 from p2pnode.cli.render import one_line, print_json, short, shown
 from p2pnode.library.audit import AuditLog
 
@@ -53,6 +54,6 @@ def log_line(e: dict[str, Any]) -> str:
 
 def add_log_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("log", help="the audit trail: shared, unshared, expired, fetched, served to whom")
-    p.add_argument("-n", "--limit", type=int, default=0, help="only the last N events")
+    p.add_argument("-n", "--limit", type=argtypes.count, help="only the last N events (N >= 1)")
     p.add_argument("--json", action="store_true", help="a JSON list of the events, oldest first")
     p.set_defaults(func=cmd_log)

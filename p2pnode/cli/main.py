@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from p2pnode import __version__
-from p2pnode.cli import browse
+from p2pnode.cli import argtypes, browse
 from p2pnode.cli.access import share_to
 from p2pnode.cli.doctor import add_doctor_commands
 from p2pnode.cli.follow import add_follow_commands
@@ -44,9 +45,9 @@ from p2pnode.cli.render import (
     shown,
 )
 from p2pnode.cli.space import add_space_commands
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.node.control_client import NodeLibrary
-from p2pnode.node.routing import open_library, share_handoff, via_node, via_node_streamed
+from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
 from p2pnode.paths import NodePaths
 
 Command = Callable[[argparse.Namespace], int]
@@ -111,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add_node_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the node in the foreground: store service, peer server, mDNS")
-    p.add_argument("--port", type=int,
+    p.add_argument("--port", type=argtypes.port,
                    help="HTTPS peer port (default 47470, or a free one if that is taken; 0 = any free port)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     p.add_argument("--no-mdns", action="store_true", help="neither announce nor browse on the LAN")
@@ -147,19 +148,22 @@ def cmd_share(args: argparse.Namespace) -> int:
                "cwd": os.getcwd(), "pi": pi.as_dict(), "allow_secrets": args.allow_secrets,
                "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
     with TransferBar(label="share") as bar:
-        try:
-            result = via_node_streamed(node_paths(args), "share", payload, bar.event)  # + "fetch", "ticket"
-        except KeyboardInterrupt:
-            print("p2pnode: the running node finishes the share on its own (`p2pnode ls` then lists it; "
-                  "`p2pnode unshare` withdraws it)", file=sys.stderr)
-            raise
-        if result is None:
-            with open_library(node_paths(args)) as lib:
-                result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
-                                   allow_secrets=args.allow_secrets, redact=args.redact,
-                                   expires=payload["expires"], to=payload["to"], progress=bar).as_dict()
-                held = [b.branch for b in lib.branches(include_unshared=True)]
-            result.update(share_handoff(result["branch"], held, None, []))  # no node: no address for a ticket
+        def here(lib: Any) -> dict[str, Any]:
+            result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
+                               allow_secrets=args.allow_secrets, redact=args.redact,
+                               expires=payload["expires"], to=payload["to"], progress=bar).as_dict()
+            held = [b.branch for b in lib.branches(include_unshared=True)]
+            return dict(result, **share_handoff(result["branch"], held, None, []))  # no node: no ticket
+
+        def ask(paths: NodePaths, op: str, body: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                return via_node_streamed(paths, op, body, bar.event)  # + "fetch", "ticket"
+            except KeyboardInterrupt:
+                print("p2pnode: the running node finishes the share on its own (`p2pnode ls` then lists it; "
+                      "`p2pnode unshare` withdraws it)", file=sys.stderr)
+                raise
+
+        result = routed(node_paths(args), "share", payload, here, ask)
     ticket, command = result.pop("ticket"), result.pop("fetch")
     print_share_notes(result)
     for warning in result.get("warnings", []):
@@ -179,7 +183,7 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    if args.peers:
+    if args.peers or args.peer:  # a peer to ask (--from) is a listing of peers' offers
         return browse.cmd_browse(args)
     with open_library(node_paths(args)) as lib:
         infos = lib.sessions_latest(include_unshared=args.all)  # one row per session: its latest version
@@ -224,7 +228,14 @@ def cmd_cat(args: argparse.Namespace) -> int:
             answer.close()
         else:
             spool = _reader_paced(out, lib)
-            lib.write_session(info.src, (spool or out).write)
+            try:
+                lib.write_session(info.src, (spool or out).write)
+            except OSError as exc:  # no room beside the store for the spool: straight out, as to a file
+                if spool is None or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                spool.close()
+                spool = None
+                lib.write_session(info.src, out.write)
     if spool is not None:  # the store is free again; the reader takes its time
         with spool:
             spool.seek(0)
@@ -254,10 +265,9 @@ def _spool(lib: Any) -> BinaryIO:
 
 
 def cmd_unshare(args: argparse.Namespace) -> int:
-    branch = args.branch
-    if via_node(node_paths(args), "unshare", {"branch": branch}) is None:
-        with open_library(node_paths(args)) as lib:
-            branch = lib.unshare(branch).branch
+    answer = routed(node_paths(args), "unshare", {"branch": args.branch},
+                    lambda lib: {"branch": lib.unshare(args.branch).branch})
+    branch = answer.get("branch", args.branch)
     if args.json:
         print_json({"branch": branch, "offered": False})
     else:
@@ -281,7 +291,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
                    help="stop serving it after 30m, 12h, 7d, 2w or 'never' "
                         "(default: share_expires in the node's config.json, else never)")
     p.add_argument("--to", nargs="+", metavar="PEER",
-                   help="offer it only to these trusted peers (names or ids; default: all trusted peers)")
+                   help="offer it only to these trusted peers (names or ids; default: all trusted peers); "
+                        "give it after the session: it takes every word that follows")
     p.add_argument("--json", action="store_true", help="hash, src, parent, header fields, sizes, ancestors")
     p.add_argument("--live", action="store_true",
                    help="the running node shares it again whenever it grows (`p2pnode live` lists them)")
@@ -455,8 +466,8 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_peers)
     p = sub.add_parser("fetch", help="fetch a branch and its lineage from peers, verified")
     p.add_argument("target", metavar="BRANCH|TICKET|SESSION",
-                   help="a branch hash, a unique prefix of one (as `browse` lists), a Pi session id "
-                        "(its latest version), or a p2p1: ticket")
+                   help="a branch hash, a unique prefix of one (as `browse` lists), a Pi session id or "
+                        "a unique start of one up to a dash at least (its latest version), or a p2p1: ticket")
     p.add_argument("--exact", action="store_true",
                    help="fetch this very version, not the latest version of its session that peers offer")
     p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT|NAME",
@@ -468,7 +479,7 @@ def add_peer_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("serve-peers", help="run only the HTTPS peer server (no mDNS, no store service)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    p.add_argument("--port", type=argtypes.port, default=0, help="0 = any free port (printed)")
     p.set_defaults(func=cmd_serve_peers)
 
 
@@ -480,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "fork lineage, with teammates on the LAN; every byte verified by hash.")
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
     parser.add_argument("--home", help="node state directory (default: $P2PNODE_HOME or the user state dir)")
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")
+    parser.add_argument("--log-level", type=argtypes.log_level,
+                        help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_store_commands(sub)
     add_node_commands(sub)
@@ -543,7 +555,7 @@ def run() -> None:
 def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeError:
     """The P2PNodeError (message and exit code) to report for any exception a command raised."""
     from p2pnode.node.control_client import store_in_use
-    from store.errors import PayloadTooLarge, StoreLocked
+    from store.errors import CorruptRecord, PayloadTooLarge, StoreFailed, StoreLocked, UnknownBlob
 
     if isinstance(exc, P2PNodeError):
         return exc
@@ -551,19 +563,29 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
         return store_in_use(node_paths(args), "open the store")
     if isinstance(exc, PayloadTooLarge):
         return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
+    if isinstance(exc, StoreFailed):  # a full disk, an I/O error: this process's store took no write since
+        return P2PNodeError(f"the store at {exc.path} could not write ({exc.reason}); what failed was not "
+                            "recorded: make room (or mend the disk), then run it again")
+    if isinstance(exc, CorruptRecord | UnknownBlob):  # damage fsck finds (FORMAT.md), refused as a bad hash
+        return VerificationFailed(f"the store is damaged: {exc} (`p2pnode fsck` lists what; a session whose "
+                                  "lines are lost can be shared or fetched again once `fsck --repair` ran)")
     if isinstance(exc, OSError):
-        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc)}"
+        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc, args)}"
         if isinstance(exc, FileNotFoundError):
             return NotFound(text)
-        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError):
+        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError) \
+                or exc.errno == errno.EROFS:
             return InvalidInput(text)  # a path given that cannot be used: another file, or not ours
         return P2PNodeError(text)
     hint = f" (run with {DEBUG_ENV}=1 for the traceback)" if os.environ.get(DEBUG_ENV) != "1" else ""
     return P2PNodeError(f"unexpected error: {str(exc) or 'no details'}{hint}")
 
 
-def _os_error_subject(exc: OSError) -> str:
+def _os_error_subject(exc: OSError, args: argparse.Namespace | None) -> str:
+    """The files an OSError names, else where the command was writing (a full disk: which one)."""
     names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    if not names and args is not None:
+        return f"in the node's home {node_paths(args).home}"
     return " -> ".join(names) or "(no file named)"
 
 

@@ -5,6 +5,7 @@ Nothing here decides anything; main.py parses and dispatches."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 import time
@@ -147,7 +148,7 @@ def print_versions(info: BranchInfo, versions: list[BranchInfo]) -> None:
         here = "   <- this branch" if v.branch == info.branch else ""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.shared_at / 1000))
         print(f"  v{v.version:<4} {short(v.branch)}  {v.lines:>6} lines  {v.size:>10} bytes  {when}"
-              f"{'' if v.offered else ' (unshared)'}{here}")
+              f"{access_note(v)}{here}")
 
 
 def access_note(info: BranchInfo, now: float | None = None) -> str:
@@ -164,11 +165,12 @@ def access_note(info: BranchInfo, now: float | None = None) -> str:
 
 
 def duration(seconds: float) -> str:
-    """4d, 3h, 12m, 40s: the largest whole unit."""
+    """4d, 3h, 12m, 40s: time left in the largest unit it fills, rounded up (`--expires 7d`
+    shows 7d at once, not 6d)."""
     for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{max(int(seconds), 0)}s"
+            return f"{-(-seconds // size):.0f}{unit}"
+    return f"{max(math.ceil(seconds), 0)}s"
 
 
 def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], children: list[BranchInfo]) -> None:

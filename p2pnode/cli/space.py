@@ -10,12 +10,9 @@ from p2pnode.cli.render import one_line, print_json, short
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from p2pnode.cli.main import node_paths
-    from p2pnode.node.routing import open_library, via_node_streamed
+    from p2pnode.node.routing import routed, via_node_streamed
 
-    report = via_node_streamed(node_paths(args), "gc", {})
-    if report is None:
-        with open_library(node_paths(args)) as lib:
-            report = lib.gc().as_dict()
+    report = routed(node_paths(args), "gc", {}, lambda lib: lib.gc().as_dict(), via_node_streamed)
     if args.json:
         print_json(report)
     else:
@@ -25,13 +22,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from p2pnode.cli.main import node_paths
-    from p2pnode.node.routing import open_library, via_node_streamed
+    from p2pnode.node.routing import routed, via_node_streamed
     from p2pnode.node.upkeep import remove_and_collect
 
-    result = via_node_streamed(node_paths(args), "rm", {"target": args.target})
-    if result is None:
-        with open_library(node_paths(args)) as lib:
-            result = remove_and_collect(lib, args.target)
+    result = routed(node_paths(args), "rm", {"target": args.target},
+                    lambda lib: remove_and_collect(lib, args.target), via_node_streamed)
     if args.json:
         print_json(result)
         return 0

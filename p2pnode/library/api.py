@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+import blake3
+
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library import access, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
@@ -33,8 +35,8 @@ from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.pi import secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import CHUNK, FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
-from p2pnode.pi.lines import LineRef
-from p2pnode.pi.session import HostileHeader, LineageCycle
+from p2pnode.pi.lines import LineRef, LineSplitter
+from p2pnode.pi.session import HostileHeader, LineageCycle, is_session_id
 from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
@@ -377,7 +379,7 @@ class Library:
             found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
             with self._lock:
                 if found and not allow_secrets:
-                    raise secrets.SecretsFound([(where, f) for where, _, f in found])
+                    raise secrets.SecretsFound([(where, f) for where, _, f in found], redacted=redact)
                 for branch in {b for _, b, _ in found if b is not None}:
                     self.sessions.mark_secrets_allowed(branch)
                 live = {r.branch: r for r in self.sessions.branches()
@@ -579,6 +581,7 @@ class Library:
         cached = self.hasher.cached(path)
         if cached is not None and self.sessions.has_version(cached.blake3):
             version = self.sessions.version(cached.blake3)
+            self._restore_lost(path, version)
         else:
             version, warnings = self._import(path, header, like, progress)
         left_out = path.stat().st_size - version.size
@@ -586,6 +589,31 @@ class Library:
             warnings.append(f"{path}: shared its complete lines ({version.size} bytes); the {left_out} bytes "
                             "after the last newline (a line Pi is still writing) are left for the next share")
         return version, warnings
+
+    def _restore_lost(self, path: Path, version: Version) -> None:
+        """The lines of a held version that the store lost (a damaged record `fsck --repair`
+        dropped, a pack cut short) put back from the file shared again, each checked against
+        its hash: sharing the file again heals what fsck reported, as fetching it again does.
+        Costs the turn records and one index lookup a line when nothing was lost."""
+        with self._lock:
+            hashes = self.sessions.line_hashes(version.src)
+            lost = {h for h, held in zip(hashes, self.store.has_blobs(hashes), strict=True) if not held}
+        if not lost:
+            return
+        with open(path, "rb") as f:
+            splitter, left = LineSplitter(), version.size
+            while lost and left > 0 and (chunk := f.read(min(CHUNK, left))):
+                left -= len(chunk)
+                lines = list(splitter.feed(chunk))
+                if left == 0 and (last := splitter.rest()) is not None:  # a last line without its newline
+                    lines.append(last)
+                for line in lines:
+                    if (h := blake3.blake3(line).digest()) in lost:
+                        self.store.put_blob(line)
+                        lost.discard(h)
+        if lost:
+            raise VerificationFailed(f"{path}: {len(lost)} line(s) of its stored version {version.src} are "
+                                     "lost from the store and are not in the file either (`p2pnode fsck`)")
 
     def _offer_file(self, path: Path, version: Version, parent: str | None,
                     lineage_cut: str | None = None) -> BranchInfo:
@@ -639,11 +667,14 @@ class Library:
         text = text.strip().lower()
         if is_hash_hex(text):
             return text
-        if len(text) < 4 or any(c not in "0123456789abcdef" for c in text):
-            raise InvalidInput(f"{text!r} is not a branch hash (64 hex characters) or a prefix of one")
+        if not 4 <= len(text) < 64 or any(c not in "0123456789abcdef" for c in text):
+            raise InvalidInput(f"{text!r} is not a branch hash (64 hex characters) or a prefix of one "
+                               "(at least 4)")
         matches = [r.branch for r in self.sessions.branches() if r.branch.startswith(text)]
         if len(matches) != 1:
-            raise NotFound(f"branch prefix {text!r} matches {len(matches)} known branches")
+            names = ", ".join(m[:16] for m in sorted(matches)[:8])
+            which = f": {names}; give more of the hash" if matches else ""
+            raise NotFound(f"branch prefix {text!r} matches {len(matches)} known branches{which}")
         return matches[0]
 
     def _info(self, record: BranchRecord, path: str | None = None) -> BranchInfo:
@@ -1185,6 +1216,8 @@ class Library:
         by_session = [r for v in self.sessions.versions_of(text) for r in self.sessions.branches_of(v.src)]
         if by_session:
             return by_session
+        if is_session_id(text):
+            raise NotFound(f"no branch of Pi session {text} is held here")
         return [self.sessions.branch(self.resolve_branch(text))]
 
     def space(self) -> dict[str, int]:

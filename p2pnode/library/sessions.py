@@ -732,6 +732,8 @@ class SessionStore:
         now = int(time.time() * 1000)
         existing = self._state.branches.get(branch)
         if existing is not None:
+            if not self.store.has_blob(bytes.fromhex(branch)):  # its sidecar's bytes lost (fsck): put back
+                self.store.put_blob(sidecar)
             cut = lineage_cut or existing.lineage_cut
             if existing.offered:
                 record = replace(existing, shared_at=now, lineage_cut=cut)

@@ -17,15 +17,18 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from p2pnode.errors import InvalidInput, P2PNodeError
+from p2pnode.errors import InvalidInput, P2PNodeError, VerificationFailed
 from p2pnode.node.transfers import EVENT_INTERVAL
+from store.errors import CorruptRecord, StoreFailed, UnknownBlob
 
 log = logging.getLogger("p2pnode.node")
 T = TypeVar("T")
 
-CALLERS_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
-"""OSErrors that only a path the caller named can cause (a share of a 10,000-character name was a
-500 and a traceback): bad input, answered 400 with exit 4, as the CLI reports it without a node."""
+CALLERS_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
+                       errno.EACCES, errno.EPERM}
+"""OSErrors that a path the caller named causes (a share of a 10,000-character name, or of a
+file its user may not read, was a 500 and a traceback): bad input, answered 400 with exit 4
+and the path, as the CLI reports it without a node (the node runs as the same user)."""
 
 
 def callers_path_error(exc: OSError) -> InvalidInput | None:
@@ -35,11 +38,26 @@ def callers_path_error(exc: OSError) -> InvalidInput | None:
     return InvalidInput(f"{(exc.strerror or 'system error').lower()}: {names[:300] or '(no file named)'}")
 
 
+def known_error(exc: BaseException) -> P2PNodeError | None:
+    """What a failure the node can name means for the command that asked (no traceback): a
+    path the caller named, the store refusing writes after a failed write (a full disk), a
+    damaged record."""
+    if isinstance(exc, P2PNodeError):
+        return exc
+    if isinstance(exc, StoreFailed):
+        return P2PNodeError(f"the node's store at {exc.path} could not write ({exc.reason}) and refuses "
+                            "writes since: make room (or mend the disk), then restart the node "
+                            "(`p2pnode serve`)")
+    if isinstance(exc, CorruptRecord | UnknownBlob):
+        return VerificationFailed(f"the node's store is damaged: {exc} (`p2pnode fsck` lists what)")
+    return callers_path_error(exc) if isinstance(exc, OSError) else None
+
+
 def error_event(exc: Exception) -> dict[str, Any]:
     """A failure after an NDJSON answer began, as its last event: the message and exit code a
     one-reply answer gives (daemon._errors_as_json)."""
-    error = callers_path_error(exc) if isinstance(exc, OSError) else exc
-    if isinstance(error, P2PNodeError):
+    error = known_error(exc)
+    if error is not None:
         return {"event": "error", "message": str(error), "exit_code": error.exit_code}
     log.error("control request failed", exc_info=exc)
     return {"event": "error", "exit_code": 1,

@@ -84,10 +84,21 @@ def _exchange(paths: NodePaths, op: str, payload: dict[str, Any], timeout: float
         return read(resp)
     except (FileNotFoundError, ConnectionRefusedError):
         return None  # a socket file left by a killed node: nobody is listening
+    except _OutputFailed as exc:
+        raise exc.error from None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise PeerUnavailable(f"the running node at {path} did not {doing} {op}: {exc}") from exc
     finally:
         conn.close()
+
+
+class _OutputFailed(Exception):
+    """The caller's own output failed while it took the node's events (its stdout closed:
+    `cat | head`): passed on as it is, not as the node's failure."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _connected(path: Path, timeout: float) -> socket.socket:
@@ -123,7 +134,10 @@ def call_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
                 return dict(event["result"])
             if event.get("event") == "error":
                 raise NodeError(str(event.get("message")), int(event.get("exit_code", 1)))
-            on_event(event)
+            try:
+                on_event(event)
+            except OSError as exc:
+                raise _OutputFailed(exc) from exc
         raise PeerUnavailable(f"the running node at {control_socket(paths)} stopped before {op} ended")
 
     return _exchange(paths, op, dict(payload, stream=True), timeout, "finish", events)

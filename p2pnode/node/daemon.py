@@ -59,7 +59,7 @@ from p2pnode.discovery.mdns import Discovery, Peer, listen_addresses
 from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.node import upkeep
-from p2pnode.node.answers import callers_path_error, streamed
+from p2pnode.node.answers import known_error, streamed
 from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
 from p2pnode.node.live import LiveShares
@@ -469,9 +469,9 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
     try:
         try:
             return await handler(request)
-        except OSError as exc:
-            error = callers_path_error(exc)
-            if error is None:
+        except Exception as exc:
+            error = known_error(exc)
+            if error is None or error is exc:
                 raise
             raise error from None
     except P2PNodeError as exc:

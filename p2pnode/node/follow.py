@@ -135,6 +135,8 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
                                       for p in candidates), return_exceptions=True)
     answered = [(p, c) for p, c in zip(candidates, catalogs, strict=True)
                 if isinstance(c, wire.CatalogMessage)]
+    if session:
+        target = _session_id(target, [c for _, c in answered])
     found = [(p, e) for p, c in answered if (e := newest_entry(c.branches, target)) is not None]
     if not found:
         if session:
@@ -156,6 +158,17 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
     note = (f"{what} latest version{f' (v{best.version})' if best.version else ''} is {best.branch}: "
             f"fetching that{'' if session else ' (--exact fetches the one asked for)'}")
     return Newest(best.branch, offering, note, target if session else None, extends)
+
+
+def _session_id(text: str, catalogs: Sequence[wire.CatalogMessage]) -> str:
+    """The Pi session id `text` names: itself, or the one offered id that starts with it;
+    NotFound when several do."""
+    ids = {i for c in catalogs for e in c.branches
+           if isinstance(i := e.header.get("id"), str) and i.startswith(text)}
+    if text in ids or len(ids) < 2:
+        return ids.pop() if len(ids) == 1 else text
+    raise NotFound(f"{text!r} starts the ids of {len(ids)} offered sessions: {', '.join(sorted(ids)[:8])}; "
+                   "give more of it")
 
 
 async def _catalog(peer: PeerAddress, identity: Identity, trust: TrustStore,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from p2pnode.errors import PeerUnavailable
 from p2pnode.node.control_client import (
     CONTROL_TIMEOUT,
     FETCH_TIMEOUT,
@@ -38,6 +39,24 @@ def via_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
     between them, not the work (as one silent reply, a big share failed in the command after
     30 s while the node went on).  None: no node, act here."""
     return call_node_streamed(paths, op, payload, on_event, timeout=CONTROL_TIMEOUT)
+
+
+Asker = Callable[[NodePaths, str, dict[str, Any]], "dict[str, Any] | None"]
+
+
+def routed(paths: NodePaths, op: str, payload: dict[str, Any], here: Callable[[Any], dict[str, Any]],
+           ask: Asker = via_node) -> dict[str, Any]:
+    """A command that writes: `op` through the running node (`ask`), else `here(library)` on
+    the store itself.  A node that started between the two holds the store by then: it is
+    asked after all (its read-only library cannot do the work)."""
+    for _ in range(2):
+        answer = ask(paths, op, payload)
+        if answer is not None:
+            return answer
+        with open_library(paths) as lib:
+            if not isinstance(lib, NodeLibrary):
+                return here(lib)
+    raise PeerUnavailable(f"the node at {paths.home} started and stopped while `{op}` began; run it again")
 
 
 def open_library(paths: NodePaths) -> Any:

@@ -74,7 +74,7 @@ def judge(exc: BaseException) -> Failure | None:
     if isinstance(exc, InvalidInput):  # bytes that hash right but are not valid (a bad sidecar)
         return Failure(FailureAction.DROP, f"sent invalid data: {exc}", InvalidInput)
     if isinstance(exc, https.CertificateError):
-        return Failure(FailureAction.DROP, f"TLS: {exc.certificate_error}", Refused)
+        return Failure(FailureAction.DROP, f"TLS: {exc.reason}", Refused)
     if isinstance(exc, TimeoutError | https.ClientError | OSError):
         return Failure(FailureAction.RETRY)
     return None
@@ -87,6 +87,9 @@ class PeerPool:
                  limits: wire.Limits, connections: Connections | None = None) -> None:
         """`connections`: HTTPS sessions kept across a command's steps (link.Connections)."""
         for p in peers:
+            if p.node_id and p.node_id == identity.node_id:
+                raise InvalidInput(f"{p.node_id} is this node's own id: name the peer's (it prints it with "
+                                   "`p2pnode id`)")
             if p.node_id and not trust.is_trusted(parse_node_id(p.node_id)):
                 raise Refused(f"node {p.node_id} is not trusted here; run `p2pnode trust {p.node_id}` first")
         self.peers = [PeerLink(p, identity, trust, limits, connections) for p in dict.fromkeys(peers)]
@@ -106,7 +109,7 @@ class PeerPool:
 
     def drop(self, peer: PeerLink, reason: str, failure: type[P2PNodeError]) -> None:
         peer.dropped, peer.failure = reason, failure
-        log.warning("dropping peer %s for this fetch: %s", peer.addr, reason)
+        log.info("dropping peer %s for this fetch: %s", peer.addr, reason)  # the result or error says it too
 
     async def run(self, what: str, op: Callable[[PeerLink], Awaitable[T]]) -> T:
         """`op` on the first peer that does it; raises an error that says what each peer did."""

@@ -946,7 +946,7 @@ def _publish(lib: FetchTarget, out: Output, branch: str, done: Assembled) -> Pla
         else:
             placed = out.file.publish(content, placed_files)
     except PlacementConflict as exc:
-        return exc
+        return exc.naming(branch)
     lib.record_path(branch, placed.path)
     return placed
 
@@ -972,7 +972,7 @@ def _place(agent_dir: Path, branch: str, src: str, lib: FetchTarget,
     try:  # publish removes the temp file, whatever happens
         placed = out.publish(Content(src, done.placed_size, done.placed_hex, done.newline_hex), placed_files)
     except PlacementConflict as exc:
-        return exc
+        return exc.naming(branch)
     lib.record_path(branch, placed.path)
     return placed
 

@@ -52,7 +52,11 @@ class CertificateError(ConnectError):
     """The TLS handshake refused the peer's certificate (tls.py's pin check): `certificate_error`."""
 
     def __init__(self, certificate_error: ssl.SSLCertVerificationError) -> None:
-        super().__init__(str(certificate_error), certificate_error)
+        reason: object = certificate_error.args
+        while isinstance(reason, tuple) and len(reason) == 1:  # the pin check's message, however wrapped
+            reason = reason[0]
+        self.reason = str(certificate_error) if isinstance(reason, tuple) else str(reason)
+        super().__init__(self.reason, certificate_error)
         self.certificate_error = certificate_error
 
 

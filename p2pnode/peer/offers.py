@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import is_hash_hex
 
@@ -37,6 +37,8 @@ class PeerOffer:
     addresses: list[PeerAddress]
     catalog: wire.CatalogMessage | None = None
     error: str | None = None
+    failure: type[P2PNodeError] = PeerUnavailable
+    """What kind of failure `error` is (Refused: the peer does not trust this node)."""
 
 
 def by_node(addresses: Iterable[PeerAddress]) -> list[list[PeerAddress]]:
@@ -61,14 +63,14 @@ async def ask_catalogs(nodes: list[list[PeerAddress]], identity: Identity, trust
         try:
             pool = PeerPool(addresses, identity, trust, wire.DEFAULT_LIMITS, connections)
         except P2PNodeError as exc:  # an untrusted node named by --from
-            return PeerOffer(addresses, error=str(exc))
+            return PeerOffer(addresses, error=str(exc), failure=type(exc))
         try:
             catalog = await asyncio.wait_for(pool.run("catalog", lambda p: p.catalog()), timeout)
             return PeerOffer(addresses, catalog=catalog)
         except TimeoutError:
             return PeerOffer(addresses, error=f"no answer within {timeout:g} s")
         except P2PNodeError as exc:
-            return PeerOffer(addresses, error=str(exc))
+            return PeerOffer(addresses, error=str(exc), failure=type(exc))
         finally:
             await pool.close()
 
@@ -109,8 +111,10 @@ async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity
 
 def resolve(text: str, offers: list[PeerOffer]) -> tuple[str, list[PeerAddress]]:
     """The one branch the hash prefix `text` names among what the peers offer, and the peers
-    offering it.  NotFound (exit 3) for no match or several, naming them.  (A Pi session id
-    names the newest version of a session: node/follow.py's newest_to_fetch.)"""
+    offering it.  NotFound (exit 3) for no match or several, naming them; when no peer could
+    be asked, what kept them from answering (unreachable: PeerUnavailable, exit 6; refused:
+    Refused, exit 8).  (A Pi session id names the newest version of a session:
+    node/follow.py's newest_to_fetch.)"""
     t = check_target(text)
     holders: dict[str, list[PeerAddress]] = {}
     entries: dict[str, wire.CatalogEntry] = {}
@@ -124,6 +128,9 @@ def resolve(text: str, offers: list[PeerOffer]) -> tuple[str, list[PeerAddress]]
         return branch, holders[branch]
     asked = [o for o in offers if o.catalog is not None]
     silent = [f"{o.addresses[0]}: {o.error}" for o in offers if o.error]
+    if not entries and not asked and silent:
+        failure = unanswered(o.failure.exit_code for o in offers if o.error)
+        raise failure(f"no peer could be asked for {text!r}: {'; '.join(silent)}")
     if not entries:
         why = f"; not asked: {'; '.join(silent)}" if silent else ""
         raise NotFound(f"no branch matching {text!r} is offered by the {len(asked)} peer(s) asked{why}")
@@ -162,6 +169,7 @@ def offered_rows(answers: list[PeerOffer], names: dict[str, str | None]) -> dict
         who = {"node_id": node_id, "name": names.get(node_id) if node_id else None,
                "short_id": node_id.split("-")[0] if node_id else None}  # its first group, as Syncthing
         peers.append(dict(who, addresses=[str(x) for x in a.addresses], error=a.error,
+                          exit_code=a.failure.exit_code if a.error else None,
                           offers=len(a.catalog.branches) if a.catalog else None))
         for versions in _sessions(a.catalog.branches if a.catalog else []):
             e = versions[-1]
@@ -189,6 +197,16 @@ def _project(cwd: object) -> str | None:
         return None
     parts = [p for p in cwd.replace("\\", "/").split("/") if p]
     return parts[-1] if parts else cwd
+
+
+_FAILURES = {e.exit_code: e for e in (InvalidInput, PeerUnavailable, Refused)}
+
+
+def unanswered(exit_codes: Iterable[int | None]) -> type[P2PNodeError]:
+    """The failure of asking peers none of whom answered, from the exit codes of theirs: theirs
+    when they all failed alike (all refused this node: Refused), else PeerUnavailable."""
+    kinds = {_FAILURES.get(code or 0, PeerUnavailable) for code in exit_codes}
+    return kinds.pop() if len(kinds) == 1 else PeerUnavailable
 
 
 def no_peers(text: str) -> PeerUnavailable:

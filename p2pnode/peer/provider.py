@@ -63,10 +63,14 @@ from p2pnode.peer.spki import spki_sha256
 from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.sidecar import is_hash_hex
+from store.errors import CorruptRecord, UnknownBlob
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Bytes = bytes | memoryview
+DAMAGED = (CorruptRecord, UnknownBlob, VerificationFailed)
+"""What reading this node's own store raises when a record fails its checks or is lost
+(FORMAT.md): a damaged copy, not served (and one line in the log, not a traceback)."""
 
 CHUNK = 1 << 20
 Group = tuple[bytes, list[str], int, int, float]
@@ -257,6 +261,12 @@ class PeerServer:
         try:
             return await handler(request)
         except web.HTTPNotFound:  # no such route: the same answer as a hash that does not exist
+            return _not_found()
+        except DAMAGED as exc:  # this node's copy fails its checks: not served, the peer asks others
+            log.warning("not serving %s: this node's copy is damaged (`p2pnode fsck`): %s", request.path, exc)
+            if request.writer.output_size:  # the answer began: cut it (the fetcher verifies what came)
+                transport.abort()
+                raise ConnectionResetError("damaged in the store") from None
             return _not_found()
         finally:
             self._busy.discard(transport)
@@ -572,7 +582,12 @@ class PeerServer:
             pos += 1
             if self.lib.offered_object(h.hex(), peer) != "line":
                 continue
-            blob = self.lib.stored_line(h)
+            try:
+                blob = self.lib.stored_line(h)
+            except DAMAGED as exc:  # left out, as a line not served is: the fetcher asks other holders
+                log.warning("not serving line %s: this node's copy is damaged (`p2pnode fsck`): %s",
+                            h.hex(), exc)
+                continue
             parts += (stream.frame_parts(blob) if stream is not None
                       else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))
             carried.append(h.hex())
@@ -756,12 +771,13 @@ class _DeadlineSite(web.TCPSite):
 
 
 class _PeerMistakes(logging.Filter):
-    """aiohttp logs a malformed request (answered 400) at ERROR with its traceback: any
+    """aiohttp logs a malformed request (answered 400), or an answer cut off (the peer went,
+    or this server cut it: a slow reader, a damaged copy), at ERROR with its traceback: any
     trusted peer could fill the log with them.  They become one INFO line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
+        if isinstance(exc, HttpProcessingError | ConnectionError):
             record.msg, record.args = "%s: %s", (record.getMessage(), " ".join(str(exc).split()))
             record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
             record.exc_info = record.exc_text = None

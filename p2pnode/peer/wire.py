@@ -31,6 +31,7 @@ import zstandard
 
 from p2pnode.errors import InvalidInput, VerificationFailed
 from p2pnode.pi.lines import LineRef
+from p2pnode.pi.session import well_formed
 from p2pnode.pi.sidecar import is_hash_hex
 from store.codec import WINDOW_MAX, ZSTD_MAGIC, DecodeError, blob_hash, decode_stored
 from store.layout import CODEC_RAW, CODEC_ZSTD
@@ -235,7 +236,11 @@ def encode_catalog(catalog: CatalogMessage) -> bytes:
             for e in catalog.branches
         ],
     }
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate kept from before well_formed: escaped, as JSON allows
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessage:
@@ -258,8 +263,8 @@ def decode_catalog(data: bytes, limits: Limits = DEFAULT_LIMITS) -> CatalogMessa
                 src=check_hex_hash(b["src"], "catalog src"),
                 parent=None if parent is None else check_hex_hash(parent, "catalog parent"),
                 size=_nonneg_int(b["size"]), lines=_nonneg_int(b["lines"]),
-                header={k: header.get(k) for k in _HEADER_KEYS},
-                title=b.get("title") if isinstance(b.get("title"), str) else None,
+                header={k: None if header.get(k) is None else well_formed(header[k]) for k in _HEADER_KEYS},
+                title=well_formed(b["title"]) if isinstance(b.get("title"), str) else None,
                 previous=_optional_hash(b.get("previous"), "catalog previous"),
                 version=_optional_version(b.get("version")),
             ))

@@ -45,12 +45,17 @@ FLUSH_EVERY = 32 << 20
 
 
 class PlacementConflict(Conflict):
-    def __init__(self, path: Path, ours: str, what: str) -> None:
+    def __init__(self, path: Path, ours: str, what: str, branch: str | None = None) -> None:
+        fetched = f"branch {branch}" if branch else f"session {ours}"
         super().__init__(
-            f"{path} already exists {what}; it was kept, and the fetched session {ours} was not "
-            f"written there: it is in the node's store (`p2pnode cat <branch>` prints it)"
+            f"{path} already exists {what}; it was kept, and the fetched {fetched} was not "
+            f"written there: it is in the node's store (`p2pnode cat {branch or '<branch>'}` prints it)"
         )
-        self.path = path
+        self.path, self.ours, self.what = path, ours, what
+
+    def naming(self, branch: str) -> PlacementConflict:
+        """The same conflict, told with the branch fetched (what `cat` takes)."""
+        return PlacementConflict(self.path, self.ours, self.what, branch)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from p2pnode.errors import InvalidInput, NotFound
+from sysio.files import open_regular
 
 MAX_HEADER_BYTES = 64 * 1024
 """A header line longer than this is refused (Pi's own are a few hundred bytes)."""
@@ -41,6 +42,19 @@ def is_session_id(text: str) -> bool:
 
 _SAFE_TIMESTAMP = re.compile(r"[0-9A-Za-z:.+-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate replaced by U+FFFD, as Node writes such a string
+    out.  JavaScript cuts a string inside an emoji and JSON.stringify writes the half as
+    "\\ud83d"; json.loads gives it back as a lone surrogate, which UTF-8 cannot encode (a
+    catalog or a JSON answer holding it could not be sent at all)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 """C0, DEL and C1 (U+0080-U+009F: U+009B is a terminal's CSI)."""
 
 
@@ -86,11 +100,11 @@ def parse_header(line: bytes, where: str) -> SessionHeader:
         value = obj.get(key)
         if value is not None and not isinstance(value, str):
             raise InvalidHeader(f"{where}: header field {key} is {type(value).__name__}, expected a string")
-        fields[name] = value
+        fields[name] = None if value is None else well_formed(value)
     if not fields["id"]:
         raise InvalidHeader(f"{where}: the header has no id")
     if fields["parent_session"] is None and isinstance(obj.get("branchedFrom"), str):
-        fields["parent_session"] = obj["branchedFrom"]  # the pre-0.31 name of the field
+        fields["parent_session"] = well_formed(obj["branchedFrom"])  # the pre-0.31 name of the field
     version = obj.get("version")
     return SessionHeader(version=version if type(version) is int else None, **fields)
 
@@ -138,7 +152,10 @@ def read_header(path: Path) -> SessionHeader:
         raise NotFound(f"session file {path} does not exist")
     if path.is_dir():
         raise InvalidInput(f"{path} is a directory, not a session file")
-    with open(path, "rb") as f:
+    opened = open_regular(path)
+    if opened is None:
+        raise InvalidInput(f"{path} is not a regular file (a pipe, device or socket), not a session file")
+    with opened as f:
         head = f.read(4096)  # Pi's headers are a few hundred bytes; scanning many files stays cheap
         if b"\n" not in head:
             head += f.read(MAX_HEADER_BYTES + 1 - len(head))
@@ -329,12 +346,18 @@ def titles_after(line: bytes, name: str | None, first_user: str | None) -> tuple
 
 
 def line_title(line: bytes) -> tuple[str, str] | None:
-    """("name", text) for a session_info line, ("user", text) for a user message, else None.
+    """("name", text) for a session_info line, ("user", text) for a user message, else None;
+    the text well_formed.
 
     Cheap substring tests first, so a big session's lines are rarely JSON-parsed.
     """
     if b'"session_info"' not in line and b'"role":"user"' not in line:
         return None
+    found = _line_title(line)
+    return None if found is None else (found[0], well_formed(found[1]))
+
+
+def _line_title(line: bytes) -> tuple[str, str] | None:
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError):

@@ -9,6 +9,7 @@ commit's fdatasync has no file size to update.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -99,7 +100,12 @@ class HeadWal:
             self.pos = read_wal(self.path, RecoveryNotes()).end
             size = os.fstat(self._fd).st_size
             if durable and size < WAL_BYTES:
-                zero_extend(self._fd, size, WAL_BYTES)
+                try:
+                    zero_extend(self._fd, size, WAL_BYTES)
+                except OSError as exc:  # a full disk: the store still opens, and reads go on;
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # appends grow the file (and fail)
+                        raise
+                    os.ftruncate(self._fd, size)
         except BaseException:
             os.close(self._fd)
             raise

@@ -51,7 +51,10 @@ class TurnLog:
         its slot holds it."""
         off = (turn_id - 1) * TURN_SIZE
         buf = run[(turn_id - first) * TURN_SIZE : (turn_id - first + 1) * TURN_SIZE]
-        t = decode_turn(buf, LOG, 0) if len(buf) == TURN_SIZE else None
+        try:
+            t = decode_turn(buf, LOG) if len(buf) == TURN_SIZE else None
+        except CorruptRecord as exc:  # told where it is in the file, not in `run`
+            raise CorruptRecord(LOG, off, exc.reason) from None
         if t is None:
             raise CorruptRecord(LOG, off, f"turn {turn_id} is missing")
         if t.turn_id != turn_id:

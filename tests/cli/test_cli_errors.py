@@ -10,6 +10,7 @@ import argparse
 import builtins
 import importlib
 import json
+import os
 import pkgutil
 import re
 import signal
@@ -153,6 +154,8 @@ def test_specific_bad_inputs_have_their_exit_codes(ordinary: OrdinaryUser, corpu
     a, b, prefix = ambiguous_pair(files)
     unreadable = files / "unreadable.jsonl"
     unreadable.write_bytes(a.read_bytes())
+    pipe = files / "pipe.jsonl"  # a share of it waited for a writer forever
+    os.mkfifo(pipe)
     ordinary.own(files)
     unreadable.chmod(0)
     for f in (a, b):
@@ -168,9 +171,19 @@ def test_specific_bad_inputs_have_their_exit_codes(ordinary: OrdinaryUser, corpu
         (["fetch", "xyz"], 4, "not a branch hash"),
         (["fetch", "ab" * 32, "--from", "nowhere"], 4, "not HOST:PORT"),
         (["fetch", "ab" * 32, "--from", "127.0.0.1:1"], 6, "127.0.0.1:1"),
+        (["fetch", "abab12", "--from", "127.0.0.1:1"], 6, "no peer could be asked"),  # a prefix: the same
+        (["browse", "--from", "127.0.0.1:1"], 6, "127.0.0.1:1"),
         (["trust", "not-a-node-id"], 4, "not-a-node-id"),
         (["untrust", "AAAAAAA"], 4, "AAAAAAA"),
-        (["serve", "--port", "many"], 2, "invalid int"),
+        (["share", str(pipe)], 4, "not a regular file"),
+        (["cat", "ab" * 32 + "a"], 4, "not a branch hash"),
+        (["rm", "01a1ff93-0000-7000-8000-000000000000"], 3, "no branch of Pi session"),
+        (["serve", "--port", "many"], 2, "not a whole number"),
+        (["serve", "--port", "70000"], 2, "not a TCP port"),
+        (["serve-peers", "--port", "-1"], 2, "not a TCP port"),
+        (["log", "-n", "0"], 2, "not a count"),
+        (["--log-level", "LOUD", "ls"], 2, "not one of"),
+        (["doctor", "--timeout", "-1"], 2, "not a duration"),
         (["--home", str(unreadable), "ls"], 4, str(unreadable)),
     ]
     for args, code, text in cases:
@@ -197,6 +210,14 @@ def test_a_closed_stdout_ends_quietly(ordinary: OrdinaryUser, corpus_dir: Path) 
         assert proc.returncode == 0
     proc = ordinary.shell(env, f"{{ {p2p} cat {branch} 2>err; echo $? >rc; }} | head -c 1 >/dev/null")
     assert int((ordinary.root / "rc").read_text()) == cli.EXIT_BROKEN_PIPE  # 1 MB cannot fit the pipe
+    node, _ = ordinary.start_node(env)
+    try:  # through the node: the runs come as events, and the pipe closes while one is written
+        for command in (f"cat {branch}", f"cat {branch} --json"):
+            ordinary.shell(env, f"{{ {p2p} {command} 2>err; echo $? >rc; }} | head -c 1 >/dev/null")
+            err, rc = (ordinary.root / "err").read_text(), int((ordinary.root / "rc").read_text())
+            assert (rc, err) == (cli.EXIT_BROKEN_PIPE, ""), f"{command} through the node: exit {rc}: {err}"
+    finally:
+        ordinary.stop_node(node)
 
 
 def test_ctrl_c_is_one_line_and_130(ordinary: OrdinaryUser) -> None:
@@ -262,3 +283,26 @@ def test_a_line_over_the_store_limit_is_invalid_input_with_its_number(node_home:
             lib.share(str(path))
         assert lib.branches(include_unshared=True) == []
     assert StoreConfig().max_payload == 256 << 20
+
+
+def test_through_the_node_a_file_it_cannot_read_is_the_callers_input(ordinary: OrdinaryUser,
+                                                                     corpus_dir: Path) -> None:
+    """`share` of a file its user may not read, or of a named pipe, through the running node:
+    exit 4 naming the file, as without a node; the pipe is not waited on (it held the node's
+    worker, and with it every other command and peer), so the node answers the next command."""
+    env = ordinary.node("via", corpus_dir / "sessions")
+    files = ordinary.root / "via" / "files"
+    files.mkdir()
+    unreadable = files / "unreadable.jsonl"
+    unreadable.write_bytes((corpus_dir / "sessions" / B5).read_bytes())
+    os.mkfifo(files / "pipe.jsonl")
+    ordinary.own(files)
+    unreadable.chmod(0)
+    node, _ = ordinary.start_node(env)
+    try:
+        for target, text in ((unreadable, "permission denied"), (files / "pipe.jsonl", "not a regular file")):
+            err = assert_clean(ordinary.run(env, "share", str(target)), f"share {target.name} via node", {4})
+            assert text in err.lower() and str(target) in err, err
+        assert ordinary.run(env, "status", "--json").returncode == 0
+    finally:
+        ordinary.stop_node(node)

@@ -376,6 +376,33 @@ def test_a_damaged_store_never_serves_wrong_bytes(agent: Path, tmp_path: Path) -
         lib.session_bytes(result.src)
 
 
+@pytest.mark.parametrize("damage", ["bit flipped, then fsck --repair", "pack cut short"])
+def test_sharing_the_file_again_restores_lines_the_store_lost(agent: Path, tmp_path: Path, damage: str) -> None:
+    """A line fsck reports damaged (and `--repair` drops), or lost with a pack cut short, is put
+    back by sharing the file again (each line checked against its hash), where that share had
+    reported success and left the branch unreadable."""
+    from store.fsck import fsck
+
+    paths = NodePaths(tmp_path / "node")
+    source = find(agent, A1)
+    with Library.open(paths, agent_dir=agent) as lib:
+        result = lib.share(str(source))
+    pack = paths.store / "blobs.pack"
+    data = bytearray(pack.read_bytes())
+    if damage.startswith("bit"):
+        data[len(data) // 2] ^= 0x40
+        pack.write_bytes(bytes(data))
+        assert fsck(paths.store, repair=True).repaired
+    else:
+        pack.write_bytes(bytes(data[: len(data) // 2]))
+    with Library.open(paths, agent_dir=agent) as lib:
+        with pytest.raises(VerificationFailed):
+            lib.session_bytes(result.src)
+        assert lib.share(str(source)).branch == result.branch
+        assert lib.session_bytes(result.src) == source.read_bytes()
+    assert fsck(paths.store).ok
+
+
 def test_manifest_survives_concurrent_writers(tmp_path: Path) -> None:
     """Four processes each record 40 branches at once; the flock keeps every one of them."""
     script = (

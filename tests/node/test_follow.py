@@ -23,11 +23,11 @@ import pytest
 from pifork import ROOT_FORK
 from procnode import PY, Node
 
-from p2pnode.errors import VerificationFailed
+from p2pnode.errors import NotFound, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.node.daemon import Node as InProcessNode
 from p2pnode.node.daemon import NodeConfig
-from p2pnode.node.follow import Newest, _check_newest, newest_entry
+from p2pnode.node.follow import Newest, _check_newest, _session_id, newest_entry
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
@@ -206,6 +206,23 @@ def test_newest_entry_follows_previous_links_and_old_peers() -> None:
     assert newest_entry(chain, "s-1") == chain[2] and newest_entry(chain, "s-9") is None
     old = [entry(1, None, 10, None), entry(2, None, 20, None)]  # a peer that sends no version fields
     assert newest_entry(old, f"{1:064x}") == old[1]
+
+
+def test_a_session_id_is_named_by_a_unique_start_of_it() -> None:
+    """`fetch 01a1ff93-0313` (README): the one offered id that starts so; several: NotFound
+    naming them; an id given whole is itself, even where longer ids start with it."""
+    def catalog(*ids: str) -> wire.CatalogMessage:
+        return wire.CatalogMessage(1, "n", [wire.CatalogEntry(f"{i:064x}", f"{i:064x}", None, 1, 1,
+                                                              {"id": sid}, None)
+                                            for i, sid in enumerate(ids, 1)])
+
+    one, two = catalog("01a1ff93-0313-7475", "01a1ff93-1258-73ae"), catalog("01a1ff93-1258-73ae", "s-1")
+    assert _session_id("01a1ff93-0313", [one, two]) == "01a1ff93-0313-7475"
+    assert _session_id("01a1ff93-1258-73ae", [one, two]) == "01a1ff93-1258-73ae"
+    assert _session_id("s-9", [one]) == "s-9"  # nobody offers it: NotFound comes later, with the peers asked
+    with pytest.raises(NotFound, match="starts the ids of 2 offered sessions: 01a1ff93-0313-7475, 01a1"):
+        _session_id("01a1ff93-", [one, two])
+    assert _session_id("s-1", [catalog("s-1", "s-10")]) == "s-1"
 
 
 async def test_catalog_long_poll_answers_on_change_and_is_bounded(tmp_path: Path,

@@ -4,6 +4,8 @@ expiry stopping a transfer in flight, and every answer in the audit log."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import random
 import shutil
 import ssl
@@ -239,3 +241,68 @@ async def test_catalog_waits_whose_peer_went_free_their_slots(world: World, serv
         await asyncio.sleep(0.5)
         assert not again.done()  # held, not 429
         again.cancel()
+
+
+async def test_a_lone_surrogate_in_a_session_does_not_break_the_catalog(world: World,
+                                                                       server: PeerServer) -> None:
+    """JavaScript cuts a string inside an emoji and writes the half as "\\ud83d": a session
+    holding one (in a user message, in its cwd) is shared and listed with U+FFFD in its place,
+    and the catalog, every peer's view of every share, is still served."""
+    path = world.agent / "sessions" / "--w--" / "2026-11-21T20-00-00-000Z_cut.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b'{"type":"session","version":3,"id":"cut","timestamp":"2026-11-21T20:00:00.000Z",'
+                     b'"cwd":"/w/\\ud800x"}\n'
+                     b'{"type":"message","id":"a1","parentId":null,"timestamp":"2026-11-21T20:00:01.000Z",'
+                     b'"message":{"role":"user","content":"small talk \\ud83d cut"}}\n')
+    shared = world.lib.share(str(path))
+    world.lib.share(str(world.agent / A6))
+    async with session(world, "alice") as s:
+        status, _, body = await answer(s, "GET", f"https://127.0.0.1:{server.port}" + wire.PATH_CATALOG)
+    assert status == 200
+    entries = {e.branch: e for e in wire.decode_catalog(body).branches}
+    assert len(entries) == 2
+    assert entries[shared.branch].title == "small talk \ufffd cut"
+    assert entries[shared.branch].header["cwd"] == "/w/\ufffdx"
+
+
+def test_a_peers_catalog_with_lone_surrogates_decodes_to_text_that_prints() -> None:
+    entry = {"branch": "a" * 64, "src": "b" * 64, "parent": None, "size": 1, "lines": 1,
+             "header": {"id": "x", "timestamp": None, "cwd": "\ud800", "parent_session": None},
+             "title": "\udfff", "previous": None, "version": 1}
+    body = json.dumps({"version": wire.PROTOCOL_VERSION, "generation": 1, "node": "n", "branches": [entry]})
+    (got,) = wire.decode_catalog(body.encode()).branches
+    assert got.title == "\ufffd" and got.header["cwd"] == "\ufffd"
+    assert wire.encode_catalog(wire.CatalogMessage(1, "n", [got])).decode()
+
+
+async def test_a_damaged_copy_is_not_served_and_logged_in_one_line(world: World,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A line whose record fails its CRC in this node's pack: a batch leaves it out (the fetcher
+    asks other holders), the session as one object is cut, never sent wrong; one WARNING line
+    each, no traceback (it was a 500 and a traceback per request)."""
+    shared = world.lib.share(str(world.agent / A6))
+    refs = world.lib.line_manifest(shared.src)
+    world.lib.close()  # its blobs in the pack
+    pack = world.lib.paths.store / "blobs.pack"
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    pack.write_bytes(bytes(data))
+    world.lib = Library.open(world.lib.paths, world.agent)
+    server = PeerServer(world.lib, world.me, world.trust)
+    await server.start("127.0.0.1", 0)
+    base = f"https://127.0.0.1:{server.port}"
+    asked = [r.hash for r in refs]
+    async with session(world, "alice") as s:
+        status, _, body = await answer(s, "POST", base + wire.PATH_BATCH, b"".join(asked))
+        assert status == 200
+        decoder = wire.BatchDecoder(asked)
+        got = decoder.feed(body)
+        decoder.finish()
+        assert 0 < len(got) < len(set(asked))  # the damaged one left out, the others sent
+        assert all(wire.decode_blob(b) for b in got)  # each verifies
+        with pytest.raises(aiohttp.ClientPayloadError):  # the whole session: cut where the damage is
+            await answer(s, "GET", base + wire.PATH_OBJECT.format(hash=shared.src))
+    await server.close()
+    damaged = [r for r in caplog.records if "damaged" in r.getMessage()]
+    assert damaged and all(r.levelname == "WARNING" and not r.exc_info for r in damaged)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -436,11 +436,14 @@ async def test_one_liar_among_honest_peers(world, tmp_path: Path) -> None:
     on_drop = OnDrop()
     downloader_log = logging.getLogger("p2pnode.peer.downloader")
     downloader_log.addHandler(on_drop)
+    level = downloader_log.level
+    downloader_log.setLevel(logging.INFO)
     try:
         peers = [await liar.start(), await honest.start()]
         result = await fetch(world, branch, peers)
     finally:
         downloader_log.removeHandler(on_drop)
+        downloader_log.setLevel(level)
         await honest.close()
     assert Path(result.path or "").read_bytes() == data
     (dropped,) = result.dropped_peers.values()

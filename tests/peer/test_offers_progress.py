@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from p2pnode.cli.progress import TransferBar
-from p2pnode.errors import InvalidInput, NotFound
+from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, Refused
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.offers import PeerOffer, check_target, offered_rows, resolve, unique_prefix
@@ -40,6 +40,14 @@ def test_a_unique_prefix_resolves_to_the_branch_and_every_holder() -> None:
         resolve("ffff", [offer(P1, entry(a)), PeerOffer([P2], error="refused")])
     with pytest.raises(InvalidInput, match="at least 4 hex"):
         check_target("abc")
+    # no peer answered: why, by its exit code (README: 6 unreachable, 8 refused), not "not found"
+    with pytest.raises(PeerUnavailable, match="no peer could be asked for 'ffff': 10.0.0.2:2: refused"):
+        resolve("ffff", [PeerOffer([P2], error="refused")])
+    with pytest.raises(Refused, match="no peer could be asked"):
+        resolve("ffff", [PeerOffer([P1], error="no", failure=Refused),
+                         PeerOffer([P2], error="no", failure=Refused)])
+    with pytest.raises(PeerUnavailable):
+        resolve("ffff", [PeerOffer([P1], error="no", failure=Refused), PeerOffer([P2], error="timed out")])
     with pytest.raises(InvalidInput):
         check_target("xyz")
     assert check_target("01A1ff93-69EF") == "01A1ff93-69EF"  # a Pi session id, case kept

@@ -328,3 +328,27 @@ async def test_service_reports_a_full_disk(tmp_path: Path, monkeypatch: pytest.M
                 assert (await c.get_head(ctx)).head_turn_id == first.turn_id
             finally:
                 await c.close()
+
+
+def test_a_full_disk_at_open_leaves_reads_working(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every open pre-zeroes its head WAL (1 MiB).  On a disk with no room left for that the
+    store still opens: reads see what is durable (`ls`, `cat` on a full disk), the first
+    write fails closed (StoreFull), and after room is made the next open writes again."""
+    with Store.open(tmp_path / "s") as s:
+        ctx = s.create_context().context_id
+        kept = s.append_turn(ctx, b"kept").turn_id
+    real = os.pwrite
+
+    def full(fd: int, data: Any, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with Store.open(tmp_path / "s") as s:
+        assert s.payloads([s.get_turn(kept)]) == [b"kept"]
+        with pytest.raises(StoreFull):
+            s.append_turn(ctx, b"no room")
+    monkeypatch.setattr(os, "pwrite", real)
+    with Store.open(tmp_path / "s") as s:
+        assert s.payloads([s.get_turn(kept)]) == [b"kept"]
+        s.append_turn(ctx, b"room again")
+    assert fsck(tmp_path / "s").ok

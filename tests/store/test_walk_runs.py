@@ -43,8 +43,8 @@ def test_damage_read_ahead_off_the_chain_is_ignored_on_it_found(tmp_path: Path) 
     log.write_bytes(bytes(data))
     with Store.open(tmp_path / "s") as s:
         assert [t.turn_id for t in s.chain(ta[-1])] == ta
-        with pytest.raises(CorruptRecord):
-            s.chain(tb[-1])
+        with pytest.raises(CorruptRecord, match=f"turns.log at offset {(tb[20] - 1) * TURN_SIZE}: "):
+            s.chain(tb[-1])  # where the record is in the file (it said offset 0: its place in the run)
 
 
 def test_jump_pointers_follow_the_skew_binary_rule_across_batches_forks_and_reopening(tmp_path: Path) -> None:
