@@ -1,0 +1,43 @@
+"""node/routing.py's `routed`: a command that writes goes through the running node, else acts
+on the store; a node that starts between the two is asked after all (a share racing the
+node's start met its read-only library: an AttributeError, exit 1)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2pnode.errors import PeerUnavailable
+from p2pnode.node import routing
+from p2pnode.node.control_client import NodeLibrary
+from p2pnode.paths import NodePaths
+
+
+def test_a_node_starting_between_the_ask_and_the_open_is_asked_again(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = NodePaths(tmp_path / "home")
+    asked: list[str] = []
+
+    def ask(p: NodePaths, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+        asked.append(op)
+        return None if len(asked) == 1 else {"by": "node"}  # no node yet; then it answers
+
+    @contextlib.contextmanager
+    def node_up(p: NodePaths) -> Iterator[Any]:
+        yield NodeLibrary(p)  # the node holds the store by now: its read-only library
+
+    monkeypatch.setattr(routing, "open_library", node_up)
+    assert routing.routed(paths, "share", {}, lambda lib: {"by": "here"}, ask) == {"by": "node"}
+    assert asked == ["share", "share"]
+    with pytest.raises(PeerUnavailable, match="started and stopped"):  # up, then gone again: say so
+        routing.routed(paths, "gc", {}, lambda lib: {"by": "here"}, lambda p, op, body: None)
+
+
+def test_with_no_node_the_command_acts_on_the_store(tmp_path: Path) -> None:
+    paths = NodePaths(tmp_path / "home")
+    got = routing.routed(paths, "gc", {}, lambda lib: {"store": str(lib.paths.store)},
+                         lambda p, op, body: None)
+    assert got == {"store": str(paths.store)}
