@@ -83,7 +83,7 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
         store._wal = headwal.HeadWal(store.root, top, store.config.durable)
         checkpoint.run(store)  # the next WAL generation starts empty
         return store._wal
-    return headwal.HeadWal(store.root, snap_gen, store.config.durable)
+    return headwal.HeadWal(store.root, snap_gen, store.config.durable, at_open=True)
 
 
 def _log_end(store: Store, end: int, wal_damaged: bool) -> int:

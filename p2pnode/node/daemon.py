@@ -480,6 +480,9 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
     except web.HTTPRequestEntityTooLarge:
         return web.json_response({"error": "RequestTooLarge", "exit_code": InvalidInput.exit_code,
                                   "message": f"control request over {CONTROL_MAX_BODY} bytes"}, status=413)
+    except ConnectionError:  # the command went away mid-answer (Ctrl-C, `cat | head`): no one to tell
+        log.debug("control %s: the command went away", request.path)
+        return web.Response(status=499)  # never sent: aiohttp drops it with the connection
     except Exception as exc:  # a bug or a store error: logged here, reported there
         log.exception("control %s failed", request.path)
         return web.json_response({"error": type(exc).__name__, "exit_code": 1, "message":

@@ -81,9 +81,12 @@ class HeadWal:
     """The WAL generation being written: records back to back in a pre-zeroed file.
 
     prepared: the fd of a prepare_next() file, renamed to this generation's name (unless
-    that exists).  The rename is made durable by the first commit's sync (name_durable)."""
+    that exists).  The rename is made durable by the first commit's sync (name_durable).
+    at_open: the store is being opened, and a full disk leaves the WAL unextended (reads go
+    on; the first append meets the full disk) instead of failing the open."""
 
-    def __init__(self, root: Path, gen: int, durable: bool, prepared: int | None = None) -> None:
+    def __init__(self, root: Path, gen: int, durable: bool, prepared: int | None = None,
+                 at_open: bool = False) -> None:
         self.gen = gen
         self.path = root / wal_name(gen)
         self.name_durable = True
@@ -102,9 +105,9 @@ class HeadWal:
             if durable and size < WAL_BYTES:
                 try:
                     zero_extend(self._fd, size, WAL_BYTES)
-                except OSError as exc:  # a full disk: the store still opens, and reads go on;
-                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # appends grow the file (and fail)
-                        raise
+                except OSError as exc:  # `at_open`, a full disk: the store opens, reads go on, and
+                    if not at_open or exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # appends grow
+                        raise  # the file (and meet the full disk: the failed state)
                     os.ftruncate(self._fd, size)
         except BaseException:
             os.close(self._fd)

@@ -74,7 +74,7 @@ def test_browse_rows_one_per_session_with_its_versions() -> None:
     assert got == [("2", 2, "alice", "NODE123", "proj"), ("3", 1, "alice", "NODE123", "proj")]
     assert rows["peers"][0]["offers"] == 3
     assert rows["peers"][1] == {"node_id": None, "name": None, "short_id": None, "addresses": ["10.0.0.2:2"],
-                                "error": "timed out", "offers": None}
+                                "error": "timed out", "exit_code": 6, "offers": None}
 
 
 def test_meter_rate_eta_and_optional_info() -> None:
