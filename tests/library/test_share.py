@@ -377,7 +377,8 @@ def test_a_damaged_store_never_serves_wrong_bytes(agent: Path, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("damage", ["bit flipped, then fsck --repair", "pack cut short"])
-def test_sharing_the_file_again_restores_lines_the_store_lost(agent: Path, tmp_path: Path, damage: str) -> None:
+def test_sharing_the_file_again_restores_lines_the_store_lost(agent: Path, tmp_path: Path,
+                                                              damage: str) -> None:
     """A line fsck reports damaged (and `--repair` drops), or lost with a pack cut short, is put
     back by sharing the file again (each line checked against its hash), where that share had
     reported success and left the branch unreadable."""
