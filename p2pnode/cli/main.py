@@ -567,8 +567,9 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
         return P2PNodeError(f"the store at {exc.path} could not write ({exc.reason}); what failed was not "
                             "recorded: make room (or mend the disk), then run it again")
     if isinstance(exc, CorruptRecord | UnknownBlob):  # damage fsck finds (FORMAT.md), refused as a bad hash
-        return VerificationFailed(f"the store is damaged: {exc} (`p2pnode fsck` lists what; a session whose "
-                                  "lines are lost can be shared or fetched again once `fsck --repair` ran)")
+        return VerificationFailed(f"the store is damaged: {exc} (`p2pnode fsck` lists what; after "
+                                  "`fsck --repair`, share the file again, or rm a fetched session and "
+                                  "fetch it)")
     if isinstance(exc, OSError):
         text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc, args)}"
         if isinstance(exc, FileNotFoundError):
