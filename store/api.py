@@ -236,6 +236,13 @@ class Store:
         if self._closed:
             raise StoreClosed()
 
+    @property
+    def failure(self) -> str | None:
+        """Why the store refuses writes (its failed state, FORMAT.md), or None."""
+        if self._failed is None:
+            return None
+        return getattr(self._failed, "strerror", None) or str(self._failed) or type(self._failed).__name__
+
     def _check_writable(self) -> None:
         self._check_open()
         if self._failed is not None:

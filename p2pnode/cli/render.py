@@ -114,6 +114,9 @@ def print_status(status: dict[str, Any]) -> None:
     if status.get("store_bytes") is not None:
         print(f"store      {status['store_bytes']} bytes, about {status['reclaimable_bytes']} reclaimable "
               "(`p2pnode gc`)")
+    if status.get("store_failure"):
+        print(f"store      REFUSES WRITES since a write failed ({shown(status['store_failure'])}): make room "
+              "(or mend the disk), then restart the node")
     for f in status.get("following", []):
         print(f"following  {shown(f['key'])}  {short(f['branch'])}  {shown(f['state'])}  "
               f"{shown(f['path'] or '-')}")

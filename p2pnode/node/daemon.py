@@ -329,7 +329,8 @@ class Node:
                             port=self.port, mdns=self.discovery is not None,
                             transfers=self.transfers.listed(), space=space,
                             following=self.follows.status(), live=self.live.status(),
-                            announced=self.discovery.announced_addresses if self.discovery else [])
+                            announced=self.discovery.announced_addresses if self.discovery else [],
+                            store_failure=self.lib.store.failure)
 
     async def _c_read(self, body: dict[str, Any]) -> dict[str, Any]:
         call, args = _field(body, "call", str), _field(body, "args", list) or []

@@ -24,9 +24,10 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
                  transfers: list[dict[str, Any]] | None = None, space: dict[str, int] | None = None,
                  following: list[dict[str, Any]] | None = None, live: list[dict[str, Any]] | None = None,
-                 announced: list[str] | None = None) -> dict[str, Any]:
+                 announced: list[str] | None = None, store_failure: str | None = None) -> dict[str, Any]:
     """`addresses`: where the peer port answers (what tickets carry); `announced`: what mDNS
-    tells peers (`doctor` checks that the port answers there)."""
+    tells peers (`doctor` checks that the port answers there); `store_failure`: why the
+    node's store refuses writes (a full disk: restart the node once there is room)."""
     return {
         "node_id": node_id,
         "running": running,
@@ -42,6 +43,7 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
         "transfers": transfers or [],
         "store_bytes": (space or {}).get("store_bytes"),
         "reclaimable_bytes": (space or {}).get("reclaimable_bytes"),
+        "store_failure": store_failure,
         "following": following or [],
         "live": live or [],
     }

@@ -267,11 +267,13 @@ def session_files(agent_dir: Path, session_dir: Path | None = None) -> list[Path
 
 
 def _valid_sessions(paths: list[Path]) -> list[tuple[Path, SessionHeader]]:
+    """The Pi sessions among `paths`; a file that is not one, that this user may not read, or
+    that went meanwhile is passed over (another file in the folder does not stop a share)."""
     found = []
     for p in paths:
         try:
             found.append((p, read_header(p)))
-        except InvalidInput:
+        except (InvalidInput, NotFound, OSError):
             continue
     return found
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
@@ -227,6 +228,29 @@ def test_find_by_id_prefix_and_latest(tmp_path: Path) -> None:
     assert pisession.latest_session(agent, "/tmp/work/x") == second
     with pytest.raises(NotFound, match="no Pi session"):
         pisession.latest_session(agent, "/tmp/work/other")
+
+
+def test_files_that_cannot_be_read_are_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A named pipe (opened, it would wait for a writer forever) and a file this user may not
+    read (stood in for by an open that fails: root reads anything) beside the sessions: `share`
+    with no argument, or by id, takes the session, as pi does."""
+    agent = tmp_path / "agent"
+    d = agent / "sessions" / pisession.session_dir_name("/tmp/work/x")
+    mine = write_session(d / "mine.jsonl", id="0199-bbbb-1")
+    os.mkfifo(d / "pipe.jsonl")
+    locked = write_session(d / "locked.jsonl", id="0199-bbbb-2")
+    real_open = os.open
+
+    def refuse(path: Any, flags: int, *args: Any) -> int:
+        if str(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refuse)
+    for f in (mine, d / "pipe.jsonl", locked):
+        os.utime(f, ns=(10**18, 10**18) if f == mine else (2 * 10**18, 2 * 10**18), follow_symlinks=False)
+    assert pisession.latest_session(agent, "/tmp/work/x") == mine
+    assert pisession.find_by_id(agent, "0199-bbbb") == mine
 
 
 def test_line_title() -> None:

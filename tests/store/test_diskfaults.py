@@ -344,9 +344,10 @@ def test_a_full_disk_at_open_leaves_reads_working(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(os, "pwrite", full)
     with Store.open(tmp_path / "s") as s:
-        assert s.payloads([s.get_turn(kept)]) == [b"kept"]
+        assert s.payloads([s.get_turn(kept)]) == [b"kept"] and s.failure is None
         with pytest.raises(StoreFull):
             s.append_turn(ctx, b"no room")
+        assert s.failure == os.strerror(errno.ENOSPC)  # what `p2pnode status` shows of the node's store
     monkeypatch.setattr(os, "pwrite", real)
     with Store.open(tmp_path / "s") as s:
         assert s.payloads([s.get_turn(kept)]) == [b"kept"]
