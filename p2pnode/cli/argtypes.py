@@ -34,6 +34,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def directory(text: str) -> str:
+    """A directory's path, not empty (an empty one fell back to the default home unsaid)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no directory")
+    return text
+
+
 def log_level(text: str) -> str:
     """One of LOG_LEVELS, in any case."""
     if text.upper() not in LOG_LEVELS:

@@ -490,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="p2pnode", description="Share Pi coding-agent sessions, with their "
                                      "fork lineage, with teammates on the LAN; every byte verified by hash.")
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
-    parser.add_argument("--home", help="node state directory (default: $P2PNODE_HOME or the user state dir)")
+    parser.add_argument("--home", type=argtypes.directory,
+                        help="node state directory (default: $P2PNODE_HOME or the user state dir)")
     parser.add_argument("--log-level", type=argtypes.log_level,
                         help="DEBUG, INFO, WARNING or ERROR (default WARNING; INFO for serve)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -184,6 +184,7 @@ def test_specific_bad_inputs_have_their_exit_codes(ordinary: OrdinaryUser, corpu
         (["log", "-n", "0"], 2, "not a count"),
         (["--log-level", "LOUD", "ls"], 2, "not one of"),
         (["doctor", "--timeout", "-1"], 2, "not a duration"),
+        (["--home", "", "ls"], 2, "names no directory"),
         (["--home", str(unreadable), "ls"], 4, str(unreadable)),
     ]
     for args, code, text in cases:
