@@ -593,7 +593,7 @@ class Library:
     def _restore_lost(self, path: Path, version: Version) -> None:
         """The lines of a held version that the store lost (a damaged record `fsck --repair`
         dropped, a pack cut short) put back from the file shared again, each checked against
-        its hash: sharing the file again heals what fsck reported, as fetching it again does.
+        its hash: sharing the file again heals what fsck reported (README, "A damaged store").
         Costs the turn records and one index lookup a line when nothing was lost."""
         with self._lock:
             hashes = self.sessions.line_hashes(version.src)
