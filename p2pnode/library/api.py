@@ -35,7 +35,7 @@ from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.pi import secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import CHUNK, FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
-from p2pnode.pi.lines import LineRef, LineSplitter
+from p2pnode.pi.lines import LineRef, line_runs
 from p2pnode.pi.session import HostileHeader, LineageCycle, is_session_id
 from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
@@ -601,16 +601,13 @@ class Library:
         if not lost:
             return
         with open(path, "rb") as f:
-            splitter, left = LineSplitter(), version.size
-            while lost and left > 0 and (chunk := f.read(min(CHUNK, left))):
-                left -= len(chunk)
-                lines = list(splitter.feed(chunk))
-                if left == 0 and (last := splitter.rest()) is not None:  # a last line without its newline
-                    lines.append(last)
-                for line in lines:
+            for run in line_runs(f, CHUNK, version.size):
+                for line in run:
                     if (h := blake3.blake3(line).digest()) in lost:
                         self.store.put_blob(line)
                         lost.discard(h)
+                if not lost:
+                    break
         if lost:
             raise VerificationFailed(f"{path}: {len(lost)} line(s) of its stored version {version.src} are "
                                      "lost from the store and are not in the file either (`p2pnode fsck`)")

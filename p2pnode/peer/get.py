@@ -70,7 +70,7 @@ from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import Prefix, new_hasher, prefix_hasher
-from p2pnode.pi.lines import LineRef, LineSplitter
+from p2pnode.pi.lines import LineRef, line_runs
 from p2pnode.pi.placement import (
     Appendable,
     Content,
@@ -685,12 +685,7 @@ class _Fetch:
 def _spooled_runs(spool: BinaryIO) -> Iterator[list[bytes]]:
     """The lines of a spooled session from its start, in runs of about READ_BACK bytes."""
     spool.seek(0)
-    splitter = LineSplitter()
-    while chunk := spool.read(READ_BACK):
-        if lines := list(splitter.feed(chunk)):
-            yield lines
-    if (last := splitter.rest()) is not None:
-        yield [last]
+    yield from line_runs(spool, READ_BACK)
 
 
 def _spooled_refs(spool: BinaryIO) -> list[LineRef]:

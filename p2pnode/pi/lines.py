@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 
 class LineSplitter:
@@ -41,6 +42,19 @@ class LineSplitter:
         line = b"".join(self._pending)
         self._pending.clear()
         return line
+
+
+def line_runs(f: BinaryIO, chunk: int, size: int | None = None) -> Iterator[list[bytes]]:
+    """The lines of an open file from where it stands, up to `size` bytes (None: to its end),
+    in runs of about `chunk` bytes: never the whole file in memory."""
+    splitter = LineSplitter()
+    left = size
+    while (left is None or left > 0) and (data := f.read(chunk if left is None else min(chunk, left))):
+        left = None if left is None else left - len(data)
+        if lines := list(splitter.feed(data)):
+            yield lines
+    if (last := splitter.rest()) is not None:
+        yield [last]
 
 
 def split_lines(data: bytes) -> list[bytes]:

@@ -2,13 +2,14 @@
 accepts exactly its cuts."""
 from __future__ import annotations
 
+import io
 import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.pi.lines import LineSplitter, count_newlines, is_split, split_lines
+from p2pnode.pi.lines import LineSplitter, count_newlines, is_split, line_runs, split_lines
 
 DATA = st.binary(max_size=200).map(lambda b: b.replace(b"\x00", b"\n"))
 
@@ -24,6 +25,14 @@ def test_chunks_cut_as_the_whole(data: bytes, cuts: list[int]) -> None:
     assert lines == split_lines(data)
     assert b"".join(lines) == data
     assert is_split(lines)
+
+
+@given(DATA, st.integers(min_value=1, max_value=64), st.integers(min_value=0, max_value=220))
+def test_a_files_runs_of_lines_are_its_lines_up_to_the_size(data: bytes, chunk: int, size: int) -> None:
+    """line_runs: a file read in chunks, stopped at `size`, cuts as split_lines cuts those bytes."""
+    runs = list(line_runs(io.BytesIO(data), chunk, size))
+    assert all(runs) and [line for run in runs for line in run] == split_lines(data[:size])
+    assert [line for run in line_runs(io.BytesIO(data), chunk) for line in run] == split_lines(data)
 
 
 def test_other_cuts_are_refused() -> None:
