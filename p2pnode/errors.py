@@ -6,7 +6,8 @@ Exit codes (documented in README.md):
   home in use by a running node), 8 refused (untrusted, either way round).
 The CLI adds 130 (Ctrl-C) and 141 (stdout closed by its reader); it maps the few other
 exceptions a command can meet (OSError, the store's StoreLocked and PayloadTooLarge) to these
-classes in `cli._as_node_error`, so no message shows a class name or a traceback.
+classes in `cli._as_node_error`, so no message shows a class name or a traceback; the store's
+failed state and damage are `from_store`'s, for the CLI and the node alike.
 """
 from __future__ import annotations
 
@@ -37,3 +38,21 @@ class Conflict(P2PNodeError):
 
 class Refused(P2PNodeError):
     exit_code = 8
+
+
+def from_store(exc: BaseException, store: str, then: str) -> P2PNodeError | None:
+    """What a store error means to the command that met it (`store`: whose, as the message
+    names it; `then`: what to do once there is room), or None for any other exception: a
+    failed write (a full disk, an I/O error) leaves nothing recorded; a damaged record is
+    refused as bytes that fail their hash are (exit 5)."""
+    from store.errors import CorruptRecord, StoreFailed, UnknownBlob
+
+    if isinstance(exc, StoreFailed):
+        return P2PNodeError(f"{store} at {exc.path} could not write ({exc.reason}) and recorded nothing "
+                            f"of it: make room (or mend the disk), then {then}")
+    if isinstance(exc, CorruptRecord | UnknownBlob):
+        return VerificationFailed(f"{store} is damaged: {exc} (`p2pnode fsck` lists what; after "
+                                  "`fsck --repair`, share the file again, or rm a fetched session and "
+                                  "fetch it)")
+    return None
+

@@ -45,7 +45,7 @@ from p2pnode.cli.render import (
     shown,
 )
 from p2pnode.cli.space import add_space_commands
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, from_store
 from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
 from p2pnode.paths import NodePaths
@@ -556,7 +556,7 @@ def run() -> None:
 def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeError:
     """The P2PNodeError (message and exit code) to report for any exception a command raised."""
     from p2pnode.node.control_client import store_in_use
-    from store.errors import CorruptRecord, PayloadTooLarge, StoreFailed, StoreLocked, UnknownBlob
+    from store.errors import PayloadTooLarge, StoreLocked
 
     if isinstance(exc, P2PNodeError):
         return exc
@@ -564,13 +564,8 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
         return store_in_use(node_paths(args), "open the store")
     if isinstance(exc, PayloadTooLarge):
         return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
-    if isinstance(exc, StoreFailed):  # a full disk, an I/O error: this process's store took no write since
-        return P2PNodeError(f"the store at {exc.path} could not write ({exc.reason}); what failed was not "
-                            "recorded: make room (or mend the disk), then run it again")
-    if isinstance(exc, CorruptRecord | UnknownBlob):  # damage fsck finds (FORMAT.md), refused as a bad hash
-        return VerificationFailed(f"the store is damaged: {exc} (`p2pnode fsck` lists what; after "
-                                  "`fsck --repair`, share the file again, or rm a fetched session and "
-                                  "fetch it)")
+    if (known := from_store(exc, "the store", "run it again")) is not None:
+        return known
     if isinstance(exc, OSError):
         text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc, args)}"
         if isinstance(exc, FileNotFoundError):

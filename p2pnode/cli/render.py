@@ -172,7 +172,7 @@ def duration(seconds: float) -> str:
     shows 7d at once, not 6d)."""
     for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
-            return f"{-(-seconds // size):.0f}{unit}"
+            return f"{math.ceil(seconds / size)}{unit}"
     return f"{max(math.ceil(seconds), 0)}s"
 
 

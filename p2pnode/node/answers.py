@@ -17,9 +17,8 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from p2pnode.errors import InvalidInput, P2PNodeError, VerificationFailed
+from p2pnode.errors import InvalidInput, P2PNodeError, from_store
 from p2pnode.node.transfers import EVENT_INTERVAL
-from store.errors import CorruptRecord, StoreFailed, UnknownBlob
 
 log = logging.getLogger("p2pnode.node")
 T = TypeVar("T")
@@ -44,12 +43,9 @@ def known_error(exc: BaseException) -> P2PNodeError | None:
     damaged record."""
     if isinstance(exc, P2PNodeError):
         return exc
-    if isinstance(exc, StoreFailed):
-        return P2PNodeError(f"the node's store at {exc.path} could not write ({exc.reason}) and refuses "
-                            "writes since: make room (or mend the disk), then restart the node "
-                            "(`p2pnode serve`)")
-    if isinstance(exc, CorruptRecord | UnknownBlob):
-        return VerificationFailed(f"the node's store is damaged: {exc} (`p2pnode fsck` lists what)")
+    if (known := from_store(exc, "the node's store", "restart the node (`p2pnode serve`): it refuses "
+                            "writes until then")) is not None:
+        return known
     return callers_path_error(exc) if isinstance(exc, OSError) else None
 
 

@@ -307,3 +307,21 @@ def test_through_the_node_a_file_it_cannot_read_is_the_callers_input(ordinary: O
         assert ordinary.run(env, "status", "--json").returncode == 0
     finally:
         ordinary.stop_node(node)
+
+
+def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_path: Path) -> None:
+    """What a command reports for the store's failed state (exit 1, what to do), a damaged
+    record (5, as bytes that fail their hash) and a read-only file system (4, as a path this
+    user may not write): one line each, no "unexpected error"."""
+    import errno as errnos
+
+    from store.errors import CorruptRecord, StoreFull, UnknownBlob
+
+    args = cli.build_parser().parse_args(["--home", str(tmp_path / "h"), "ls"])
+    cases = [(StoreFull("/h/store", "No space left on device", errnos.ENOSPC), 1, "make room"),
+             (CorruptRecord("turns.log", 320, "turn record CRC mismatch"), 5, "turns.log at offset 320"),
+             (UnknownBlob(b"\x01" * 32), 5, "fsck"),
+             (OSError(errnos.EROFS, "Read-only file system", "/h/store/LOCK"), 4, "/h/store/LOCK")]
+    for exc, code, text in cases:
+        error = cli._as_node_error(exc, args)
+        assert error.exit_code == code and text in str(error) and "unexpected" not in str(error), (exc, error)
