@@ -239,9 +239,7 @@ class Store:
     @property
     def failure(self) -> str | None:
         """Why the store refuses writes (its failed state, FORMAT.md), or None."""
-        if self._failed is None:
-            return None
-        return getattr(self._failed, "strerror", None) or str(self._failed) or type(self._failed).__name__
+        return None if self._failed is None else StoreFailed.of(str(self.root), self._failed).reason
 
     def _check_writable(self) -> None:
         self._check_open()
