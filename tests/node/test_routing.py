@@ -1,6 +1,8 @@
 """node/routing.py's `routed`: a command that writes goes through the running node, else acts
 on the store; a node that starts between the two is asked after all (a share racing the
-node's start met its read-only library: an AttributeError, exit 1)."""
+node's start met its read-only library: an AttributeError, exit 1).  The node's side is a
+stand-in (an `ask` that finds no node, then one, and `open_library` finding it up): the real
+window is a few milliseconds of a node's start, which no test can hit on purpose."""
 from __future__ import annotations
 
 import contextlib
