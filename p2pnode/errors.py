@@ -40,6 +40,12 @@ class Refused(P2PNodeError):
     exit_code = 8
 
 
+KINDS = {1: "error", 3: "not_found", 4: "invalid_input", 5: "verification_failed",
+         6: "peer_unavailable", 7: "conflict", 8: "refused", 130: "interrupted"}
+"""Each exit code's name in the object a command run with --json prints when it fails (an
+error the node sent carries only its code, so the name follows the code, not the class)."""
+
+
 def from_store(exc: BaseException, store: str, then: str) -> P2PNodeError | None:
     """What a store error means to the command that met it (`store`: whose, as the message
     names it; `then`: what to do once there is room), or None for any other exception: a

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import errno
 import gc
+import json
 import logging
 import os
 import shutil
@@ -45,7 +46,7 @@ from p2pnode.cli.render import (
     shown,
 )
 from p2pnode.cli.space import add_space_commands
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, from_store
+from p2pnode.errors import KINDS, InvalidInput, NotFound, P2PNodeError, from_store
 from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
 from p2pnode.paths import NodePaths
@@ -534,12 +535,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except KeyboardInterrupt:
-        return _fail("interrupted", EXIT_INTERRUPTED)
+        return _fail("interrupted", EXIT_INTERRUPTED, args)
     except Exception as exc:
         error = _as_node_error(exc, args)
         if os.environ.get(DEBUG_ENV) == "1":
             traceback.print_exc()
-        return _fail(str(error), error.exit_code)
+        return _fail(str(error), error.exit_code, args)
 
 
 def run() -> None:
@@ -586,9 +587,16 @@ def _os_error_subject(exc: OSError, args: argparse.Namespace | None) -> str:
     return " -> ".join(names) or "(no file named)"
 
 
-def _fail(message: str, code: int) -> int:
-    for line in message.split("\n"):  # a list (the secret scan's findings): one line each, all prefixed
+def _fail(message: str, code: int, args: argparse.Namespace | None) -> int:
+    """The failure on stderr, one line each (a list, such as the secret scan's findings, all
+    prefixed); with --json also as one object on stdout, so that a program reading the
+    command's JSON gets an answer it can parse, whatever went wrong."""
+    for line in message.split("\n"):
         print(f"p2pnode: {shown(line)}", file=sys.stderr)
+    if getattr(args, "json", False):
+        with contextlib.suppress(OSError):  # stdout gone: stderr and the code said it
+            failure = {"kind": KINDS.get(code, "error"), "exit_code": code, "message": message}
+            print(json.dumps({"error": failure}), flush=True)
     return code
 
 

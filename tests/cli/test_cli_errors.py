@@ -26,6 +26,7 @@ import p2pnode
 import store
 import sysio
 from p2pnode.cli import main as cli
+from p2pnode.errors import KINDS
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.pi.sidecar import Sidecar, blake3_hex
@@ -127,6 +128,50 @@ def test_every_subcommand_beside_a_running_node(ordinary: OrdinaryUser, corpus_d
             if proc.returncode == 7:
                 assert env["P2PNODE_HOME"] in err and node_id in err, err
         assert "could not check" in ordinary.run(env, "fsck").stderr.decode()
+    finally:
+        ordinary.stop_node(node)
+
+
+def assert_json_failure(proc: subprocess.CompletedProcess[bytes], what: str) -> None:
+    """A failed command run with --json: its stdout ends with one object naming the failure
+    as its stderr line and exit code do (a program reading the JSON gets an answer)."""
+    last = proc.stdout.decode().strip().splitlines()[-1:] or ["(nothing)"]
+    try:
+        failure = json.loads(last[0])["error"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AssertionError(f"{what}: exit {proc.returncode}, stdout ends with no error object: "
+                             f"{last[0]}") from exc
+    assert failure["exit_code"] == proc.returncode, f"{what}: {failure}"
+    assert failure["kind"] == KINDS[proc.returncode], f"{what}: {failure}"
+    assert f"p2pnode: {failure['message']}" in proc.stderr.decode(), f"{what}: {failure}"
+
+
+def test_a_failure_with_json_is_also_an_object_on_stdout(ordinary: OrdinaryUser, corpus_dir: Path) -> None:
+    """Every subcommand that takes --json, failing without a node and beside one (whose
+    errors come back as a code and a message only)."""
+    env = ordinary.node("json", corpus_dir / "sessions")
+    with_json = {name: parser for name, parser in subcommands().items()
+                 if any("--json" in a.option_strings for a in parser._actions)}
+    assert {"share", "ls", "show", "fetch", "browse", "gc"} <= set(with_json)
+
+    def walk(where: str) -> int:
+        failed = 0
+        for name, parser in with_json.items():
+            args = [GARBAGE] * len(positionals(parser))
+            proc = ordinary.run(env, name, *args, "--json")
+            if name in ("doctor", "fsck") and proc.returncode == 1:
+                continue  # problems found: the report is their JSON
+            assert_clean(proc, f"{name} --json {where}")
+            if proc.returncode not in (0, 2, 7):  # 7: a command that needs the node's store
+                assert_json_failure(proc, f"{name} {' '.join(args)} --json {where}")
+                failed += 1
+        return failed
+
+    assert walk("without a node") >= 5
+    node, _ = ordinary.start_node(env)
+    try:
+        assert walk("beside a node") >= 5
+        assert_json_failure(ordinary.run(env, "show", "ab" * 32, "--json"), "show of an unknown branch, node")
     finally:
         ordinary.stop_node(node)
 
