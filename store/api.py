@@ -469,7 +469,7 @@ class Store:
         if self._pack.damage_of(h) is None:
             self._pack.mark_damaged(h, reason)
             log.warning("%s: blob %s is damaged: %s", self.root, h.hex(), reason)
-            recovery.record_damage(self.root, [f"blob {h.hex()} found damaged when read: {reason}"])
+            recovery.record_damage(self.root, [f"{reason} (found when read)"])
 
     def _payload(self, turn: Turn, h: bytes) -> bytes:
         """Caller holds the gate.  Blob h as the payload of turn: a damaged blob, or one that is

@@ -27,7 +27,7 @@ from store.files.blobpack import PACK, BlobPack, scan_pack
 from store.files.patchlog import PatchLog, patches_lost
 from store.files.turnlog import LOG, TurnLog
 from store.layout import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
-from store.recovery import DAMAGE, replay
+from store.recovery import DAMAGE, damage_found, replay
 from store.types import NO_TURN, RecoveryNotes
 from sysio.locks import lock_with_timeout
 
@@ -101,16 +101,16 @@ def _locked(root: Path, timeout: float) -> Iterator[None]:
 
 
 def _check(root: Path, full: bool, report: FsckReport) -> None:
-    notes = RecoveryNotes()
-    pack = BlobPack(root, durable=False, problems=notes, readonly=True)
+    pack_notes, notes = RecoveryNotes(), RecoveryNotes()
+    pack = BlobPack(root, durable=False, problems=pack_notes, readonly=True)
     log = TurnLog(root, readonly=True)
     patches = PatchLog(root, durable=False, problems=notes, readonly=True)
     try:
-        report.errors += notes
-        if (root / DAMAGE).exists():
-            report.errors += [f"found when opened: {line} (fsck --repair acknowledges)"
-                              for line in (root / DAMAGE).read_text().splitlines()]
-        damaged = _check_pack(root, pack, full, report)
+        # the pack's damaged records and stretches: _check_pack's, from a walk of the whole pack
+        report.errors += [n for n in pack_notes if n not in pack_notes.damage] + notes
+        damaged, seen = _check_pack(root, pack, full, report)
+        report.errors += [f"found when opened: {stamp} {what} (fsck --repair acknowledges)"
+                          for stamp, what in damage_found(root) if not what.startswith(seen)]
         depths = _check_turns(root, log, report)
         _check_heads(root, log, pack, patches, depths, damaged, report)
     finally:
@@ -119,12 +119,15 @@ def _check(root: Path, full: bool, report: FsckReport) -> None:
         patches.close()
 
 
-def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> dict[bytes, str]:
-    """Checks the whole pack; returns the blobs whose only record is damaged, and how."""
+def _check_pack(root: Path, pack: BlobPack, full: bool,
+                report: FsckReport) -> tuple[dict[bytes, str], tuple[str, ...]]:
+    """Checks the whole pack; returns the blobs whose only record is damaged, and how, and
+    the start of what is reported of each damaged record or stretch (the same damage in
+    damage.log is not listed again: reported here, it is an error until a good copy is stored)."""
     size = os.path.getsize(root / PACK)
     if not size:
         report.stats["blobs"] = 0
-        return {}
+        return {}, ()
     with open(root / PACK, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
         scan = scan_pack(mm)
         by_offset = dict(scan.records)
@@ -135,12 +138,16 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> d
                 _rehash(mm, off, hdr, report)
         damaged = dict(scan.damaged)
         good = {hdr.hash: off for off, hdr in scan.records}
+        seen: list[str] = []
         for off, hdr in scan.damaged:
-            where = f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC"
+            seen.append(where := f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC")
             if hdr.hash in good:  # stored again since: harmless, GC drops it
                 report.warnings.append(f"{where} (a good copy is at offset {good[hdr.hash]})")
             else:
                 report.errors.append(f"{where} (damaged)")
+        for off, reason in scan.corrupt:
+            seen.append(where := f"{PACK} at offset {off}: {reason}")
+            report.errors.append(f"{where} (blobs there are unreadable)")
         for h in pack.hashes():
             loc = pack.locate(h)
             if loc is not None and loc.offset in damaged:
@@ -152,7 +159,7 @@ def _check_pack(root: Path, pack: BlobPack, full: bool, report: FsckReport) -> d
     report.stats["blobs"] = len(scan.records)
     report.stats["pack_bytes"] = scan.end
     return {hdr.hash: f"its record at offset {off} of {PACK} failed its CRC"
-            for off, hdr in scan.damaged if hdr.hash not in good}
+            for off, hdr in scan.damaged if hdr.hash not in good}, tuple(seen)
 
 
 def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, report: FsckReport) -> None:

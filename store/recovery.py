@@ -32,8 +32,22 @@ if TYPE_CHECKING:
 DAMAGE = "damage.log"
 
 
+def damage_found(root: Path) -> list[tuple[str, str]]:
+    """damage.log's lines as (when, what); none when it is absent."""
+    try:
+        lines = (root / DAMAGE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    return [(stamp, what) for stamp, _, what in (line.partition(" ") for line in lines)]
+
+
 def record_damage(root: Path, messages: list[str]) -> None:
-    """Keep what recovery found damaged (it repaired or dropped it) for fsck to report."""
+    """Keep what recovery found damaged (it repaired or dropped it) for fsck to report: once
+    each, however many opens find the same record damaged again."""
+    known = {what for _, what in damage_found(root)}
+    messages = [m for m in dict.fromkeys(messages) if m not in known]
+    if not messages:
+        return
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     fd = open_private(root / DAMAGE, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     with open(fd, "a", encoding="utf-8") as f:

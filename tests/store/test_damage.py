@@ -294,3 +294,29 @@ def test_storing_the_same_bytes_again_heals_a_damaged_blob(tmp_path: Path) -> No
         assert s.payloads([s.get_turn(victim[0])]) == [data]
     report = fsck(path, repair=True)
     assert report.ok, report.summary()
+
+
+def test_fsck_names_a_damaged_record_once_and_a_healed_one_as_a_warning(tmp_path: Path) -> None:
+    """One damaged record is one line of fsck's, however many opens and reads met it (the
+    open's note, damage.log and fsck's own walk of the pack name the same record); once the
+    same bytes are stored again it is a warning naming the good copy, and fsck is clean."""
+    path = tmp_path / "s"
+    run = writer(path, "raw,small", 10, close=True)
+    victim = [a for a in run if a[3] == "raw"][1]
+    data = payload(victim[2], "raw")
+    h = blob_hash(data)
+    flip_in_pack(path, h, 1234)
+    for _ in range(3):
+        with Store.open(path) as s, pytest.raises(DamagedPayload):
+            s.payloads([s.get_turn(victim[0])])
+    logged = (path / DAMAGE).read_text().splitlines()
+    assert len(logged) == len(set(line.split(" ", 1)[1] for line in logged)) == 1, logged
+    report = fsck(path)
+    about_record = [e for e in report.errors if e.startswith("blobs.pack at offset") or "found when" in e]
+    assert len(about_record) == 1 and h.hex() in about_record[0], report.summary()
+    assert any(f"turn {victim[0]}" in e for e in report.errors), report.summary()
+    with Store.open(path) as s:
+        s.append_turn(victim[1], data)
+    healed = fsck(path)
+    assert healed.ok, healed.summary()
+    assert [w for w in healed.warnings if h.hex() in w and "a good copy is at offset" in w], healed.summary()
