@@ -112,8 +112,8 @@ def cmd_pending(args: argparse.Namespace) -> int:
     for p in pending:
         name = p.get("name")
         who = f"{name} ({p['id']})" if name else p["id"]
-        print(f"{shown(who)}: tried to connect {p['attempts']} time(s), it trusts this node but this node "
-              f"does not trust it: run p2pnode trust {shown(name or p['id'])}")
+        print(f"{shown(who)}: tried to connect {p['attempts']} time(s), not trusted here (any key can try; "
+              f"a name is what it announces): if its user confirms this id, run p2pnode trust {p['id']}")
     return 0
 
 

@@ -140,9 +140,9 @@ class PeerServer:
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> None:
         raise_open_files_limit()
         app = web.Application(middlewares=[self._guard], client_max_size=self.limits.max_batch_request)
-        app.router.add_get(wire.PATH_CATALOG, self._catalog)
-        app.router.add_get(wire.PATH_OBJECT, self._object)
-        app.router.add_get(wire.PATH_LINES, self._lines)
+        app.router.add_get(wire.PATH_CATALOG, self._catalog, allow_head=False)
+        app.router.add_get(wire.PATH_OBJECT, self._object, allow_head=False)
+        app.router.add_get(wire.PATH_LINES, self._lines, allow_head=False)
         app.router.add_post(wire.PATH_BATCH, self._batch)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_http_log(),
                                      lingering_time=LINGER_SECONDS)
@@ -260,8 +260,8 @@ class PeerServer:
         self._disarm(transport)
         try:
             return await handler(request)
-        except web.HTTPNotFound:  # no such route: the same answer as a hash that does not exist
-            return _not_found()
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed):  # no such route, or not with this
+            return _not_found()  # method: the same answer as a hash that does not exist
         except DAMAGED as exc:  # this node's copy fails its checks: not served, the peer asks others
             log.warning("not serving %s: this node's copy is damaged (`p2pnode fsck`): %s", request.path, exc)
             if request.writer.output_size:  # the answer began: cut it (the fetcher verifies what came)

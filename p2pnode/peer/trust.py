@@ -91,8 +91,8 @@ class PendingPeers:
             peer = self._seen.pop(fingerprint, None)
             if peer is None:
                 peer = PendingPeer(fingerprint, now, now, 0)
-                log.info("node %s tried to connect but is not trusted (it trusts this node; to accept it: "
-                         "p2pnode trust %s)", peer.node_id, peer.node_id)
+                log.info("node %s tried to connect but is not trusted (any key can try: to accept this one, "
+                         "check its id with its user, then p2pnode trust %s)", peer.node_id, peer.node_id)
             peer.last_seen, peer.attempts = now, peer.attempts + 1
             self._seen[fingerprint] = peer  # most recent last
             while len(self._seen) > self.limit:

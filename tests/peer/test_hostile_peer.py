@@ -548,6 +548,13 @@ async def test_server_answers_unshared_and_unknown_hashes_alike(world, tmp_path:
                     answers.append((r.status, await r.read()))
             async with s.get(base + wire.PATH_LINES.format(src=hidden.src)) as r:
                 answers.append((r.status, await r.read()))
+            shown_object = base + wire.PATH_OBJECT.format(hash=lib.branches()[0].src)
+            for method, url in [("POST", shown_object), ("PUT", shown_object), ("DELETE", shown_object),
+                                ("HEAD", shown_object), ("POST", base + wire.PATH_CATALOG),
+                                ("OPTIONS", base + wire.PATH_CATALOG), ("GET", base + wire.PATH_BATCH)]:
+                async with s.request(method, url) as r:  # a known path, another method
+                    body = NOT_FOUND_BODY if method == "HEAD" else await r.read()  # HEAD: no body
+                    answers.append((r.status, body))
             assert set(answers) == {(404, NOT_FOUND_BODY)}
             async with s.post(base + wire.PATH_BATCH, data=hidden_line) as r:
                 assert await r.read() == wire.encode_batch_end(0)
