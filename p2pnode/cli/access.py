@@ -1,7 +1,7 @@
-"""`share --to`: the trusted peers named on the command line, as node ids."""
+"""`share --to`: the trusted peers named on the command line, as node ids, and shown by name."""
 from __future__ import annotations
 
-from p2pnode.errors import InvalidInput
+from p2pnode.errors import InvalidInput, P2PNodeError
 from p2pnode.paths import NodePaths
 
 
@@ -30,3 +30,14 @@ def share_to(paths: NodePaths, names: list[str] | None) -> list[str] | None:
                                "(`p2pnode peers` lists them)")
         ids.append(found[0])
     return sorted(set(ids))
+
+
+def peer_names(paths: NodePaths) -> dict[str, str]:
+    """Node id -> the name it is trusted by here, for a listing's "(to bob)"; no names when the
+    trust file cannot be read (the listing shows ids: it must not fail for that)."""
+    from p2pnode.peer.trust import TrustStore
+
+    try:
+        return {p.node_id: p.name for p in TrustStore(paths.trust).peers() if p.name}
+    except (OSError, P2PNodeError):
+        return {}

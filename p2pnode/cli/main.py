@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 from p2pnode import __version__
 from p2pnode.cli import argtypes, browse
-from p2pnode.cli.access import share_to
+from p2pnode.cli.access import peer_names, share_to
 from p2pnode.cli.doctor import add_doctor_commands
 from p2pnode.cli.follow import add_follow_commands
 from p2pnode.cli.log import add_log_commands
@@ -191,7 +191,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print_json([i.as_dict() for i in infos])
         return 0
-    print_branches(infos)
+    print_branches(infos, peer_names(node_paths(args)))
     return 0
 
 
@@ -208,9 +208,10 @@ def cmd_show(args: argparse.Namespace) -> int:
                     "lineage": [i.as_dict() for i in lineage], "children": [c.as_dict() for c in children],
                     **extra})
         return 0
-    print_show(info, sidecar, lineage, children)
+    names = peer_names(node_paths(args))
+    print_show(info, sidecar, lineage, children, names)
     if versions is not None:
-        print_versions(info, versions)
+        print_versions(info, versions, names)
     return 0
 
 

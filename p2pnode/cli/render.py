@@ -9,6 +9,7 @@ import math
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -133,29 +134,31 @@ def print_status(status: dict[str, Any]) -> None:
         print(f"  {t.get('id', '-')}  {t['branch'][:16]}  {state}  {done}  {how}".rstrip())
 
 
-def print_branches(infos: list[BranchInfo]) -> None:
+def print_branches(infos: list[BranchInfo], names: Mapping[str, str] | None = None) -> None:
     print(f"{'BRANCH':16}  {'TIME':16}  {'VERS':>4}  {'LINES':>5}  {'SIZE':>9}  {'PARENT':16}  "
           f"{'CWD':24}  TITLE")
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
-        mark = access_note(i) + (" (secrets allowed)" if i.secrets_allowed else "")
+        mark = access_note(i, names) + (" (secrets allowed)" if i.secrets_allowed else "")
         mark += " (withheld: secrets found)" if i.withheld else ""
         print(f"{short(i.branch):16}  {when:16}  {i.versions:>4}  {i.lines:>5}  {i.size:>9}  "
               f"{short(i.parent):16}  {one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
 
 
-def print_versions(info: BranchInfo, versions: list[BranchInfo]) -> None:
+def print_versions(info: BranchInfo, versions: list[BranchInfo],
+                   names: Mapping[str, str] | None = None) -> None:
     """`show --versions`: the versions of the branch's Pi session, oldest first."""
     print(f"versions    {len(versions)} of session {shown(info.header.get('id'))}, oldest first")
     for v in versions:
         here = "   <- this branch" if v.branch == info.branch else ""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.shared_at / 1000))
         print(f"  v{v.version:<4} {short(v.branch)}  {v.lines:>6} lines  {v.size:>10} bytes  {when}"
-              f"{access_note(v)}{here}")
+              f"{access_note(v, names)}{here}")
 
 
-def access_note(info: BranchInfo, now: float | None = None) -> str:
-    """ " (unshared)", " (expired)", " (expires in 6d)", " (to 2 peers)": who may fetch it, until when."""
+def access_note(info: BranchInfo, names: Mapping[str, str] | None = None, now: float | None = None) -> str:
+    """ " (unshared)", " (expired)", " (expires in 6d)", " (to bob, 7TQ2XKA)": who may fetch it,
+    until when (`names`: node id -> the name it is trusted by here)."""
     if not info.offered:
         return f" ({info.withdrawn})" if info.withdrawn else " (fetched, not offered)"
     note = ""
@@ -163,7 +166,7 @@ def access_note(info: BranchInfo, now: float | None = None) -> str:
         left = info.expires_at / 1000 - (time.time() if now is None else now)
         note += f" (expires in {duration(left)})" if left > 0 else " (expired)"
     if info.to is not None:
-        note += f" (to {', '.join(short(p) for p in info.to)})"
+        note += f" (to {', '.join(one_line((names or {}).get(p), 20) or short(p) for p in info.to)})"
     return note
 
 
@@ -176,7 +179,8 @@ def duration(seconds: float) -> str:
     return f"{max(math.ceil(seconds), 0)}s"
 
 
-def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], children: list[BranchInfo]) -> None:
+def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], children: list[BranchInfo],
+               names: Mapping[str, str] | None = None) -> None:
     h = info.header
     print(f"branch      {info.branch}")
     print(f"sidecar     {sidecar}")
@@ -190,7 +194,7 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
         print(f"lineage cut shared with --no-lineage: parentSession {shown(info.lineage_cut)} "
               "was not followed")
     print(f"path        {shown(info.path or '-')}")
-    print(f"offered     {'yes' if info.offered else 'no'}{access_note(info)}")
+    print(f"offered     {'yes' if info.offered else 'no'}{access_note(info, names)}")
     if info.secrets_allowed:
         print("secrets     shared with --allow-secrets: the secret scan found some in it")
     if info.withheld:

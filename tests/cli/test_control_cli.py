@@ -33,7 +33,10 @@ def test_share_to_a_name_with_an_expiry_then_log_gc_and_status(nodes, corpus_dir
     shared = json.loads(a.run("share", str(a.agent / B5), "--to", "bob", "--expires", "7d", "--json").stdout)
     assert shared["to"] == [b.id] and shared["expires_at"] is not None
     listed = a.run("ls").stdout
-    assert "(expires in 7d)" in listed and f"(to {b.id[:16]})" in listed
+    assert "(expires in 7d)" in listed and "(to bob)" in listed  # the name it is trusted by here
+    TrustStore(NodePaths(a.home).trust).trust(b.id, name="")  # no name: its short id
+    assert f"(to {b.id[:16]})" in a.run("show", shared["branch"]).stdout
+    TrustStore(NodePaths(a.home).trust).trust(b.id, name="bob")
     with a.serving() as port:
         fetched = b.fetch_json(shared["branch"], "--from", f"127.0.0.1:{port}")
         refused = c.run("fetch", shared["branch"], "--from", f"127.0.0.1:{port}", check=False)
