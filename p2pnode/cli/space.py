@@ -42,8 +42,11 @@ def print_gc(report: dict[str, Any]) -> None:
         return
     for branch in report["branches"]:
         print(f"forgot  {short(branch)}")
-    print(f"gc freed {report['bytes_freed']} bytes: store {report['store_bytes_before']} -> "
-          f"{report['store_bytes_after']} bytes ({len(report['versions'])} version(s) dropped)")
+    dropped = len(report["versions"])
+    versions = f" ({dropped} older version(s) dropped)" if dropped else ""
+    # two figures: the data files can grow a little as blobs go (the index is written whole)
+    print(f"gc freed {report['bytes_freed']} bytes of blobs{versions}; the store's data files: "
+          f"{report['store_bytes_before']} -> {report['store_bytes_after']} bytes")
     if report.get("staging_bytes_freed"):
         print(f"gc removed {report['staging_bytes_freed']} bytes that interrupted fetches left behind")
 

@@ -1169,6 +1169,7 @@ class Library:
             with exclusive_if_free(space.fetching_lock(self.paths.home)) as alone, self._imports, self._lock:
                 if not alone:
                     return space.GCReport([], [], 0, 0, 0, skipped="a fetch runs in another process")
+                self.store.checkpoint()  # blobs left in the head WAL go to the pack now: counted before
                 before = space.store_bytes(self.paths.store)
                 drop = space.garbage(self.sessions)
                 self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))

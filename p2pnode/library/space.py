@@ -21,6 +21,7 @@ from typing import Any
 
 from p2pnode.library.sessions import SessionStore
 from store.api import Store
+from store.files.headwal import is_wal_file
 
 GC_THRESHOLD_BYTES = 64 << 20
 """The running node collects in the background when at least this much is reclaimable, or
@@ -125,8 +126,10 @@ def sweep_fetching(directory: Path, grace_seconds: float) -> int:
 
 
 def store_bytes(root: Path) -> int:
-    """Bytes of the store's files (the head WAL's zero-filled reserve included)."""
-    return sum(e.stat().st_size for e in os.scandir(root) if e.is_file(follow_symlinks=False))
+    """Bytes of the store's data files: not its head WAL, 1-2 MiB of journal that comes and
+    goes with checkpoints (a GC that freed a little would show the store grown)."""
+    return sum(e.stat().st_size for e in os.scandir(root)
+               if e.is_file(follow_symlinks=False) and not is_wal_file(e.name))
 
 
 def worth_collecting(reclaimable: int, total: int) -> bool:

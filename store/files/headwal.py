@@ -34,6 +34,12 @@ def wal_name(gen: int) -> str:
     return f"heads.wal.{gen:08d}"
 
 
+def is_wal_file(name: str) -> bool:
+    """A head WAL generation or the next one made ahead: fixed-size journal files that
+    checkpoints create and remove (their number changes with them, not with the data)."""
+    return name == NEXT or _WAL_RE.match(name) is not None
+
+
 def wal_generations(root: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in root.iterdir() if (m := _WAL_RE.match(p.name)))
 
