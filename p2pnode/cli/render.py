@@ -130,7 +130,8 @@ def print_status(status: dict[str, Any]) -> None:
         done = f"{t['bytes_done'] / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{t['bytes_done']} bytes"
         running = t.get("state", "running") == "running"
         state = t.get("state", "running") + (" (background)" if t.get("background") else "")
-        how = transfer_detail(t) if running else shown(t.get("error") or "")
+        ended = t.get("error") or t.get("conflict") or t.get("path") or ""  # how it ended, or where it went
+        how = transfer_detail(t) if running else shown(ended)
         print(f"  {t.get('id', '-')}  {t['branch'][:16]}  {state}  {done}  {how}".rstrip())
 
 

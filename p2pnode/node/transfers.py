@@ -65,7 +65,8 @@ class Transfer:
     meter: ProgressMeter
     started: float = field(default_factory=time.time)
     state: str = "running"
-    """running, done, failed or cancelled."""
+    """running, done, conflict (fetched and stored, not placed: the result's `conflict` says
+    why, as a waiting `fetch` exits 7), failed or cancelled."""
     result: dict[str, Any] | None = None
     error: P2PNodeError | None = None
     finished: float | None = None
@@ -77,12 +78,14 @@ class Transfer:
 
     def as_dict(self) -> dict[str, Any]:
         """As `status` lists it (branch, bytes_done, bytes_total, peers, as before, and more)."""
+        result = self.result or {}
         return dict(self.meter.current.as_dict(), id=self.id, branch=self.branch, state=self.state,
                     background=self.background, started=self.started,
-                    error=str(self.error) if self.error else None)
+                    error=str(self.error) if self.error else None,
+                    fetched=result.get("branch"), path=result.get("path"), conflict=result.get("conflict"))
 
     def event(self) -> dict[str, Any]:
-        if self.state == "done":
+        if self.result is not None:
             return {"event": "result", "result": self.result}
         if self.error is not None:
             return {"event": "error", "message": str(self.error), "exit_code": self.error.exit_code}
@@ -160,7 +163,7 @@ class Transfers:
     async def _run(self, transfer: Transfer, body: dict[str, Any]) -> dict[str, Any]:
         try:
             transfer.result = await self.node._c_fetch(body, transfer.meter)
-            transfer.state = "done"
+            transfer.state = "conflict" if transfer.result.get("conflict") else "done"
             return transfer.result
         except asyncio.CancelledError:
             transfer.state, transfer.error = "cancelled", P2PNodeError("cancelled")

@@ -61,6 +61,24 @@ async def test_ended_background_transfers_are_kept_briefly_and_few(monkeypatch: 
     assert table.listed() == []
 
 
+async def test_a_background_fetch_that_could_not_place_its_file_says_so() -> None:
+    """Fetched and stored, but the file was not placed (a foreground fetch exits 7): `status`
+    must not call that done, and says why and what was fetched."""
+    node = StandInNode()
+    table = Transfers(node)
+    conflict = "/s/x.jsonl already exists with different content: it was kept"
+
+    async def placed_nothing(body: dict[str, Any], progress: ProgressMeter | None = None) -> dict[str, Any]:
+        return {"branch": branch(9), "path": None, "conflict": conflict}
+
+    node._c_fetch = placed_nothing  # type: ignore[method-assign]
+    started = await table.fetch({"branch": branch(3), "background": True})
+    await asyncio.gather(*(t.task for t in table.running.values() if t.task))
+    [listed] = table.listed()
+    assert listed["id"] == started["id"] and listed["state"] == "conflict"
+    assert listed["conflict"] == conflict and listed["fetched"] == branch(9) and listed["path"] is None
+
+
 async def test_a_stream_closed_early_cancels_its_transfer() -> None:
     node = StandInNode()
     table = Transfers(node)
