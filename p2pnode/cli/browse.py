@@ -19,10 +19,10 @@ from p2pnode.peer.offers import unanswered
 
 def cmd_browse(args: argparse.Namespace) -> int:
     from p2pnode.cli.main import node_paths
-    from p2pnode.peer.address import PeerAddress
+    from p2pnode.node.names import from_addresses
 
     paths = node_paths(args)
-    given = [PeerAddress.parse(text) for text in getattr(args, "peer", None) or []]
+    given = from_addresses(paths, getattr(args, "peer", None) or [])  # also NAME and NAME@HOST:PORT
     answer = via_node(paths, "browse", {"peers": [str(p) for p in given]})
     if answer is None:
         answer = _browse_here(paths, given)
@@ -112,5 +112,5 @@ def add_browse_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def add_browse_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT|NAME",
                    help="a peer to ask (repeatable; needed when no node runs)")

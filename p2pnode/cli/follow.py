@@ -63,8 +63,24 @@ def print_event(event: dict[str, Any]) -> None:
         print(f"{when}  {kind}: {one_line(event.get('message'), 200)}", flush=True)
 
 
+class _Told(Exception):
+    """The command was told to end by a signal other than Ctrl-C (SIGTERM; SIGHUP: its terminal
+    closed): it stops following as Ctrl-C does, then ends by that signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _told(signum: int, _frame: object) -> None:
+    raise _Told(signum)
+
+
 def cmd_follow(args: argparse.Namespace) -> int:
     import os
+    import signal
+
+    from p2pnode.node.names import from_addresses
 
     paths = _paths(args)
     if args.stop:
@@ -73,19 +89,27 @@ def cmd_follow(args: argparse.Namespace) -> int:
         return 0
     require_node(paths, "follow")
     pi = PiDirs.resolve(os.getcwd(), args.session_dir)
-    reply = _call(paths, "follow", {"target": args.target, "peers": args.peer or [], "pi": pi.as_dict()})
+    peers = [str(p) for p in from_addresses(paths, args.peer or [])]  # also NAME and NAME@HOST:PORT
+    reply = _call(paths, "follow", {"target": args.target, "peers": peers, "pi": pi.as_dict(),
+                                    "attached": not args.detach})
     key = reply["key"]
     if args.detach:
         print(f"following {shown(key)} in the node (`p2pnode status` shows it; "
               f"`p2pnode follow --stop {shown(key)}` ends it)")
         return 0
     print(f"p2pnode: following {shown(key)}; Ctrl-C stops", file=sys.stderr)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a command killed with SIGKILL: the node
+        signal.signal(signum, _told)  # ends the follow after follow.ATTACHED_GRACE
     try:
         return _print_events(paths, key, reply["epoch"], args.json)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Told) as stop:
         with contextlib.suppress(P2PNodeError):  # not followed any more anyway
             call_node(paths, "unfollow", {"key": key}, timeout=10.0)
-        print(f"p2pnode: stopped following {shown(key)}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a closed terminal
+            print(f"p2pnode: stopped following {shown(key)}", file=sys.stderr)
+        if isinstance(stop, _Told):
+            signal.signal(stop.signum, signal.SIG_DFL)
+            os.kill(os.getpid(), stop.signum)
         return 0
 
 
@@ -149,8 +173,9 @@ def check_live(args: argparse.Namespace, paths: NodePaths) -> None:
 def add_follow_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("follow", help="keep a teammate's growing session current here, live (needs `serve`)")
     p.add_argument("target", metavar="SESSION|BRANCH|TICKET",
-                   help="a Pi session id, a branch hash of any of its versions, or a p2p1: ticket")
-    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT",
+                   help="a Pi session id, a branch hash of any of its versions (or a unique start of "
+                        "one), or a p2p1: ticket")
+    p.add_argument("--from", dest="peer", action="append", metavar="[NODEID@]HOST:PORT|NAME",
                    help="a peer to follow it from (repeatable; default: found on the LAN)")
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
     p.add_argument("--detach", action="store_true", help="leave the node following it and return")

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, VerificationFailed
 from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
-from p2pnode.peer import wire
+from p2pnode.peer import offers, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import FetchResult, OpenPerUse, fetch_branch, get_catalog
 from p2pnode.peer.identity import Identity
@@ -62,6 +62,11 @@ MIN_POLL_INTERVAL = 0.5
 """Seconds at least between the starts of two catalog polls of one follow: a peer that answers
 every `?wait=` at once (ignoring it, or bumping its generation) is not polled in a busy loop."""
 """How long `fetch` waits for one peer's catalog when it looks for the newest version."""
+ATTACHED_GRACE = 30.0
+"""Seconds an attached follow (one its `follow` command prints, not --detach) lasts after
+that command last asked for events: a command killed or whose terminal closed says nothing,
+and the node must not follow for it for good."""
+ATTACHED_CHECK = 5.0
 WORDS = 12
 _HEX = re.compile(r"[0-9a-f]{4,64}")
 
@@ -242,13 +247,20 @@ class Follow:
     """Its size: only a larger version is fetched next."""
     session: str | None = None
     path: str | None = None
+    attached: bool = False
+    """Followed for a `follow` command that prints its events (ends ATTACHED_GRACE after it
+    stopped asking); False: --detach, the node follows until `follow --stop`."""
     state: str = "starting"
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     task: asyncio.Task[None] | None = None
+    asking: int = 0
+    """Event requests of its command open now."""
+    asked: float = field(default_factory=time.monotonic)
+    """When its command's last event request ended (or the follow began)."""
 
     def saved(self) -> dict[str, Any]:
         return {"key": self.key, "peers": self.peers, "pi": self.pi, "branch": self.branch, "size": self.size,
-                "session": self.session, "path": self.path}
+                "session": self.session, "path": self.path, "attached": self.attached}
 
     def status(self) -> dict[str, Any]:
         return dict(self.saved(), state=self.state)
@@ -264,18 +276,36 @@ class Follows:
         """Changes when the node restarts: a `follow` printing events starts over from 0."""
         self._seq = 0
         self._arrived = asyncio.Event()
+        self._reaper: asyncio.Task[None] | None = None
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         return {"follow": self._c_follow, "follow-events": self._c_events, "unfollow": self._c_unfollow}
 
     async def start(self) -> None:
-        fields = {f.name for f in dataclasses.fields(Follow)} - {"events", "task", "state"}
+        fields = {f.name for f in dataclasses.fields(Follow)} - {"events", "task", "state", "asking", "asked"}
         for entry in self.follows.load():
             if isinstance(entry.get("key"), str):
                 self.follows.begin(entry["key"], Follow(**{k: v for k, v in entry.items() if k in fields}))
+        self._reaper = asyncio.create_task(self._end_unattended())
 
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
         await self.follows.close()
+
+    async def _end_unattended(self) -> None:
+        """End each attached follow whose command stopped asking for its events ATTACHED_GRACE
+        ago (a restarted node gives the command that long to come back)."""
+        while True:
+            await asyncio.sleep(ATTACHED_CHECK)
+            now = time.monotonic()
+            gone = [f for f in self.follows if f.attached and not f.asking and now - f.asked > ATTACHED_GRACE]
+            for f in gone:
+                await self.follows.remove(f.key)
+                log.info("follow %s: ended, its `follow` command went away %g s ago without stopping it",
+                         f.key[:16], ATTACHED_GRACE)
 
     def status(self) -> list[dict[str, Any]]:
         return self.follows.status()
@@ -302,15 +332,23 @@ class Follows:
 
             parsed += [PeerAddress(format_node_id(ticket.node), h, port) for h, port in ticket.addresses]
             key = ticket.branch.hex()
+        if offers.is_prefix(key):  # as `fetch` takes one: the branch the peers offer that starts so
+            asked = parsed or self.node.trusted_online()
+            key, _ = await offers.resolve_prefix(key, asked, self.node.identity, self.node.trust)
         if not is_session_id(key):
-            key = wire.check_hex_hash(key, "branch hash")  # a prefix is not followed: give the whole hash
+            key = wire.check_hex_hash(key, "branch hash")
         pi = body.get("pi")
         if pi is not None:
             try:
                 PiDirs.from_dict(pi if isinstance(pi, dict) else {})
             except ValueError as exc:
                 raise InvalidInput(f"follow: pi: {exc}") from None
-        f = self.follows.add(key, Follow(key, [str(p) for p in parsed], pi))
+        attached = body.get("attached") is True
+        f = self.follows.add(key, Follow(key, [str(p) for p in parsed], pi, attached=attached))
+        if f.attached and not attached:  # --detach of a follow a command prints: the node's now
+            f.attached = False
+            self.follows.save()
+        f.asked = time.monotonic()
         return {"key": key, "epoch": self.epoch, **f.status()}
 
     async def _c_unfollow(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -330,15 +368,23 @@ class Follows:
         wait = body.get("wait")
         wait = min(float(wait), EVENTS_WAIT) if isinstance(wait, int | float) and wait >= 0 else EVENTS_WAIT
         deadline = asyncio.get_running_loop().time() + wait
-        while True:
-            f = self.follows.get(key) if isinstance(key, str) else None
-            new = [e for e in f.events if e["seq"] > after] if f else []
-            left = deadline - asyncio.get_running_loop().time()
-            if new or f is None or left <= 0:
-                return {"events": new, "epoch": self.epoch, "following": f is not None,
-                        "state": f.state if f else None}
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), left)
+        asker = self.follows.get(key) if isinstance(key, str) else None
+        if asker is not None:
+            asker.asking += 1
+        try:
+            while True:
+                f = self.follows.get(key) if isinstance(key, str) else None
+                new = [e for e in f.events if e["seq"] > after] if f else []
+                left = deadline - asyncio.get_running_loop().time()
+                if new or f is None or left <= 0:
+                    return {"events": new, "epoch": self.epoch, "following": f is not None,
+                            "state": f.state if f else None}
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), left)
+        finally:
+            if asker is not None:
+                asker.asking -= 1
+                asker.asked = time.monotonic()
 
     # -- one follow -------------------------------------------------------------------------
 

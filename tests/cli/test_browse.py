@@ -37,6 +37,8 @@ def test_browse_lists_what_a_peer_offers(team: tuple[Node, Node]) -> None:
     with a.serving() as port:
         seen = json.loads(b.run("browse", "--from", f"127.0.0.1:{port}", "--json").stdout)
         alias = json.loads(b.run("ls", "--peers", "--from", f"127.0.0.1:{port}", "--json").stdout)
+        by_name = json.loads(b.run("browse", "--from", f"alice@127.0.0.1:{port}", "--json").stdout)
+        assert by_name["branches"] == seen["branches"]  # NAME@HOST:PORT, as fetch takes it
         text = b.run("browse", "--from", f"127.0.0.1:{port}").stdout
         with b.node_running():
             via_node = json.loads(b.run("browse", "--from", f"127.0.0.1:{port}", "--json").stdout)

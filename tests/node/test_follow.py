@@ -122,7 +122,8 @@ def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Pat
                 assert status(b)["following"] == []
 
                 # --detach: the node follows on its own, also after either side restarts
-                b.run("follow", shared["branch"], "--from", a_addr, "--detach")
+                detached = b.run("follow", shared["branch"][:12], "--from", a_addr, "--detach")  # a prefix
+                assert shared["branch"] in detached.stdout
                 a_proc.send_signal(signal.SIGTERM)
                 a_proc.wait(timeout=30)
         grow(session, "three")  # while both nodes are down
@@ -285,3 +286,58 @@ def test_share_live_needs_the_node(tmp_path: Path, corpus_new_dir: Path) -> None
         assert r.returncode == 6 and "needs the running node" in r.stderr
         assert os.environ.get("P2PNODE_HOME") != str(a.home)
 
+
+
+async def test_an_attached_follow_ends_when_its_command_stops_asking(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `follow` without --detach that dies without a word (SIGKILL, a lost ssh session): the
+    node stops following for it once it has not asked for events for ATTACHED_GRACE; one
+    still asking, and a detached one, go on; a --detach of an attached one makes it the node's."""
+    from p2pnode.node import follow as node_follow
+
+    monkeypatch.setattr(node_follow, "ATTACHED_GRACE", 1.0)
+    monkeypatch.setattr(node_follow, "ATTACHED_CHECK", 0.1)
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    node = InProcessNode(NodePaths(tmp_path / "home"), NodeConfig(host="127.0.0.1", port=0, mdns=False,
+                                                                  agent_dir=agent))
+    await node.start()
+    try:
+        follows = node.follows
+        ids = [f"0a1b2c3d-0000-7000-8000-00000000000{i}" for i in range(4)]
+        for i, key in enumerate(ids):
+            await follows._c_follow({"target": key, "attached": i != 1})
+        await follows._c_follow({"target": ids[3], "attached": False})  # `follow --detach` of it now
+        asking = asyncio.ensure_future(follows._c_events({"key": ids[2], "after": 10**9, "wait": 2.0}))
+        await asyncio.sleep(1.5)
+        assert sorted(f.key for f in follows.follows) == ids[1:]
+        assert [f["attached"] for f in json.loads((tmp_path / "home" / "follows.json").read_text())] == \
+            [False, True, False]
+        await asyncio.sleep(1.0)  # its request ended 0.5 s ago: within the grace
+        assert sorted(f.key for f in follows.follows) == ids[1:]
+        await asking
+        await asyncio.sleep(1.0)
+        assert sorted(f.key for f in follows.follows) == [ids[1], ids[3]]
+    finally:
+        await node.close()
+
+
+def test_a_follow_told_to_end_stops_following(tmp_path: Path) -> None:
+    """SIGTERM or SIGHUP (a closed terminal) of a `follow` stops the node's follow at once, as
+    Ctrl-C does, and the command ends by that signal."""
+    b = Node(tmp_path, "b")
+    with b.node_running():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            command = [PY, "-m", "p2pnode", "follow", "0a1b2c3d-0000-7000-8000-000000000001"]
+            follower = subprocess.Popen(command, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+            try:
+                wait_for("the follow in the node", lambda: status(b)["following"])
+                follower.send_signal(signum)
+                _, err = follower.communicate(timeout=30)
+            finally:
+                if follower.poll() is None:
+                    follower.kill()
+                    follower.communicate()
+            assert follower.returncode == -signum and "stopped following" in err and "Traceback" not in err
+            assert status(b)["following"] == []
