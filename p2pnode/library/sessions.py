@@ -32,6 +32,7 @@ import blake3
 from ahocorasick_rs import BytesAhoCorasick
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
+from p2pnode.library.versions import later_growths
 from p2pnode.pi.hashing import Prefix, Scan, Sink, new_hasher
 from p2pnode.pi.lines import LineRef, LineSplitter, is_split
 from p2pnode.pi.session import (
@@ -710,8 +711,7 @@ class SessionStore:
             if (held := self._state.sessions.get(version.src)) is not None:
                 self.store.delete_context(ctx)
                 return held
-            self._state.sessions[version.src] = version
-            self._save()
+            self._record_version(version)
         return version
 
     def _add_version(self, prefix: Prefix, header: SessionHeader, importer: _Importer) -> Version:
@@ -721,9 +721,19 @@ class SessionStore:
             head=importer.head, name=importer.name, first_user=importer.first_user,
             previous=importer.grown.src if importer.grown is not None else None,
         )
-        self._state.sessions[version.src] = version
-        self._save()
+        self._record_version(version)
         return version
+
+    def _record_version(self, version: Version) -> None:
+        """Record a new version, and make it the `previous` of the versions held already that
+        grew from it (they came first: versions.later_growths)."""
+        self._state.sessions[version.src] = version
+        later = later_growths(version, self._state.sessions.values(), self.line_hashes)
+        for src in later:
+            self._state.sessions[src] = replace(self._state.sessions[src], previous=version.src)
+        if later:
+            self._state.generation += 1  # the catalog's `previous` and `version` of those changed
+        self._save()
 
     def add_branch(self, sidecar: bytes, branch: str, src: str, parent: str | None,
                    lineage_cut: str | None = None) -> BranchRecord:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from p2pnode.library.sessions import BranchRecord, Version
+if TYPE_CHECKING:  # sessions.py records versions and asks `later_growths` as it does
+    from p2pnode.library.sessions import BranchRecord, Version
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +103,18 @@ def unlinked_growths(versions: Iterable[Version],
                     links[v.src] = older.src
                     break
     return links
+
+
+def later_growths(new: Version, versions: Iterable[Version],
+                  line_hashes: Callable[[str], list[bytes]]) -> list[str]:
+    """The versions held before `new` that `new` comes between: of its session, larger, grown
+    from what `new` grew from (or from no version held), and whose first lines are all of
+    `new`'s (hashes: turn records only).  Versions fetched out of order (v1, v3, then v2; or
+    the newest first) are linked as they arrive: v3 grew from v2, whatever was held when v3
+    came.  Nothing to read in the usual case, a version newer than every one held."""
+    later = [v for v in versions if v.session_id == new.session_id and v.previous == new.previous
+             and v.src != new.src and v.size > new.size and v.lines >= new.lines]
+    if not later or new.last_line_start != new.size:  # an incomplete last line is no line prefix
+        return []
+    mine = line_hashes(new.src)
+    return [v.src for v in later if line_hashes(v.src)[:len(mine)] == mine]

@@ -86,6 +86,25 @@ def test_fetched_versions_link_to_the_held_older_one(lib: Library, agent: Path, 
         assert [r.branch for r in other.sessions_latest(include_unshared=True)] == [v3]
 
 
+@pytest.mark.parametrize("order", [(0, 2, 1), (2, 0, 1), (2, 1, 0), (1, 2, 0)])
+def test_versions_fetched_in_any_order_make_one_chain(lib: Library, agent: Path, tmp_path: Path,
+                                                      order: tuple[int, int, int]) -> None:
+    """v1, v3, then v2 (or the newest first): each version, as it arrives, becomes the
+    `previous` of the ones held already that grew from it; numbers v1..v3, one row in `ls`."""
+    v = three_versions(lib, find(agent, B1))
+    with Library.open(NodePaths(tmp_path / "other"), agent_dir=tmp_path / "other-agent") as other:
+        generation = other.sessions.generation
+        for i in order:
+            lines = [lib.line(r.hash) for r in lib.line_manifest(lib.branch(v[i]).src)]
+            other.add_fetched(lib.sidecar_bytes(v[i]), lines)
+        got = [(g.previous, g.version, g.versions) for g in map(other.branch, v)]
+        assert got == [(None, 1, 3), (v[0], 2, 3), (v[1], 3, 3)]
+        assert [r.branch for r in other.sessions_latest(include_unshared=True)] == [v[2]]
+        assert other.sessions.generation > generation  # peers see the new links in the catalog
+    with Library.open(NodePaths(tmp_path / "other"), agent_dir=tmp_path / "other-agent") as reopened:
+        assert [reopened.branch(b).version for b in v] == [1, 2, 3]
+
+
 def test_catalog_says_previous_and_version_and_old_peers_still_decode(lib: Library, agent: Path) -> None:
     v1, v2, v3 = three_versions(lib, find(agent, B1))
     catalog = lib.catalog()
