@@ -7,7 +7,7 @@ import contextlib
 import sys
 from typing import Any
 
-from p2pnode.errors import InvalidInput, P2PNodeError
+from p2pnode.errors import P2PNodeError, PeerUnavailable
 from p2pnode.node.control_client import call_node, call_node_streamed
 from p2pnode.paths import NodePaths
 
@@ -40,6 +40,6 @@ def fetch_in_background(paths: NodePaths, payload: dict[str, Any]) -> dict[str, 
     """Start the fetch on the running node and return at once: {"id", "branch", "background"}."""
     started = call_node(paths, "fetch", dict(payload, background=True))
     if started is None:
-        raise InvalidInput("fetch --background needs a running node (`p2pnode serve`); "
-                           "without --background the fetch runs here")
+        raise PeerUnavailable("fetch --background needs a running node (`p2pnode serve`); "
+                              "without --background the fetch runs here")
     return started

@@ -167,7 +167,7 @@ def access_note(info: BranchInfo, names: Mapping[str, str] | None = None, now: f
         left = info.expires_at / 1000 - (time.time() if now is None else now)
         note += f" (expires in {duration(left)})" if left > 0 else " (expired)"
     if info.to is not None:
-        note += f" (to {', '.join(one_line((names or {}).get(p), 20) or short(p) for p in info.to)})"
+        note += f" (to {', '.join(one_line((names or {}).get(p), 20) or p[:7] for p in info.to)})"
     return note
 
 

@@ -102,7 +102,9 @@ async def resolve_prefix(text: str, peers: list[PeerAddress], identity: Identity
     `seen` gets each answering node's catalog under each of its addresses (so that the fetch
     does not ask for it again: follow.newest_to_fetch's `known`)."""
     if not peers:
-        raise no_peers(text)
+        raise PeerUnavailable(f"{text}: a hash prefix is resolved against peers' catalogs, and no trusted "
+                              "peer was found to ask: none is seen online on the LAN (a running node "
+                              "looks there) and none was given with --from HOST:PORT")
     answers = await ask_catalogs(by_node(peers), identity, trust, connections=connections)
     if seen is not None:
         seen.update((a, o.catalog) for o in answers if o.catalog is not None for a in o.addresses)
@@ -208,7 +210,3 @@ def unanswered(exit_codes: Iterable[int | None]) -> type[P2PNodeError]:
     kinds = {_FAILURES.get(code or 0, PeerUnavailable) for code in exit_codes}
     return kinds.pop() if len(kinds) == 1 else PeerUnavailable
 
-
-def no_peers(text: str) -> PeerUnavailable:
-    return PeerUnavailable(f"fetch {text}: a hash prefix is resolved against peers' catalogs, and no "
-                           "trusted peer was found to ask (give --from HOST:PORT, or start the node)")

@@ -35,7 +35,7 @@ def test_share_to_a_name_with_an_expiry_then_log_gc_and_status(nodes, corpus_dir
     listed = a.run("ls").stdout
     assert "(expires in 7d)" in listed and "(to bob)" in listed  # the name it is trusted by here
     TrustStore(NodePaths(a.home).trust).trust(b.id, name="")  # no name: its short id
-    assert f"(to {b.id[:16]})" in a.run("show", shared["branch"]).stdout
+    assert f"(to {b.id[:7]})" in a.run("show", shared["branch"]).stdout  # its first group, as browse
     TrustStore(NodePaths(a.home).trust).trust(b.id, name="bob")
     with a.serving() as port:
         fetched = b.fetch_json(shared["branch"], "--from", f"127.0.0.1:{port}")
@@ -151,3 +151,12 @@ def test_share_through_a_running_node_answers_the_fetch_line_and_a_ticket(nodes,
     assert Path(fetched["path"]).read_bytes() == (corpus_dir / B5).read_bytes()
     alone = json.loads(a.run("share", str(a.agent / B5), "--json").stdout)  # no node: no address to name
     assert "ticket" not in alone and alone["fetch"] == shared["fetch"]
+
+
+def test_unshare_of_a_prefix_names_the_whole_branch(nodes) -> None:
+    a, _, _ = nodes
+    first = json.loads(a.run("share", str(a.agent / B5), "--json").stdout)["branch"]
+    assert a.run("unshare", first[:8]).stdout == f"unshared {first}\n"  # in this process
+    again = json.loads(a.run("share", str(a.agent / B5), "--json").stdout)["branch"]
+    with a.node_running():
+        assert a.run("unshare", again[:8]).stdout == f"unshared {again}\n"  # through the node

@@ -117,4 +117,4 @@ def test_fetch_through_the_node_streams_and_the_one_reply_form_still_works(pair,
 def test_background_needs_a_running_node(pair) -> None:
     _, b, branch = pair
     proc = b.run("fetch", branch, "--from", "127.0.0.1:9", "--background", check=False)
-    assert proc.returncode == 4 and "needs a running node" in proc.stderr
+    assert proc.returncode == 6 and "needs a running node" in proc.stderr  # as follow and share --live
