@@ -379,7 +379,8 @@ class Library:
             found += [(str(file), None, f) for file, v, _ in stored for f in self._findings(v.src)]
             with self._lock:
                 if found and not allow_secrets:
-                    raise secrets.SecretsFound([(where, f) for where, _, f in found], redacted=redact)
+                    raise secrets.SecretsFound([(where, f) for where, _, f in found], redacted=redact,
+                                               copy=str(path) if path != original else None)
                 for branch in {b for _, b, _ in found if b is not None}:
                     self.sessions.mark_secrets_allowed(branch)
                 live = {r.branch: r for r in self.sessions.branches()

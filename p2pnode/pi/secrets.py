@@ -318,14 +318,18 @@ def redact(data: bytes, findings: Sequence[Finding]) -> bytes:
 class SecretsFound(InvalidInput):
     """`share` refused: the scan found secrets in the session or the lineage it would offer."""
 
-    def __init__(self, found: list[tuple[str, Finding]], redacted: bool = False) -> None:
+    def __init__(self, found: list[tuple[str, Finding]], redacted: bool = False,
+                 copy: str | None = None) -> None:
+        """`redacted`: under `share --redact`; `copy`: the redacted copy it wrote (kept beside
+        the session; None: the session itself had nothing to redact)."""
         self.found = found
         lines = [f"share refused: the secret scan found {len(found)} possible secret(s); nothing was offered"]
         lines += [f"  {path}:{f.line}: {f.kind} {f.masked} in {f.entry}"
                   + (f" at {f.where}" if f.where else "") for path, f in found]
         if redacted:  # the session itself was redacted: what is left is in its lineage
-            lines.append("they are in the session's lineage, which --redact leaves as it is: share the "
-                         "redacted copy with --no-lineage, or redact the ancestor first, or --allow-secrets")
+            what = f"the redacted copy {copy}" if copy is not None else "the session"
+            lines.append(f"they are in the session's lineage, which --redact leaves as it is: share {what} "
+                         "with --no-lineage, or redact the ancestor first, or --allow-secrets")
         else:
             lines.append("rotate any real key shown above; then share with --redact (a redacted copy is "
                          "shared instead) or --allow-secrets (shared as it is, marked in `ls`)")

@@ -170,6 +170,24 @@ def test_redact_shares_a_new_pi_session_identical_but_for_the_secrets(lib: Libra
     assert [b.branch for b in lib.branches() if b.path == str(path)] == []
 
 
+def test_redact_refused_for_the_lineage_names_the_copy_it_wrote(lib: Library, agent: Path) -> None:
+    """Secrets in an ancestor, which --redact leaves as it is: refused, and the message says
+    what to share with --no-lineage: the redacted copy it wrote (in Pi's folder, a session of
+    its own), or the session itself when it had nothing to redact."""
+    plant_all(find(agent, B1))
+    child = find(agent, B5)
+    with pytest.raises(secrets.SecretsFound) as refused:
+        lib.share(str(child), redact=True)
+    assert "share the session with --no-lineage" in str(refused.value)
+    before = set(child.parent.iterdir())
+    child.write_bytes(plant(child.read_bytes(), "user", PLANTED[0][1])[0])
+    with pytest.raises(secrets.SecretsFound) as refused:
+        lib.share(str(child), redact=True)
+    [copy] = set(child.parent.iterdir()) - before
+    assert f"share the redacted copy {copy} with --no-lineage" in str(refused.value)
+    assert lib.share(str(copy), no_lineage=True).path == str(copy)
+
+
 def test_redact_reads_in_runs_and_writes_what_redacting_the_whole_would(
         agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy is written in runs (here of 7 bytes: every secret read across runs) and is
