@@ -10,7 +10,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from p2pnode.cli.render import one_line, print_json, shown
+from p2pnode.cli.render import one_line, print_json, shown, size
 from p2pnode.errors import PeerUnavailable
 from p2pnode.node.routing import via_node
 from p2pnode.paths import NodePaths
@@ -86,13 +86,6 @@ def age(timestamp: object, now: float) -> str:
         if s >= length:
             return f"{int(s // length)}{unit}"
     return f"{int(s)}s"
-
-
-def size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def print_handoff(command: str, ticket: str | None) -> None:

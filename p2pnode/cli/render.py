@@ -56,6 +56,13 @@ class JsonLines:
         self.out.write(b"]\n}\n" if self._sep == b"\n    " else b"\n  ]\n}\n")
 
 
+def size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def short(h: str | None) -> str:
     return h[:16] if h else "-"
 
@@ -127,7 +134,7 @@ def print_status(status: dict[str, Any]) -> None:
     print(f"transfers  {len(status['transfers']) or 'none'}")
     for t in status["transfers"]:
         total = t["bytes_total"]
-        done = f"{t['bytes_done'] / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{t['bytes_done']} bytes"
+        done = f"{size(t['bytes_done'])}/{size(total)}" if total else size(t["bytes_done"])
         running = t.get("state", "running") == "running"
         state = t.get("state", "running") + (" (background)" if t.get("background") else "")
         ended = t.get("error") or t.get("conflict") or t.get("path") or ""  # how it ended, or where it went
