@@ -44,6 +44,7 @@ from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import Sidecar
 
 if TYPE_CHECKING:
+    from p2pnode.library.api import BranchInfo
     from p2pnode.node.daemon import Node
 
 log = logging.getLogger(__name__)
@@ -462,8 +463,11 @@ class Follows:
 
         lib = self.node.lib
         pi = PiDirs.from_dict(f.pi) if f.pi else lib.pi_dirs(os.getcwd())
-        held = await asyncio.to_thread(lambda: lib.branch(f.branch) if f.branch and lib.has_branch(f.branch)
-                                       else None)
+        def held_here() -> BranchInfo | None:  # what this follow has, else that version itself if held
+            known = f.branch if f.branch and lib.has_branch(f.branch) else entry.branch
+            return lib.branch(known) if lib.has_branch(known) else None
+
+        held = await asyncio.to_thread(held_here)  # what is new is counted from it
         before = held.lines if held else 0
         newest = Newest(entry.branch, [address], None, f.session if f.session and held is None else None,
                         (held.src, held.size) if held else None)  # checked before it is placed

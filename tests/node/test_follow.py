@@ -341,3 +341,27 @@ def test_a_follow_told_to_end_stops_following(tmp_path: Path) -> None:
                     follower.communicate()
             assert follower.returncode == -signum and "stopped following" in err and "Traceback" not in err
             assert status(b)["following"] == []
+
+
+def test_a_follow_of_a_version_held_here_reports_nothing_new(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """Following a session whose latest version was fetched before: its first event says
+    +0 lines (it reported every line of the session as new)."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        shared = json.loads(a.run("share", str(session), "--json").stdout)
+        with a.node_running(), b.node_running():
+            a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
+            b.run("fetch", shared["branch"], "--from", a_addr)
+            command = [PY, "-m", "p2pnode", "follow", shared["branch"], "--from", a_addr, "--json"]
+            follower = subprocess.Popen(command, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+            try:
+                wait_for("the follow's first version", lambda: any(
+                    f["branch"] for f in status(b)["following"]))
+                follower.send_signal(signal.SIGINT)
+                out, err = follower.communicate(timeout=30)
+            finally:
+                if follower.poll() is None:
+                    follower.kill()
+                    follower.communicate()
+        [version] = [e for e in map(json.loads, out.splitlines()) if e["kind"] == "version"]
+        assert (version["new_lines"], version["turns"], version["lines"]) == (0, 0, shared["lines"]), err
