@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -98,8 +99,9 @@ def open_regular(path: Path) -> BinaryIO | None:
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """durable=False skips the fsyncs (for caches: a power loss may then leave the old file or
     an empty one, never a torn one on file systems that order rename after data).  The temp
-    name carries the pid, so two processes writing the same file never share a temp file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    name carries the pid and a random part, so two writers of the same file (processes, or
+    threads of one) never share a temp file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.fchmod(fd, mode)  # the umask does not decide the mode

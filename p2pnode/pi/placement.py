@@ -29,7 +29,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,7 +202,9 @@ class SessionFile:
             target, made_dir = _prepare_dir(*where)
             staging = target.parent
         _remove_stale(staging, src_hex)
-        tmp = staging / f".p2pnode-{src_hex[:16]}.{os.getpid()}.tmp"
+        # the pid (what _remove_stale reads) and a random part: a node's fetches and follows of
+        # one version at once (one pid, one staging dir) each write their own file
+        tmp = staging / f".p2pnode-{src_hex[:16]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
         return cls(target, tmp, fd, made_dir, where)
 
@@ -232,16 +237,18 @@ class SessionFile:
             self._close()
             if self.tmp.parent != self.target.parent:  # staged: Pi's folder is made only now
                 self.target, _ = _prepare_dir(*self._where)
-            if os.path.lexists(self.target):  # a dangling symlink too: never followed, never replaced
-                return _existing(self.target, self.tmp, content, placed)
-            try:
-                _link(self.tmp, self.target)
-            except FileExistsError:
-                return _existing(self.target, self.tmp, content, placed)
-            fsync_dir(self.target.parent)
-            if placed is not None:
-                placed.record(self.target, PlacedFile(content.size, content.blake3), stamp_of(self.target))
-            return Placement(self.target, written=True)
+            with _placing(self.target):
+                if os.path.lexists(self.target):  # a dangling symlink too: never followed, never replaced
+                    return _existing(self.target, self.tmp, content, placed)
+                try:
+                    _link(self.tmp, self.target)
+                except FileExistsError:
+                    return _existing(self.target, self.tmp, content, placed)
+                fsync_dir(self.target.parent)
+                if placed is not None:
+                    record = PlacedFile(content.size, content.blake3)
+                    placed.record(self.target, record, stamp_of(self.target))
+                return Placement(self.target, written=True)
         finally:
             self.discard(keep_dir=True)
 
@@ -256,24 +263,29 @@ class SessionFile:
         try:
             flush_data(self._fd)
             self._close()
-            if stamp_of(to.target) != to.stamp:
-                why = f"and changed since this node placed version {to.base} there"
-                raise PlacementConflict(to.target, content.src, why)
-            have = to.stamp[1] - start
-            with open(self.tmp, "rb") as new, open(to.target, "r+b") as old:
-                old.seek(start)
-                if have < 0 or old.read(have) != new.read(have):
-                    why = f"as version {to.base}, which the fetched bytes do not extend"
-                    raise PlacementConflict(to.target, content.src, why)
-                offset = to.stamp[1]
-                while chunk := new.read(CHUNK):
-                    write_at(old.fileno(), chunk, offset)
-                    offset += len(chunk)
-                flush_data(old.fileno())
-            placed.record(to.target, PlacedFile(content.size, content.blake3), stamp_of(to.target))
-            return Placement(to.target, written=True, replaced=to.base)
+            with _placing(to.target):
+                return self._append(to, start, content, placed)
         finally:
             self.discard(keep_dir=True)
+
+    def _append(self, to: Appendable, start: int, content: Content, placed: PlacedFiles) -> Placement:
+        """append_to's work, the target's placement lock held: checked, then written."""
+        if stamp_of(to.target) != to.stamp:
+            why = f"and changed since this node placed version {to.base} there"
+            raise PlacementConflict(to.target, content.src, why)
+        have = to.stamp[1] - start
+        with open(self.tmp, "rb") as new, open(to.target, "r+b") as old:
+            old.seek(start)
+            if have < 0 or old.read(have) != new.read(have):
+                why = f"as version {to.base}, which the fetched bytes do not extend"
+                raise PlacementConflict(to.target, content.src, why)
+            offset = to.stamp[1]
+            while chunk := new.read(CHUNK):
+                write_at(old.fileno(), chunk, offset)
+                offset += len(chunk)
+            flush_data(old.fileno())
+        placed.record(to.target, PlacedFile(content.size, content.blake3), stamp_of(to.target))
+        return Placement(to.target, written=True, replaced=to.base)
 
     def discard(self, keep_dir: bool = False) -> None:
         """Remove the temp file (and the project directory if this fetch made it, now empty)."""
@@ -282,6 +294,22 @@ class SessionFile:
         if self._made_dir and not keep_dir:
             with contextlib.suppress(OSError):
                 self.target.parent.rmdir()
+
+
+_PLACING: dict[Path, threading.Lock] = {}
+_PLACING_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _placing(target: Path) -> Iterator[None]:
+    """One placement of a file at a time in this process: the node fetches and follows several
+    sessions at once, and an append to a placed file and its replacement (or two appends) must
+    not interleave between the check of what the file is and the write.  (Two processes cannot
+    place for one node home at once: the store's lock keeps one of them out.)"""
+    with _PLACING_GUARD:
+        lock = _PLACING.setdefault(target, threading.Lock())
+    with lock:
+        yield
 
 
 def stamp_of(path: Path) -> list[int]:
