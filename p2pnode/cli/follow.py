@@ -103,10 +103,15 @@ def cmd_follow(args: argparse.Namespace) -> int:
     try:
         return _print_events(paths, key, reply["epoch"], args.json)
     except (KeyboardInterrupt, _Told) as stop:
-        with contextlib.suppress(P2PNodeError):  # not followed any more anyway
-            call_node(paths, "unfollow", {"key": key}, timeout=10.0)
+        if reply.get("attached", True):
+            with contextlib.suppress(P2PNodeError):  # not followed any more anyway
+                call_node(paths, "unfollow", {"key": key}, timeout=10.0)
+            said = f"stopped following {shown(key)}"
+        else:  # followed with --detach before this command: the node's, not this command's
+            said = f"the node goes on following {shown(key)} (`follow --detach` asked it to; " \
+                   "`p2pnode follow --stop` ends it)"
         with contextlib.suppress(OSError):  # a closed terminal
-            print(f"p2pnode: stopped following {shown(key)}", file=sys.stderr)
+            print(f"p2pnode: {said}", file=sys.stderr)
         if isinstance(stop, _Told):
             signal.signal(stop.signum, signal.SIG_DFL)
             os.kill(os.getpid(), stop.signum)

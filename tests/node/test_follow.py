@@ -341,6 +341,19 @@ def test_a_follow_told_to_end_stops_following(tmp_path: Path) -> None:
                     follower.communicate()
             assert follower.returncode == -signum and "stopped following" in err and "Traceback" not in err
             assert status(b)["following"] == []
+        key = "0a1b2c3d-0000-7000-8000-000000000002"  # followed with --detach before: the node's
+        b.run("follow", key, "--detach")
+        watcher = subprocess.Popen([PY, "-m", "p2pnode", "follow", key], env=b.env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        try:
+            assert watcher.stderr is not None and "Ctrl-C stops" in watcher.stderr.readline()  # following
+            watcher.send_signal(signal.SIGINT)
+            _, err = watcher.communicate(timeout=30)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.communicate()
+        assert "the node goes on following" in err and [f["key"] for f in status(b)["following"]] == [key]
 
 
 def test_a_follow_of_a_version_held_here_reports_nothing_new(tmp_path: Path, corpus_new_dir: Path) -> None:
