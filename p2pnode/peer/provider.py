@@ -431,6 +431,7 @@ class PeerServer:
         if self._waiting[fp] >= self.limits.max_waiting_per_peer:
             raise web.HTTPTooManyRequests(text="too many catalog requests waiting\n")
         self._waiting[fp] += 1
+        peer = _node_id(fp)  # now: once the peer has gone, _peer(request) finds no transport
         try:
             deadline = asyncio.get_running_loop().time() + self.limits.catalog_wait
             while (catalog.generation == seen and not self._closing and _connected(request)
@@ -439,7 +440,7 @@ class PeerServer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(left, WAIT_CHECK_SECONDS))
                 if changed.is_set() or asyncio.get_running_loop().time() >= deadline:
-                    catalog = await self._call(self.lib.catalog, _peer(request))
+                    catalog = await self._call(self.lib.catalog, peer)
         finally:
             self._waiting[fp] -= 1
         return catalog

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -657,3 +658,22 @@ async def test_a_malformed_request_is_answered_400_and_logged_in_one_line(
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     finally:
         await server.close()
+
+
+async def test_a_long_poll_whose_peer_went_away_as_the_catalog_changed(world, monkeypatch) -> None:  # noqa: F811
+    """A follower's `?wait=` request whose connection is gone when the change comes (it stopped
+    following, or restarted): the answer is made for the peer known when it began to wait
+    (the transport has no peer by then: an AssertionError and an ERROR in the node's log)."""
+    from types import SimpleNamespace
+
+    server = PeerServer(world["lib"], world["me"], world["trust"])
+    peer = world["trust"].peers()[0] if world["trust"].peers() else None
+    fingerprint = peer.fingerprint if peer is not None else bytes(32)
+    answers = iter([fingerprint])  # when the wait begins; None after: the peer has gone
+    monkeypatch.setattr(provider, "_fingerprint", lambda transport: next(answers, None))
+    monkeypatch.setattr(provider, "_connected", lambda request: True)
+    catalog = world["lib"].catalog(None)
+    request = SimpleNamespace(query={"wait": str(catalog.generation)}, transport=object())
+    server.limits = dataclasses.replace(server.limits, catalog_wait=0.3)  # asked again at its end
+    answered = await asyncio.wait_for(server._wait_for_change(request, catalog), 10)  # type: ignore[arg-type]
+    assert answered.generation == catalog.generation
