@@ -97,11 +97,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = via_node(node_paths(args), "status", {})
-    if status is None:
-        from p2pnode.node.status import offline_status
+    from p2pnode.node.status import offline_status
 
-        status = offline_status(node_paths(args))
+    status = routed(node_paths(args), "status", {}, lambda lib: offline_status(node_paths(args), lib))
     for problem in node_paths(args).privacy_problems():
         print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
     if args.json:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from p2pnode.paths import NodePaths
 
 if TYPE_CHECKING:
-    from p2pnode.library.api import BranchInfo, Catalog
+    from p2pnode.library.api import BranchInfo, Catalog, Library
     from p2pnode.peer.trust import TrustedPeer
 
 
@@ -49,15 +49,14 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
     }
 
 
-def offline_status(paths: NodePaths) -> dict[str, Any]:
-    """What `status` can say with no node running: identity, shared branches, trusted peers."""
-    from p2pnode.library.api import Library
+def offline_status(paths: NodePaths, lib: Library) -> dict[str, Any]:
+    """What `status` can say with no node running (from the store, `lib`): identity, shared
+    branches, trusted peers."""
     from p2pnode.peer.identity import has_identity, load_identity
     from p2pnode.peer.trust import TrustStore
 
     node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
-    with Library.open(paths) as lib:
-        catalog, branches, space = lib.catalog(), lib.branches(), lib.space()
+    catalog, branches, space = lib.catalog(), lib.branches(), lib.space()
     peers = [trusted_peer(t, None) for t in TrustStore(paths.trust).peers()]
     return build_status(node_id=node_id, running=False, home=str(paths.home), catalog=catalog,
                         branches=branches, peers=peers, space=space)

@@ -43,3 +43,29 @@ def test_with_no_node_the_command_acts_on_the_store(tmp_path: Path) -> None:
     got = routing.routed(paths, "gc", {}, lambda lib: {"store": str(lib.paths.store)},
                          lambda p, op, body: None)
     assert got == {"store": str(paths.store)}
+
+
+def test_a_command_waiting_for_the_store_reads_through_a_node_that_came_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node holds the store from its first moments and answers a little later: a command
+    started in between (it waited the whole lock timeout, then said "stop that node first",
+    exit 7) looks for the node again between short tries for the store.  The store is really
+    held (by this process, as the starting node would); the node's answering is the stand-in."""
+    import time
+
+    from p2pnode.library.api import Library
+    from store.config import StoreConfig
+
+    paths = NodePaths(tmp_path / "home")
+    looks: list[float] = []
+
+    def running(p: NodePaths) -> bool:
+        looks.append(time.monotonic())
+        return len(looks) > 3  # up at the fourth look
+
+    monkeypatch.setattr(routing, "node_running", running)
+    with Library.open(paths):
+        started = time.monotonic()
+        lib = routing.open_library(paths)
+    assert isinstance(lib, NodeLibrary) and len(looks) == 4
+    assert time.monotonic() - started < StoreConfig().lock_timeout  # it did not wait it out
