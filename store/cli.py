@@ -15,12 +15,24 @@ import sys
 
 def run_fsck(path: str | os.PathLike[str], args: argparse.Namespace) -> int:
     """Check the store at path as args say (--full, --repair, --json) and print the report:
-    exit 0 when clean, 1 when not."""
+    exit 0 when clean, 1 when not; StoreLocked when another process holds it."""
     from store.fsck import fsck
 
     report = fsck(path, full=args.full, repair=args.repair)
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1
+
+
+def _fsck_command(args: argparse.Namespace) -> int:
+    """`python -m store fsck`: exit 1 also when another process holds the store (said on stderr,
+    not as a finding)."""
+    from store.errors import StoreLocked
+
+    try:
+        return run_fsck(args.path, args)
+    except StoreLocked as exc:
+        print(f"store: {exc}: stop the process that uses it, then check again", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="also re-hash every blob")
     p.add_argument("--repair", action="store_true", help="truncate torn tails and rebuild the index")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=lambda args: run_fsck(args.path, args))
+    p.set_defaults(func=_fsck_command)
     p = sub.add_parser("serve", help="serve a store over the frame protocol (docs/PROTOCOL.md)")
     p.add_argument("path", help="the store directory")
     p.add_argument("--socket", help="Unix socket path (default: PATH.sock beside the store)")

@@ -60,18 +60,17 @@ class FsckReport:
 
 def fsck(path: str | os.PathLike[str], full: bool = False, repair: bool = False,
          lock_timeout: float = 10.0) -> FsckReport:
+    """The report; StoreLocked when another process holds the store past `lock_timeout` (a
+    store that could not be checked is not a damaged one)."""
     root = Path(path)
     report = FsckReport(str(root))
     if not (root / LOG).exists() and not (root / PACK).exists():
         report.errors.append(f"{root} is not a store (no {LOG}, no {PACK})")
         return report
-    try:
-        if repair:
-            _repair(root, report, lock_timeout)
-        with _locked(root, lock_timeout):
-            _check(root, full, report)
-    except StoreLocked as exc:
-        report.errors.append(f"{exc}: stop the process that uses it, then check again")
+    if repair:
+        _repair(root, report, lock_timeout)
+    with _locked(root, lock_timeout):
+        _check(root, full, report)
     return report
 
 

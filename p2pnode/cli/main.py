@@ -66,13 +66,17 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     running node, or none yet) is another exit code and says so."""
     from p2pnode.node.control_client import node_running, store_in_use
     from store.cli import run_fsck
+    from store.errors import StoreLocked
 
     paths = node_paths(args)
     if node_running(paths):  # it holds the store's lock for as long as it runs
         raise store_in_use(paths, "check the store")
     if not any(paths.store.iterdir()):  # made empty by node_paths
         raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
-    return run_fsck(paths.store, args)
+    try:
+        return run_fsck(paths.store, args)
+    except StoreLocked:  # a node starting or stopping, a share or fetch: not damage (exit 1)
+        raise store_in_use(paths, "check the store") from None
 
 
 def add_store_commands(sub: argparse._SubParsersAction) -> None:

@@ -6,6 +6,7 @@ truncation and bit flips are in tests/store/test_crash.py and tests/store/test_f
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from store import CorruptRecord, Store, TurnInput, UnknownBlob
+from store.errors import StoreLocked
 from store.files import blobpack
 from store.fsck import fsck
 from store.layout import CODEC_ZSTD, TURN_SIZE, encode_blob, scan_wal
@@ -284,10 +286,23 @@ def test_fsck_repair_truncates_torn_tails_and_rebuilds_the_index(tmp_path: Path)
     assert out.returncode == 0 and json.loads(out.stdout)["ok"] is True
 
 
-def test_fsck_of_a_store_in_use_reports_it(tmp_path: Path) -> None:
+def test_fsck_of_a_store_in_use_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store another process holds is not checked, and that is not a finding: StoreLocked
+    (the p2pnode CLI: exit 7 naming who holds it), `python -m store fsck`: exit 1 with the
+    reason on stderr and no report."""
+    from store import fsck as store_fsck
+    from store.cli import main as store_main
+
     with Store.open(tmp_path / "s") as s:
         s.put_blob(b"x")
-        report = fsck(tmp_path / "s", lock_timeout=0.2)
-        assert not report.ok and "locked by another process" in report.errors[0]
-        assert not fsck(tmp_path / "s", repair=True, lock_timeout=0.2).ok
+        with pytest.raises(StoreLocked, match="locked by another process"):
+            fsck(tmp_path / "s", lock_timeout=0.2)
+        with pytest.raises(StoreLocked):
+            fsck(tmp_path / "s", repair=True, lock_timeout=0.2)
+        capsys.readouterr()
+        monkeypatch.setattr(store_fsck, "fsck", functools.partial(fsck, lock_timeout=0.2))
+        assert store_main(["fsck", str(tmp_path / "s")]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and "locked by another process" in err and "stop the process" in err
     assert fsck(tmp_path / "s").ok
