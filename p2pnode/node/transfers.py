@@ -23,18 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from p2pnode.errors import InvalidInput, NotFound, P2PNodeError
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
 from p2pnode.peer import offers
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.progress import ProgressMeter
 from p2pnode.peer.trust import TrustStore
+
+log = logging.getLogger(__name__)
 
 RECENT_SECONDS = 60.0
 MAX_RECENT = 8
@@ -96,6 +99,7 @@ class Transfers:
     def __init__(self, node: FetchingNode) -> None:
         self.node = node
         self.running: dict[str, Transfer] = {}
+        self._stopping = False
 
     def routes(self) -> dict[str, Route]:
         return {"fetch": self.fetch, "cancel": self.cancel, "browse": self.browse}
@@ -155,6 +159,7 @@ class Transfers:
 
     async def close(self) -> None:
         """The node stops: every transfer still running is cancelled (nothing is committed half)."""
+        self._stopping = True
         tasks = [t.task for t in self.running.values() if t.task is not None and not t.task.done()]
         for task in tasks:
             task.cancel()
@@ -166,12 +171,15 @@ class Transfers:
             transfer.state = "conflict" if transfer.result.get("conflict") else "done"
             return transfer.result
         except asyncio.CancelledError:
-            transfer.state, transfer.error = "cancelled", P2PNodeError("cancelled")
+            transfer.state = "cancelled"
+            transfer.error = PeerUnavailable("the node stopped before the fetch ended: nothing was placed; "
+                                             "run it again") if self._stopping else P2PNodeError("cancelled")
             raise
         except P2PNodeError as exc:
             transfer.state, transfer.error = "failed", exc
             raise
         except Exception as exc:  # reported as the node's failure, as other control calls are
+            log.error("fetch %s (transfer %s) failed", transfer.branch, transfer.id, exc_info=exc)
             transfer.state = "failed"
             transfer.error = P2PNodeError(f"the node failed: {exc or 'no details'} (see its log)")
             raise

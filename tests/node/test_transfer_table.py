@@ -117,3 +117,16 @@ async def test_the_end_is_streamed_at_once_not_after_a_pause(monkeypatch: pytest
         end = await events.__anext__()
     assert end == {"event": "result", "result": {"branch": branch(3)}}
     await events.aclose()
+
+
+async def test_a_node_that_stops_tells_the_waiting_command_so_not_cancelled() -> None:
+    """SIGTERM of the node while a command waits for its fetch: the command hears that the
+    node stopped (exit 6, run it again), not "cancelled" (exit 1: it cancelled nothing)."""
+    node = StandInNode()
+    table = Transfers(node)
+    events = await table.fetch({"branch": branch(4), "stream": True})
+    assert (await events.__anext__())["event"] == "started"
+    assert (await events.__anext__())["event"] == "progress"
+    await table.close()
+    end = await events.__anext__()
+    assert end["event"] == "error" and end["exit_code"] == 6 and "node stopped" in end["message"]
