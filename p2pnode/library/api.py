@@ -1121,8 +1121,9 @@ class Library:
     def _expire_due(self, now: int) -> list[str]:
         gone = [r for r in self.sessions.branches() if r.offered and access.expired(r.expires_at, now)]
         for record in gone:
+            title = self._info(record).title
             self.sessions.withdraw(record.branch, "expired")
-            self.audit.append("expired", branch=record.branch, expires_at=record.expires_at)
+            self.audit.append("expired", branch=record.branch, title=title, expires_at=record.expires_at)
         self._next_expiry = min((r.expires_at for r in self.sessions.branches()
                                  if r.offered and r.expires_at is not None), default=None)
         if gone:

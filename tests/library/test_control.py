@@ -91,6 +91,7 @@ def test_expired_is_not_served_at_request_time_and_is_logged_once(
     assert lib.branch(parent.branch).withdrawn == "expired"
     assert lib.expire_due() == []  # already done
     assert sorted(e["branch"] for e in events(lib, "expired")) == sorted([info.branch, parent.branch])
+    assert {e["branch"]: e["title"] for e in events(lib, "expired")}[info.branch] == info.title
     again = lib.share(str(find(agent, A6)), expires="1h")  # sharing again offers it again
     assert lib.offered_object(again.branch, ALICE) == "sidecar" and again.withdrawn is None
 
