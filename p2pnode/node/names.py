@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from p2pnode.errors import InvalidInput, NotFound
+from p2pnode.errors import InvalidInput, PeerUnavailable
 from p2pnode.node.control_client import call_node
 from p2pnode.paths import NodePaths
 from p2pnode.peer.address import PeerAddress
@@ -96,7 +96,7 @@ def from_addresses(paths: NodePaths, texts: list[str]) -> list[PeerAddress]:
         elif peer.addresses and peer.port:
             out += [PeerAddress(peer.node_id, host, peer.port) for host in peer.addresses]
         else:
-            raise NotFound(f"--from {text}: {peer.node_id} is not seen on the LAN by a running node; "
+            raise PeerUnavailable(f"--from {text}: {peer.node_id} is not seen on the LAN by a running node; "
                            "give its address: --from NAME@HOST:PORT")
     return out
 

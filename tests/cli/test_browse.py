@@ -115,3 +115,14 @@ def test_browse_text_escapes_what_peers_sent() -> None:
 def test_age_is_one_short_unit() -> None:
     assert age("2026-11-21T19:00:00.000Z", now=1_795_287_600.0 + 3 * 3600 + 59) == "3h"
     assert age("not a time", now=0.0) == "?"
+
+
+def test_from_a_trusted_name_not_seen_on_the_lan_is_unreachable(team: tuple[Node, Node]) -> None:
+    """`--from alice` names a trusted peer, but no running node sees it on the LAN: it cannot be
+    reached (exit 6, and how to give its address), not "not found" (3) nor an unknown name (4)."""
+    _, b = team
+    for command in (["fetch", "0" * 64], ["browse"]):
+        r = b.run(*command, "--from", "alice", check=False)
+        assert r.returncode == 6 and "not seen on the LAN" in r.stderr and "NAME@HOST:PORT" in r.stderr
+    unknown = b.run("fetch", "0" * 64, "--from", "mallory", check=False)
+    assert unknown.returncode == 4 and "not HOST:PORT" in unknown.stderr
