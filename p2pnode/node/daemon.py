@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import signal
+import stat
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,7 +195,6 @@ class Node:
 
     async def _start_control(self) -> None:
         path = control_socket(self.paths)
-        path.unlink(missing_ok=True)  # left by a node that was killed (a live one was refused)
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,
@@ -209,12 +209,8 @@ class Node:
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         self._stack.callback(lambda: path.unlink(missing_ok=True))
-        old = os.umask(0o177)  # the socket is born 0600: nobody else may drive this node
-        try:
-            await web.UnixSite(runner, str(path)).start()
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
+        site, bound = await _bind_control(runner, path)
+        self._tasks.append(asyncio.ensure_future(_keep_control(runner, path, site, bound)))
 
     # -- mDNS and liveness ------------------------------------------------------------------
 
@@ -450,6 +446,38 @@ class Node:
 
 
 # --- the control channel (JSON over HTTP on a Unix socket) ------------------------------------
+
+CONTROL_CHECK_SECONDS = 5.0
+"""How often the node looks that its control socket is still where commands look for it."""
+
+
+async def _bind_control(runner: web.AppRunner, path: Path) -> tuple[web.UnixSite, int]:
+    """The control socket listening at `path`, and its inode."""
+    path.unlink(missing_ok=True)  # left by a node that was killed (a live one was refused)
+    old = os.umask(0o177)  # the socket is born 0600: nobody else may drive this node
+    try:
+        site = web.UnixSite(runner, str(path))
+        await site.start()
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    return site, os.stat(path).st_ino
+
+
+async def _keep_control(runner: web.AppRunner, path: Path, site: web.UnixSite, bound: int) -> None:
+    """A control socket removed or replaced while the node runs (a cleanup of the home, a
+    mistaken `rm`) is made again: else every command would find no node and no store."""
+    while True:
+        await asyncio.sleep(CONTROL_CHECK_SECONDS)
+        try:
+            there = os.lstat(path)
+            if there.st_ino == bound and stat.S_ISSOCK(there.st_mode):
+                continue
+        except FileNotFoundError:
+            pass
+        log.warning("the control socket %s was removed or replaced: listening there again", path)
+        await site.stop()
+        site, bound = await _bind_control(runner, path)
 
 
 def _pi_dirs(body: dict[str, Any]) -> PiDirs | None:

@@ -52,3 +52,33 @@ async def test_no_control_request_is_a_500(tmp_path: Path, caplog: pytest.LogCap
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[:2000]
     finally:
         await node.close()
+
+
+async def test_a_removed_or_replaced_control_socket_is_made_again(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rm control.sock` (or a file put there) while the node runs: every command would find no
+    node, and the store held by it; the node listens there again within CONTROL_CHECK_SECONDS."""
+    import asyncio
+
+    from p2pnode.node import daemon
+    from p2pnode.node.control_client import socket_answers
+
+    monkeypatch.setattr(daemon, "CONTROL_CHECK_SECONDS", 0.1)
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    config = NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)
+    node = Node(NodePaths(tmp_path / "home"), config)
+    await node.start()
+    sock = tmp_path / "home" / "control.sock"
+    try:
+        for spoil in (sock.unlink, lambda: (sock.unlink(), sock.write_bytes(b"not a socket"))):
+            spoil()
+            assert not await asyncio.to_thread(socket_answers, sock)
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if await asyncio.to_thread(socket_answers, sock):
+                    break
+            assert await asyncio.to_thread(socket_answers, sock) and sock.stat().st_mode & 0o777 == 0o600
+    finally:
+        await node.close()
+    assert not sock.exists()
