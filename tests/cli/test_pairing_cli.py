@@ -152,7 +152,7 @@ def test_names_work_wherever_ids_do(tmp_path: Path):
     unknown = me.run("untrust", "dave", check=False)
     assert unknown.returncode == 4 and "no peer named 'dave'" in unknown.stderr
     nowhere = me.run("fetch", "0" * 64, "--from", "carol2", check=False)
-    assert nowhere.returncode == 3 and "--from NAME@HOST:PORT" in nowhere.stderr, nowhere.stderr
+    assert nowhere.returncode == 6 and "--from NAME@HOST:PORT" in nowhere.stderr, nowhere.stderr
     assert trusted(me) == {a.id: "carol2", b.id: "Carol2"}
 
 

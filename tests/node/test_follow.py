@@ -81,6 +81,23 @@ def placed(b: Node, data: bytes) -> Callable[[], bool]:
     return probe
 
 
+def follow_then(node: Node, args: list[str], ready: Callable[[subprocess.Popen[str]], object],
+                signum: int = signal.SIGINT) -> tuple[int, str, str]:
+    """`p2pnode follow ARGS` on `node`: once `ready(process)` returned (it waits, and asserts
+    what it must), `signum` is sent; (exit status, stdout, stderr)."""
+    follower = subprocess.Popen([PY, "-m", "p2pnode", "follow", *args], env=node.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        ready(follower)
+        follower.send_signal(signum)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    return follower.returncode, out, err
+
+
 def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Path) -> None:
     with pair(tmp_path, corpus_new_dir) as (a, b, session):
         with a.node_running() as a_proc:
@@ -90,10 +107,8 @@ def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Pat
             with b.node_running():
                 ticket = wire.encode_ticket(wire.Ticket(bytes.fromhex(shared["branch"]), parse_node_id(a.id),
                                                         (("127.0.0.1", status(a)["port"]),)))
-                follow = [PY, "-m", "p2pnode", "follow", ticket, "--json"]
-                follower = subprocess.Popen(follow, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True)
-                try:
+
+                def two_versions_arrive(_: subprocess.Popen[str]) -> None:
                     wait_for("the first version on B", placed(b, session.read_bytes()))
                     following = status(b)["following"]
                     assert [(f["key"], f["state"]) for f in following] == [(shared["branch"], "following")]
@@ -106,13 +121,9 @@ def test_follow_a_live_share_across_restarts(tmp_path: Path, corpus_new_dir: Pat
                     assert [(r["header"]["id"], r["versions"]) for r in rows] == [(shared["header"]["id"], 3)]
                     rows = json.loads(a.run("ls", "--json").stdout)
                     assert [(r["header"]["id"], r["versions"]) for r in rows] == [(shared["header"]["id"], 3)]
-                    follower.send_signal(signal.SIGINT)
-                    out, err = follower.communicate(timeout=30)
-                finally:
-                    if follower.poll() is None:
-                        follower.kill()
-                        follower.communicate()
-                assert follower.returncode == 0, err
+
+                code, out, err = follow_then(b, [ticket, "--json"], two_versions_arrive)
+                assert code == 0, err
                 assert "stopped following" in err and "Traceback" not in err
                 events = [json.loads(line) for line in out.splitlines()]
                 versions = [e for e in events if e["kind"] == "version"]
@@ -328,31 +339,17 @@ def test_a_follow_told_to_end_stops_following(tmp_path: Path) -> None:
     b = Node(tmp_path, "b")
     with b.node_running():
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            command = [PY, "-m", "p2pnode", "follow", "0a1b2c3d-0000-7000-8000-000000000001"]
-            follower = subprocess.Popen(command, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-            try:
-                wait_for("the follow in the node", lambda: status(b)["following"])
-                follower.send_signal(signum)
-                _, err = follower.communicate(timeout=30)
-            finally:
-                if follower.poll() is None:
-                    follower.kill()
-                    follower.communicate()
-            assert follower.returncode == -signum and "stopped following" in err and "Traceback" not in err
+            code, _, err = follow_then(b, ["0a1b2c3d-0000-7000-8000-000000000001"], lambda _: wait_for(
+                "the follow in the node", lambda: status(b)["following"]), signum)
+            assert code == -signum and "stopped following" in err and "Traceback" not in err
             assert status(b)["following"] == []
         key = "0a1b2c3d-0000-7000-8000-000000000002"  # followed with --detach before: the node's
         b.run("follow", key, "--detach")
-        watcher = subprocess.Popen([PY, "-m", "p2pnode", "follow", key], env=b.env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        try:
-            assert watcher.stderr is not None and "Ctrl-C stops" in watcher.stderr.readline()  # following
-            watcher.send_signal(signal.SIGINT)
-            _, err = watcher.communicate(timeout=30)
-        finally:
-            if watcher.poll() is None:
-                watcher.kill()
-                watcher.communicate()
+
+        def watching(follower: subprocess.Popen[str]) -> None:
+            assert follower.stderr is not None and "Ctrl-C stops" in follower.stderr.readline()
+
+        _, _, err = follow_then(b, [key], watching)
         assert "the node goes on following" in err and [f["key"] for f in status(b)["following"]] == [key]
 
 
@@ -364,17 +361,7 @@ def test_a_follow_of_a_version_held_here_reports_nothing_new(tmp_path: Path, cor
         with a.node_running(), b.node_running():
             a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
             b.run("fetch", shared["branch"], "--from", a_addr)
-            command = [PY, "-m", "p2pnode", "follow", shared["branch"], "--from", a_addr, "--json"]
-            follower = subprocess.Popen(command, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-            try:
-                wait_for("the follow's first version", lambda: any(
-                    f["branch"] for f in status(b)["following"]))
-                follower.send_signal(signal.SIGINT)
-                out, err = follower.communicate(timeout=30)
-            finally:
-                if follower.poll() is None:
-                    follower.kill()
-                    follower.communicate()
+            _, out, err = follow_then(b, [shared["branch"], "--from", a_addr, "--json"], lambda _: wait_for(
+                "the follow's first version", lambda: any(f["branch"] for f in status(b)["following"])))
         [version] = [e for e in map(json.loads, out.splitlines()) if e["kind"] == "version"]
         assert (version["new_lines"], version["turns"], version["lines"]) == (0, 0, shared["lines"]), err
