@@ -68,6 +68,9 @@ log = logging.getLogger("p2pnode.discovery")
 REANNOUNCE_SECONDS = 45.0
 INTERFACE_POLL_SECONDS = 5.0
 RESOLVE_TIMEOUT_MS = 3000
+MAX_ADDRESSES = 8
+"""IPv4 addresses taken from one announcement (a machine has a few; a forged one could list
+hundreds, each a connect timeout for a fetch)."""
 FALLBACK_BROWSE_SECONDS = 1.2
 
 
@@ -87,6 +90,15 @@ class Peer:
     trusts_us: bool | None = None
     """False when it hung up on the node's last probe right after accepting its TLS handshake:
     one-sided trust (set by the node, like `online`)."""
+    proven: tuple[str, int] | None = None
+    """(host, port) where it last answered over mutual TLS with its own key (set by the node).
+    Anyone on the LAN can announce under its name: an announcement never takes this away, and
+    it is tried first."""
+
+    def endpoints(self) -> list[tuple[str, int]]:
+        """Where to reach it: where it last proved its key, then where it is announced."""
+        announced = [(host, self.port) for host in self.addresses]
+        return ([self.proven] if self.proven else []) + [e for e in announced if e != self.proven]
 
     def as_dict(self) -> dict[str, object]:
         return {"node_id": self.node_id, "instance": self.instance, "addresses": list(self.addresses),
@@ -254,6 +266,7 @@ class Discovery:
         if old is not None:  # keep what the node learned over HTTPS
             same_place = (old.addresses, old.port) == (peer.addresses, peer.port)
             peer.online = old.online if same_place else None
+            peer.proven = old.proven
         self.peers[peer.node_id] = peer
         if old is None or (old.addresses, old.port, old.generation) != (peer.addresses, peer.port,
                                                                         peer.generation):
@@ -274,10 +287,17 @@ class Discovery:
         except BadAnnouncement as exc:
             log.warning("ignoring announcement: %s", exc)
             return None
-        addresses = tuple(a for a in info.parsed_addresses(IPVersion.V4Only))
+        addresses = tuple(info.parsed_addresses(IPVersion.V4Only))[:MAX_ADDRESSES]
         if not addresses or info.port is None:
             return None
         return Peer(ann.node_id, name, addresses, info.port, ann.generation, ann.branches, name=ann.name)
+
+    async def resolve_again(self, node_id: str) -> None:
+        """Look a peer up again (a trusted peer that stopped answering: its table entry may
+        come from a forged announcement that its own later ones, unchanged, did not replace)."""
+        peer = self.peers.get(node_id)
+        if peer is not None:
+            await self._resolve(peer.instance)
 
     def _notify(self, what: str, peer: Peer) -> None:
         self._changed.set()

@@ -270,9 +270,15 @@ class Node:
         async def ask(address: PeerAddress) -> None:
             await asyncio.wait_for(get_catalog(address, self.identity, self.trust), LIVENESS_TIMEOUT)
 
-        outcomes = await asyncio.gather(*(ask(a) for a in self._addresses(peer)), return_exceptions=True)
+        addresses = self._addresses(peer)
+        outcomes = await asyncio.gather(*(ask(a) for a in addresses), return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         ok = len(failures) < len(outcomes)
+        answered = [a for a, o in zip(addresses, outcomes, strict=True) if not isinstance(o, BaseException)]
+        if answered:  # its key, proven there: kept whatever is announced later
+            peer.proven = (answered[0].host, answered[0].port)
+        elif self.discovery is not None:  # the announcement may be a forged one: ask mDNS again
+            await self.discovery.resolve_again(peer.node_id)
         why = "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in failures)
         was = peer.online
         peer.online = ok
@@ -285,9 +291,13 @@ class Node:
             log.info("peer %s id=%s (no answer over HTTPS: %s)", "lost" if was else "unreachable",
                      peer.node_id, why)
 
-    @staticmethod
-    def _addresses(peer: Peer) -> list[PeerAddress]:
-        return [PeerAddress(peer.node_id, host, peer.port) for host in peer.addresses]
+    def _addresses(self, peer: Peer) -> list[PeerAddress]:
+        """Where to reach `peer`: where it proved its key last, then where it is announced (a
+        peer found by a subtype query: the table's entry for it knows the first)."""
+        known = self.discovery.peers.get(peer.node_id) if self.discovery is not None else None
+        if known is not None and known.proven is not None and peer.proven is None:
+            peer = dataclasses.replace(peer, proven=known.proven)
+        return [PeerAddress(peer.node_id, host, port) for host, port in peer.endpoints()]
 
     async def holders(self, branch_hex: str) -> list[PeerAddress]:
         """Trusted peers to fetch branch_hex from: announced holders first, then other online peers."""
