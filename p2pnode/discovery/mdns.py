@@ -379,8 +379,10 @@ class Discovery:
             info, self._pairing = self._pairing, None
             await (await self._azc.async_unregister_service(info))
 
-    async def find_pairing(self, channel: int, timeout: float, grace: float = 0.5) -> list[Peer]:
-        """Waiters announcing `channel`: all that answer within `grace` s of the first one."""
+    async def find_pairing(self, channel: int, timeout: float) -> list[Peer]:
+        """Waiters announcing `channel`: all that answer within `timeout` s.  The whole time,
+        not a grace after the first: a waiter forged by another host, cached before the real
+        one answers, would win the race, where two waiters must stop the joiner (exit 7)."""
         assert self._azc is not None
         zc = self._azc.zeroconf
 
@@ -397,7 +399,7 @@ class Discovery:
             addresses = tuple(info.parsed_addresses(IPVersion.V4Only))
             return (name, Peer("", name, addresses, info.port, 0, ())) if addresses and info.port else None
 
-        return await self._browse(pair_subtype(channel), waiter, timeout, grace)
+        return await self._browse(pair_subtype(channel), waiter, timeout, grace=timeout)
 
 
 async def lan_peers(branch_hex: str, is_trusted: Callable[[str], bool],

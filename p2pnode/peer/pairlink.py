@@ -55,7 +55,8 @@ async def _read(reader: asyncio.StreamReader, timeout: float | None = None) -> b
     except ValueError:  # the stream's limit: a line longer than MAX_MESSAGE
         raise PairingProtocolError(f"pairing: a message over {MAX_MESSAGE} bytes") from None
     if not line:
-        raise PeerUnavailable("pairing: the other node closed the connection mid-exchange")
+        raise PeerUnavailable("pairing: the other node closed the connection without answering (it turned "
+                              "the connection away, or the exchange failed there)")
     return line
 
 
@@ -75,6 +76,9 @@ class PairingListener:
         self._server: asyncio.Server | None = None
         self._busy = False
         self._pending: Counter[str] = Counter()
+        self._turned_away: Counter[str] = Counter()
+        """Connections closed at once, per source address (logged at 1, 10, 100, ...: a host
+        reconnecting as fast as it is closed must not fill the log)."""
         """Connections per source address still waiting for their first message line."""
         self._open: set[asyncio.StreamWriter] = set()
 
@@ -107,7 +111,10 @@ class PairingListener:
         source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         if (self.result.done() or self._pending[source] >= MAX_PENDING_PER_SOURCE
                 or self._pending.total() >= MAX_PENDING):
-            log.info("pairing: closing a connection from %s: the exchange is over, or too many wait", peer)
+            self._turned_away[source] += 1
+            if str(self._turned_away[source]).rstrip("0") == "1":  # 1, 10, 100, ...
+                log.info("pairing: closing a connection from %s: the exchange is over, or too many wait "
+                         "(%d from %s so far)", peer, self._turned_away[source], source)
             writer.close()
             return
         try:
