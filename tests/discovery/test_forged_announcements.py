@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from p2pnode.discovery.mdns import MAX_ADDRESSES, Discovery, Peer
 from p2pnode.node.daemon import Node, NodeConfig
 from p2pnode.paths import NodePaths
@@ -69,3 +71,23 @@ def _answering(peer: Peer):  # type: ignore[no-untyped-def]
     async def resolve(name: str) -> Peer:
         return Peer(peer.node_id, peer.instance, peer.addresses, peer.port, peer.generation, peer.branches)
     return resolve
+
+
+def test_malformed_announcements_are_logged_a_few_a_minute(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Every host on the LAN can send malformed announcements; each was a WARNING on every
+    node (2,204 lines from one flood): ten a minute, then one line with how many more."""
+    from p2pnode.discovery import mdns
+
+    clock = [1000.0]
+    monkeypatch.setattr(mdns.time, "monotonic", lambda: clock[0])
+    quota = mdns.LogQuota("malformed announcements ignored", per_minute=10)
+    with caplog.at_level("WARNING", logger="p2pnode.discovery"):
+        for i in range(500):
+            quota.warning("ignoring announcement: %d", i)
+        clock[0] += 61
+        quota.warning("ignoring announcement: %s", "next minute")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:10] == [f"ignoring announcement: {i}" for i in range(10)]
+    summary = "490 more malformed announcements ignored in the last minute, not logged one by one"
+    assert lines[10:] == [summary, "ignoring announcement: next minute"]
