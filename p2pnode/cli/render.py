@@ -114,11 +114,14 @@ def print_status(status: dict[str, Any]) -> None:
     trusted = [p for p in status["peers"] if p["trusted"]]
     print(f"peers      {len(trusted)} trusted ({sum(1 for p in trusted if p['online'])} online), "
           f"{len(status['peers']) - len(trusted)} untrusted seen")
-    for p in status["peers"]:
+    listed, more = _bounded(status["peers"])
+    for p in listed:
         state = {True: "online", False: "offline", None: "unconfirmed"}[p["online"]]
         where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
         print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
               f"  {p['name'] or ''}")
+    if more:
+        print(f"  ... and {more} more untrusted (`--json` lists them all)")
     if status.get("store_bytes") is not None:
         print(f"store      {status['store_bytes']} bytes, about {status['reclaimable_bytes']} reclaimable "
               "(`p2pnode gc`)")
@@ -218,14 +221,29 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
         print(f"  {'   ' * len(ancestors)}└─ {short(c.branch)}  {one_line(c.title, 50)}")
 
 
+SHOWN_UNTRUSTED = 20
+"""Untrusted nodes listed by `status` and `peers` (every host on the LAN can announce any
+number of them); trusted ones are all listed."""
+
+
+def _bounded(peers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Every trusted peer and the first SHOWN_UNTRUSTED others; how many others were left out."""
+    others = [p for p in peers if not p["trusted"]]
+    trusted = [p for p in peers if p["trusted"]]
+    return trusted + others[:SHOWN_UNTRUSTED], max(0, len(others) - SHOWN_UNTRUSTED)
+
+
 def print_peers(peers: list[dict[str, Any]]) -> None:
-    for p in peers:
+    listed, more = _bounded(peers)
+    for p in listed:
         where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
         state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
             {True: "online", False: "offline", None: ""}[p["online"]]
         if p.get("trusts_us") is False:  # it refused this node's last probe
             state = "does not trust this node: its owner must run `p2pnode trust <this node's id>`"
         print(f"{p['id']}  {p['name'] or ''}  {where}  {state}".rstrip())
+    if more:
+        print(f"... and {more} more untrusted nodes seen on the LAN (`--json` lists them all)")
 
 
 def print_fetch(result: dict[str, Any]) -> None:

@@ -20,3 +20,23 @@ def test_status_says_when_the_store_refuses_writes(capsys: pytest.CaptureFixture
     assert ("REFUSES WRITES" in out) == (failure is not None)
     if failure:
         assert failure in out and "restart the node" in out
+
+
+def test_status_and_peers_list_a_few_untrusted_nodes_and_every_trusted_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Any host on the LAN can announce thousands of nodes (a flood printed 3,530 lines)."""
+    from p2pnode.cli.render import SHOWN_UNTRUSTED, print_peers
+
+    def peer(i: int, trusted: bool) -> dict:
+        return {"node_id": f"N{i}", "id": f"N{i}", "name": None, "trusted": trusted, "online": None,
+                "addresses": ["10.0.0.1"], "port": 1}
+
+    peers = [peer(i, False) for i in range(500)] + [peer(i, True) for i in range(500, 503)]
+    status = build_status(node_id="N", running=True, home="/h", catalog=Catalog(1, []), branches=[],
+                          peers=peers, space=None, store_failure=None)
+    for show in (lambda: print_status(status), lambda: print_peers(peers)):
+        show()
+        out = capsys.readouterr().out
+        assert all(f"N{i} " in out for i in range(500, 503))  # every trusted one
+        assert sum(f"N{i} " in out for i in range(500)) == SHOWN_UNTRUSTED
+        assert f"and {500 - SHOWN_UNTRUSTED} more untrusted" in out
