@@ -1,5 +1,6 @@
-"""`p2pnode status` of a node whose store refuses writes (a write met a full disk): said, with
-what to do (the node keeps its store open; only a restart reopens it)."""
+"""How `p2pnode status` (and `peers`) render: a node whose store refuses writes (a write met
+a full disk) is said, with what to do (only a restart reopens the store); the nodes seen on
+the LAN are listed within a bound."""
 from __future__ import annotations
 
 import pytest
