@@ -289,6 +289,9 @@ class Discovery:
             return
         old = self.peers.get(peer.node_id)
         if old is not None:  # keep what the node learned over HTTPS
+            if (old.instance, old.addresses, old.port, old.generation, old.branches, old.name) == (
+                    peer.instance, peer.addresses, peer.port, peer.generation, peer.branches, peer.name):
+                return  # nothing new (looked up again): the entry, and what the node set on it, stay
             same_place = (old.addresses, old.port) == (peer.addresses, peer.port)
             peer.online = old.online if same_place else None
             peer.proven = old.proven

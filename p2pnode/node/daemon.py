@@ -277,8 +277,6 @@ class Node:
         answered = [a for a, o in zip(addresses, outcomes, strict=True) if not isinstance(o, BaseException)]
         if answered:  # its key, proven there: kept whatever is announced later
             peer.proven = (answered[0].host, answered[0].port)
-        elif self.discovery is not None:  # the announcement may be a forged one: ask mDNS again
-            await self.discovery.resolve_again(peer.node_id)
         why = "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in failures)
         was = peer.online
         peer.online = ok
@@ -290,6 +288,8 @@ class Node:
         elif not ok and was is not False:
             log.info("peer %s id=%s (no answer over HTTPS: %s)", "lost" if was else "unreachable",
                      peer.node_id, why)
+        if not ok and self.discovery is not None:  # the announcement may be a forged one: ask again
+            await self.discovery.resolve_again(peer.node_id)
 
     def _addresses(self, peer: Peer) -> list[PeerAddress]:
         """Where to reach `peer`: where it proved its key last, then where it is announced (a
