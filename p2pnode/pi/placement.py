@@ -65,7 +65,8 @@ class PlacementConflict(Conflict):
 class Placement:
     path: Path
     written: bool
-    """False when the same bytes were already there."""
+    """False when the same bytes were already there, or a newer version a fetch placed there,
+    which starts with them (a follow placed it meanwhile)."""
     replaced: str | None = None
     """The hash of the older version that was replaced by its grown version."""
 
@@ -136,8 +137,9 @@ class Content:
 
 
 def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | None) -> Placement:
-    """A file is at the target already: the same version (nothing to do), an older version
-    a fetch placed that this one extends (replaced), or anything else (PlacementConflict).
+    """A file is at the target already: the same version, or a newer one a fetch placed that
+    starts with it (nothing to do), an older version a fetch placed that this one extends
+    (replaced), or anything else (PlacementConflict).
     `tmp` holds the new bytes, fsynced; it is renamed over the target or left to the caller."""
     src_hex = content.src
     before = os.lstat(target)
@@ -156,6 +158,8 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
         raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
                                                  "placed: it is this node's user's own file")
     assert record is not None and placed is not None
+    if _holds(target, content, placed):
+        return Placement(target, written=False)
     # the new bytes extend the placed version: their prefix of its size hashes to it
     if not (record.size < content.size and hash_prefix(tmp, record.size) == record.blake3):
         raise PlacementConflict(target, src_hex, f"as a version a fetch placed (blake3 {theirs}) that the "
@@ -271,6 +275,8 @@ class SessionFile:
     def _append(self, to: Appendable, start: int, content: Content, placed: PlacedFiles) -> Placement:
         """append_to's work, the target's placement lock held: checked, then written."""
         if stamp_of(to.target) != to.stamp:
+            if _holds(to.target, content, placed):
+                return Placement(to.target, written=False)
             why = f"and changed since this node placed version {to.base} there"
             raise PlacementConflict(to.target, content.src, why)
         have = to.stamp[1] - start
@@ -294,6 +300,17 @@ class SessionFile:
         if self._made_dir and not keep_dir:
             with contextlib.suppress(OSError):
                 self.target.parent.rmdir()
+
+
+def _holds(target: Path, content: Content, placed: PlacedFiles) -> bool:
+    """Whether the file is, unchanged since a fetch placed it, this version or a newer one
+    that starts with it (another fetch or a follow placed it meanwhile): nothing to write."""
+    record = placed.get(target)
+    if record is None or record.size < content.size or placed.stamp(target) != stamp_of(target):
+        return False
+    if record.size == content.size:
+        return record.blake3 == content.blake3
+    return hash_prefix(target, content.size) == content.blake3
 
 
 _PLACING: dict[Path, threading.Lock] = {}

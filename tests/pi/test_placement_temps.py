@@ -27,8 +27,9 @@ def test_only_the_temp_files_of_dead_fetches_are_removed(tmp_path: Path) -> None
 def test_fetches_of_one_version_at_once_in_one_process_do_not_mix(tmp_path: Path) -> None:
     """A node places for several fetches and follows at once (one pid): two of the same
     version each write their own temp file, and two appends of it to the placed file are
-    one after the other: the second sees the file changed and refuses (its file was one old
-    version plus two copies of the new bytes: found by a soak of the running node)."""
+    one after the other: the second finds that version there and writes nothing (the file was
+    one old version plus two copies of the new bytes: found by a soak of the running node);
+    the older version placed again finds it inside the newer one: nothing written either."""
     import threading
 
     from p2pnode.library.manifest import PlacedFiles
@@ -61,8 +62,7 @@ def test_fetches_of_one_version_at_once_in_one_process_do_not_mix(tmp_path: Path
     def append(f: SessionFile) -> None:
         start.wait()
         try:
-            f.append_to(to, len(old), content, placed)
-            outcomes.append("appended")
+            outcomes.append("appended" if f.append_to(to, len(old), content, placed).written else "there")
         except PlacementConflict:
             outcomes.append("refused")
 
@@ -71,5 +71,7 @@ def test_fetches_of_one_version_at_once_in_one_process_do_not_mix(tmp_path: Path
         t.start()
     for t in threads:
         t.join()
-    assert sorted(outcomes) == ["appended", "refused"] and target.read_bytes() == new
+    assert sorted(outcomes) == ["appended", "there"] and target.read_bytes() == new
+    again = written(old).publish(Content(hash_bytes(old), len(old), hash_bytes(old), None), placed)
+    assert not again.written and target.read_bytes() == new
     assert list(staging.iterdir()) == []
