@@ -393,6 +393,23 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
                           exact=args.exact)
 
 
+def _fetch_here_or_via_node(args: argparse.Namespace, branch: str, peers: list[Any],
+                            payload: dict[str, Any]) -> dict[str, Any]:
+    """The fetch in this process; a node that starts meanwhile takes over (what this process
+    verified is staged in the home: the node's fetch fetches only the rest)."""
+    from p2pnode.cli.fetching import fetch_via_node
+    from p2pnode.peer.get import StoreTaken
+
+    try:
+        return _fetch_here(args, branch, peers)
+    except StoreTaken as exc:
+        print(f"p2pnode: note: {exc}: the fetch goes on through it", file=sys.stderr)
+        result = fetch_via_node(node_paths(args), payload)
+        if result is None:  # the node stopped again
+            raise
+        return result
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from p2pnode.cli.fetching import fetch_in_background, fetch_via_node
 
@@ -410,7 +427,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 0
     result = fetch_via_node(node_paths(args), payload)
     if result is None:
-        result = _fetch_here(args, branch, peers)
+        result = _fetch_here_or_via_node(args, branch, peers, payload)
     if result.get("note"):
         print(f"p2pnode: note: {shown(result['note'])}", file=sys.stderr)
     if args.json:

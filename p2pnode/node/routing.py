@@ -142,7 +142,8 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
             newest = await newest_to_fetch(target, given, identity, trust, on_lan, exact=exact, known=seen,
                                            connections=links)
             holders = newest.peers or await on_lan(newest.branch)
-            result = await fetch_newest(OpenPerUse(paths), replace(newest, peers=holders), identity, trust,
+            opener = OpenPerUse(paths, taken=lambda: node_running(paths))
+            result = await fetch_newest(opener, replace(newest, peers=holders), identity, trust,
                                         agent_dir=pi.agent, progress=progress, session_dir=pi.sessions,
                                         connections=links)
         finally:

@@ -57,7 +57,7 @@ from typing import Any, BinaryIO, TypeVar
 import blake3
 
 from p2pnode.errors import Conflict, NotFound, VerificationFailed
-from p2pnode.library.api import BranchInfo, Library
+from p2pnode.library.api import ZSTD_LEVEL, BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, https, wire
@@ -83,6 +83,7 @@ from p2pnode.pi.placement import (
 from p2pnode.pi.session import SessionHeader
 from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
+from store.config import StoreConfig
 from store.errors import StoreLocked
 from store.layout import CODEC_RAW
 from sysio.files import atomic_write
@@ -137,17 +138,33 @@ class OpenPerUse:
     agent_dir: Path | None = None
     wait: float = 10.0
     """Seconds to wait for the store's lock when another command holds it."""
+    taken: Callable[[], bool] = lambda: False
+    """Whether a process that keeps the store (a node) started meanwhile: then waiting for
+    the lock is pointless (StoreTaken, and the fetch goes on through that node)."""
 
     def __call__(self) -> Library:
         deadline = time.monotonic() + self.wait
         while True:
-            try:
-                return Library.open(self.paths, self.agent_dir)
+            try:  # short tries, and a look for a node between them
+                config = StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=TAKEN_LOOK)
+                return Library.open(self.paths, self.agent_dir, config)
             except StoreLocked as exc:
+                if self.taken():
+                    raise StoreTaken(f"a node started for {self.paths.home} while this fetch ran here, "
+                                     "and holds the store now") from None
                 if time.monotonic() > deadline:
                     raise Conflict(f"{exc} for over {self.wait:g} s; the fetch's verified bytes were "
                                    "not stored") from None
-                time.sleep(0.05)
+
+
+TAKEN_LOOK = 0.5
+"""Seconds one try for the store waits, before a look for a node, while a one-shot fetch
+waits for the store."""
+
+
+class StoreTaken(Conflict):
+    """A one-shot fetch met a node that started meanwhile and keeps the store: its verified
+    lines are staged in the home (the node's fetch takes them up: only the rest crosses)."""
 
 
 LibraryOpener = Callable[[], AbstractContextManager[FetchTarget]]

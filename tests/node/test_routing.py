@@ -69,3 +69,31 @@ def test_a_command_waiting_for_the_store_reads_through_a_node_that_came_up(
         lib = routing.open_library(paths)
     assert isinstance(lib, NodeLibrary) and len(looks) == 4
     assert time.monotonic() - started < StoreConfig().lock_timeout  # it did not wait it out
+
+
+def test_a_one_shot_fetch_meeting_a_node_that_started_goes_on_through_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node started while a fetch ran in the command's own process: the fetch's next step
+    finds the store kept (it waited 10 s, then "verified bytes were not stored", exit 7) and
+    the command hands the fetch to the node (the staged lines are the node's to take up).  The
+    store is really held (by this process, as the node would); the node's answer is a stand-in."""
+    import argparse
+
+    from p2pnode.cli import fetching
+    from p2pnode.cli import main as cli
+    from p2pnode.library.api import Library
+    from p2pnode.peer.get import OpenPerUse, StoreTaken
+
+    paths = NodePaths(tmp_path / "home")
+    with Library.open(paths), pytest.raises(StoreTaken, match="a node started"):
+        OpenPerUse(paths, taken=lambda: True)()
+    args = argparse.Namespace(home=str(paths.home))
+
+    def here(*_: Any) -> dict[str, Any]:
+        raise StoreTaken("a node started for it while this fetch ran here, and holds the store now")
+
+    monkeypatch.setattr(cli, "_fetch_here", here)
+    monkeypatch.setattr(fetching, "fetch_via_node", lambda p, payload: {"by": "node", **payload})
+    assert cli._fetch_here_or_via_node(args, "ab" * 32, [], {"branch": "ab" * 32}) == {
+        "by": "node", "branch": "ab" * 32}
+    assert "the fetch goes on through it" in capsys.readouterr().err
