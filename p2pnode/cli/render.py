@@ -117,7 +117,7 @@ def print_status(status: dict[str, Any]) -> None:
     listed, more = _bounded(status["peers"])
     for p in listed:
         state = {True: "online", False: "offline", None: "unconfirmed"}[p["online"]]
-        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        where = _where(p)
         print(f"  {p['node_id']}  {'trusted' if p['trusted'] else 'UNTRUSTED'}  {state}  {where}"
               f"  {p['name'] or ''}")
     if more:
@@ -226,6 +226,14 @@ SHOWN_UNTRUSTED = 20
 number of them); trusted ones are all listed."""
 
 
+def _where(peer: dict[str, Any]) -> str:
+    """Where a peer answered over mutual TLS with its key, else where it is announced first
+    (an announcement may be another host's)."""
+    if peer.get("reached"):
+        return str(peer["reached"])
+    return f"{peer['addresses'][0]}:{peer['port']}" if peer["addresses"] else "-"
+
+
 def _bounded(peers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """Every trusted peer and the first SHOWN_UNTRUSTED others; how many others were left out."""
     others = [p for p in peers if not p["trusted"]]
@@ -236,7 +244,7 @@ def _bounded(peers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
 def print_peers(peers: list[dict[str, Any]]) -> None:
     listed, more = _bounded(peers)
     for p in listed:
-        where = f"{p['addresses'][0]}:{p['port']}" if p["addresses"] else "-"
+        where = _where(p)
         state = "untrusted (`p2pnode trust <id>` to allow)" if not p["trusted"] else \
             {True: "online", False: "offline", None: ""}[p["online"]]
         if p.get("trusts_us") is False:  # it refused this node's last probe

@@ -127,7 +127,8 @@ class Peer:
     def as_dict(self) -> dict[str, object]:
         return {"node_id": self.node_id, "instance": self.instance, "addresses": list(self.addresses),
                 "port": self.port, "generation": self.generation, "branches": list(self.branches),
-                "online": self.online, "announced_name": self.name, "trusts_us": self.trusts_us}
+                "online": self.online, "announced_name": self.name, "trusts_us": self.trusts_us,
+                "reached": f"{self.proven[0]}:{self.proven[1]}" if self.proven else None}
 
 
 def local_ipv4_addresses() -> list[str]:

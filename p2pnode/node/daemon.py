@@ -270,7 +270,7 @@ class Node:
         async def ask(address: PeerAddress) -> None:
             await asyncio.wait_for(get_catalog(address, self.identity, self.trust), LIVENESS_TIMEOUT)
 
-        addresses = self._addresses(peer)
+        addresses = self._addresses(peer, every=True)  # where it is announced too: it may have moved
         outcomes = await asyncio.gather(*(ask(a) for a in addresses), return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         ok = len(failures) < len(outcomes)
@@ -284,20 +284,25 @@ class Node:
         peer.trusts_us = True if ok else False if all(
             isinstance(e, Refused) and "does not trust this node" in str(e) for e in failures) else None
         if ok and was is not True:
-            log.info("peer online id=%s addr=%s port=%d", peer.node_id, ",".join(peer.addresses), peer.port)
+            log.info("peer online id=%s at %s", peer.node_id, ", ".join(str(a) for a in answered))
         elif not ok and was is not False:
             log.info("peer %s id=%s (no answer over HTTPS: %s)", "lost" if was else "unreachable",
                      peer.node_id, why)
         if not ok and self.discovery is not None:  # the announcement may be a forged one: ask again
             await self.discovery.resolve_again(peer.node_id)
 
-    def _addresses(self, peer: Peer) -> list[PeerAddress]:
-        """Where to reach `peer`: where it proved its key last, then where it is announced (a
-        peer found by a subtype query: the table's entry for it knows the first)."""
+    def _addresses(self, peer: Peer, every: bool = False) -> list[PeerAddress]:
+        """Where to reach `peer`: where it proved its key at the last probe that answered, alone
+        while it is online (addresses announced beside it may be forged: each would take a
+        share of a fetch and cost it a connect timeout), else (or `every`) that first, then
+        where it is announced.  A peer found by a subtype query: the table's entry knows it."""
         known = self.discovery.peers.get(peer.node_id) if self.discovery is not None else None
-        if known is not None and known.proven is not None and peer.proven is None:
-            peer = dataclasses.replace(peer, proven=known.proven)
-        return [PeerAddress(peer.node_id, host, port) for host, port in peer.endpoints()]
+        if known is not None and peer is not known:
+            peer = dataclasses.replace(peer, proven=known.proven, online=known.online)
+        endpoints = peer.endpoints()
+        if peer.proven is not None and peer.online and not every:
+            endpoints = endpoints[:1]
+        return [PeerAddress(peer.node_id, host, port) for host, port in endpoints]
 
     async def holders(self, branch_hex: str) -> list[PeerAddress]:
         """Trusted peers to fetch branch_hex from: announced holders first, then other online peers."""

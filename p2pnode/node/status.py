@@ -71,7 +71,7 @@ def peers_view(trusted: Iterable[TrustedPeer], status: dict[str, Any] | None) ->
         for p in peers:
             if (s := seen.pop(p["id"], None)) is not None:
                 p.update(addresses=s["addresses"], port=s["port"], online=s["online"],
-                         trusts_us=s.get("trusts_us"))
+                         trusts_us=s.get("trusts_us"), reached=s.get("reached"))
         peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
                    "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
     return peers
