@@ -85,12 +85,17 @@ class LogQuota:
         self._start = time.monotonic()
         self._logged = self._dropped = 0
 
-    def warning(self, message: str, *args: object) -> None:
+    def roll(self) -> None:
+        """A minute over: say how many were not logged (called at each line and now and then,
+        so that a flood's count is said when the flood stops too)."""
         now = time.monotonic()
         if now - self._start >= 60.0:
             if self._dropped:
                 log.warning("%d more %s in the last minute, not logged one by one", self._dropped, self.what)
             self._start, self._logged, self._dropped = now, 0, 0
+
+    def warning(self, message: str, *args: object) -> None:
+        self.roll()
         if self._logged < self.per_minute:
             self._logged += 1
             log.warning(message, *args)
@@ -250,6 +255,7 @@ class Discovery:
         last = time.monotonic()
         while True:
             await asyncio.sleep(INTERFACE_POLL_SECONDS)
+            self._malformed.roll()
             try:
                 addresses = await asyncio.to_thread(local_ipv4_addresses)
                 moved = addresses != self._addresses
