@@ -300,7 +300,8 @@ class Discovery:
                     peer.instance, peer.addresses, peer.port, peer.generation, peer.branches, peer.name):
                 return  # nothing new (looked up again): the entry, and what the node set on it, stay
             same_place = (old.addresses, old.port) == (peer.addresses, peer.port)
-            peer.online = old.online if same_place else None
+            # online is decided over TLS where it proved its key, not by what is announced
+            peer.online = old.online if same_place or old.proven is not None else None
             peer.proven = old.proven
         self.peers[peer.node_id] = peer
         if old is None or (old.addresses, old.port, old.generation) != (peer.addresses, peer.port,
