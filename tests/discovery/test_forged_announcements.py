@@ -9,25 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from nodepair import trusting_nodes
 
 from p2pnode.discovery.mdns import MAX_ADDRESSES, Discovery, Peer
-from p2pnode.node.daemon import Node, NodeConfig
-from p2pnode.paths import NodePaths
 
 
 async def test_a_forged_announcement_does_not_cut_off_a_trusted_peer(tmp_path: Path) -> None:
-    nodes = []
-    for name in ("a", "b"):
-        agent = tmp_path / name / "agent"
-        agent.mkdir(parents=True)
-        nodes.append(Node(NodePaths(tmp_path / name / "home"),
-                          NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)))
-    a, b = nodes
-    for n in nodes:
-        await n.start()
-    try:
-        a.trust.trust(b.identity.node_id)
-        b.trust.trust(a.identity.node_id)
+    async with trusting_nodes(tmp_path) as (a, b):
         b.discovery = Discovery(b.identity.node_id)  # its table, not started: no multicast here
         honest = Peer(a.identity.node_id, "p2p-a._p2pnode._tcp.local.", ("127.0.0.1",), a.port, 1, ())
         b.discovery.peers[honest.node_id] = honest
@@ -64,9 +52,6 @@ async def test_a_forged_announcement_does_not_cut_off_a_trusted_peer(tmp_path: P
         assert now.port == a.port
         await b._probe(now)
         assert now.online and now.proven == ("127.0.0.1", a.port)
-    finally:
-        for n in nodes:
-            await n.close()
 
 
 def _answering(peer: Peer):  # type: ignore[no-untyped-def]

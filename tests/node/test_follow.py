@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from nodepair import trusting_nodes
 from pifork import ROOT_FORK
 from procnode import PY, Node
 
@@ -242,18 +243,7 @@ async def test_catalog_long_poll_answers_on_change_and_is_bounded(tmp_path: Path
     """GET /v1/catalog?wait=<generation>: at once when the generation differs, on a change
     otherwise, after catalog_wait at the latest; a third waiting request of one peer is 429;
     a wait that is not a generation is 400."""
-    nodes = []
-    for name in ("a", "b"):
-        agent = tmp_path / name / "agent"
-        agent.mkdir(parents=True)
-        nodes.append(InProcessNode(NodePaths(tmp_path / name / "home"),
-                                   NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)))
-    a, b = nodes
-    for n in nodes:
-        await n.start()
-    try:
-        a.trust.trust(b.identity.node_id)
-        b.trust.trust(a.identity.node_id)
+    async with trusting_nodes(tmp_path) as (a, b):
         session = tmp_path / "a" / "agent" / ROOT_FORK["1.5.2"][0]
         session.parent.mkdir(parents=True)
         shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][0], session)
@@ -283,9 +273,6 @@ async def test_catalog_long_poll_answers_on_change_and_is_bounded(tmp_path: Path
             assert wire.decode_catalog(unchanged).generation == now  # no change: answered at catalog_wait
         finally:
             await link.close()
-    finally:
-        for n in nodes:
-            await n.close()
 
 
 def test_share_live_needs_the_node(tmp_path: Path, corpus_new_dir: Path) -> None:
