@@ -41,7 +41,7 @@ from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
-from store.errors import UnknownBlob
+from store.errors import StoreLocked, UnknownBlob
 from sysio.files import atomic_write
 from sysio.locks import exclusive_if_free
 
@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 ZSTD_LEVEL = 1
 """Session lines (JSON, code, tool output) compress almost as well at zstd level 1 as at 3,
 faster, and compression is most of the cost of a first share (docs/BENCHMARKS.md, Sharing)."""
+LOCK_TRY = 0.5
+"""Seconds one try for a store another process holds waits (`open_unless`), before a look
+whether waiting is still worth it."""
 SESSION_RUN = 2 << 20
 """Raw bytes of a session handed out at a time (`session_runs`) or read (`share --redact`):
 runs big enough to be read and hashed as fast as the whole session (docs/BENCHMARKS.md),
@@ -311,6 +314,22 @@ class Library:
         except BaseException:
             store.close()
             raise
+
+    @classmethod
+    def open_unless(cls, paths: NodePaths, agent_dir: Path | None = None, *, wait: float,
+                    pointless: Callable[[], bool]) -> Library | None:
+        """The library, waiting up to `wait` s for a store another process holds (then
+        StoreLocked), in tries of LOCK_TRY s; None once `pointless()` says so between them (a
+        node came up: it keeps the store for as long as it runs)."""
+        deadline = time.monotonic() + wait
+        while not pointless():
+            try_for = min(LOCK_TRY, max(0.0, deadline - time.monotonic()))
+            try:
+                return cls.open(paths, agent_dir, StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=try_for))
+            except StoreLocked:
+                if time.monotonic() >= deadline:
+                    raise
+        return None
 
     def close(self) -> None:
         self.store.close()

@@ -59,31 +59,16 @@ def routed(paths: NodePaths, op: str, payload: dict[str, Any], here: Callable[[A
     raise PeerUnavailable(f"the node at {paths.home} started and stopped while `{op}` began; run it again")
 
 
-LOCK_TRY = 0.5
-"""Seconds one try to take the store waits, before looking again for a node that started
-meanwhile (it holds the store from its first moments, its control socket comes a little later)."""
-
-
 def open_library(paths: NodePaths) -> Any:
     """The session library: the running node's (read-only) if there is one, else the store
     itself; while another process holds the store (StoreConfig.lock_timeout in all, then
-    StoreLocked, reported by main), a node that answers meanwhile is read through."""
-    import time
-
-    from p2pnode.library.api import ZSTD_LEVEL, Library
+    StoreLocked, reported by main), a node that answers meanwhile is read through (it holds
+    the store from its first moments, its control socket comes a little later)."""
+    from p2pnode.library.api import Library
     from store.config import StoreConfig
-    from store.errors import StoreLocked
 
-    deadline = time.monotonic() + StoreConfig().lock_timeout
-    while True:
-        if node_running(paths):  # the running node holds the store: read through it
-            return NodeLibrary(paths)
-        wait = min(LOCK_TRY, max(0.0, deadline - time.monotonic()))
-        try:
-            return Library.open(paths, config=StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=wait))
-        except StoreLocked:
-            if time.monotonic() >= deadline:
-                raise
+    lib = Library.open_unless(paths, wait=StoreConfig().lock_timeout, pointless=lambda: node_running(paths))
+    return NodeLibrary(paths) if lib is None else lib
 
 
 def share_handoff(branch_hex: str, held: Iterable[str], fingerprint: bytes | None,

@@ -57,7 +57,7 @@ from typing import Any, BinaryIO, TypeVar
 import blake3
 
 from p2pnode.errors import Conflict, NotFound, VerificationFailed
-from p2pnode.library.api import ZSTD_LEVEL, BranchInfo, Library
+from p2pnode.library.api import BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, https, wire
@@ -83,7 +83,6 @@ from p2pnode.pi.placement import (
 from p2pnode.pi.session import SessionHeader
 from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
-from store.config import StoreConfig
 from store.errors import StoreLocked
 from store.layout import CODEC_RAW
 from sysio.files import atomic_write
@@ -143,23 +142,15 @@ class OpenPerUse:
     the lock is pointless (StoreTaken, and the fetch goes on through that node)."""
 
     def __call__(self) -> Library:
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:  # short tries, and a look for a node between them
-                config = StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=TAKEN_LOOK)
-                return Library.open(self.paths, self.agent_dir, config)
-            except StoreLocked as exc:
-                if self.taken():
-                    raise StoreTaken(f"a node started for {self.paths.home} while this fetch ran here, "
-                                     "and holds the store now") from None
-                if time.monotonic() > deadline:
-                    raise Conflict(f"{exc} for over {self.wait:g} s; the fetch's verified bytes were "
-                                   "not stored") from None
-
-
-TAKEN_LOOK = 0.5
-"""Seconds one try for the store waits, before a look for a node, while a one-shot fetch
-waits for the store."""
+        try:
+            lib = Library.open_unless(self.paths, self.agent_dir, wait=self.wait, pointless=self.taken)
+        except StoreLocked as exc:
+            raise Conflict(f"{exc} for over {self.wait:g} s; the fetch's verified bytes were "
+                           "not stored") from None
+        if lib is None:
+            raise StoreTaken(f"a node started for {self.paths.home} while this fetch ran here, and holds "
+                             "the store now")
+        return lib
 
 
 class StoreTaken(Conflict):
