@@ -59,6 +59,7 @@ from p2pnode.discovery.records import (
     subtype_name,
 )
 from p2pnode.errors import InvalidInput
+from p2pnode.logquota import LogQuota
 
 if TYPE_CHECKING:
     from p2pnode.peer.address import PeerAddress
@@ -72,35 +73,6 @@ MAX_ADDRESSES = 8
 """IPv4 addresses taken from one announcement (a machine has a few; a forged one could list
 hundreds, each a connect timeout for a fetch)."""
 FALLBACK_BROWSE_SECONDS = 1.2
-
-
-class LogQuota:
-    """At most `per_minute` lines of one kind a minute; the rest are counted and said in one
-    line when the minute is over: every host on the LAN can send malformed announcements, and
-    each one is a line on every node otherwise."""
-
-    def __init__(self, what: str, per_minute: int = 10) -> None:
-        self.what = what
-        self.per_minute = per_minute
-        self._start = time.monotonic()
-        self._logged = self._dropped = 0
-
-    def roll(self) -> None:
-        """A minute over: say how many were not logged (called at each line and now and then,
-        so that a flood's count is said when the flood stops too)."""
-        now = time.monotonic()
-        if now - self._start >= 60.0:
-            if self._dropped:
-                log.warning("%d more %s in the last minute, not logged one by one", self._dropped, self.what)
-            self._start, self._logged, self._dropped = now, 0, 0
-
-    def warning(self, message: str, *args: object) -> None:
-        self.roll()
-        if self._logged < self.per_minute:
-            self._logged += 1
-            log.warning(message, *args)
-        else:
-            self._dropped += 1
 
 
 @dataclass
@@ -185,7 +157,7 @@ class Discovery:
         self._addresses: list[str] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
-        self._malformed = LogQuota("malformed announcements ignored")
+        self._malformed = LogQuota(log, logging.WARNING, "malformed announcements ignored")
 
     async def start(self) -> None:
         self._azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
@@ -321,7 +293,7 @@ class Discovery:
         try:
             ann = parse_txt(props, name)
         except BadAnnouncement as exc:
-            self._malformed.warning("ignoring announcement: %s", exc)
+            self._malformed.log("ignoring announcement: %s", exc)
             return None
         addresses = tuple(info.parsed_addresses(IPVersion.V4Only))[:MAX_ADDRESSES]
         if not addresses or info.port is None:
@@ -430,7 +402,7 @@ class Discovery:
                 parse_pair_txt({k: v for k, v in info.decoded_properties.items() if k is not None},
                                name, channel)
             except BadAnnouncement as exc:
-                self._malformed.warning("ignoring pairing announcement: %s", exc)
+                self._malformed.log("ignoring pairing announcement: %s", exc)
                 return None
             addresses = tuple(info.parsed_addresses(IPVersion.V4Only))
             return (name, Peer("", name, addresses, info.port, 0, ())) if addresses and info.port else None

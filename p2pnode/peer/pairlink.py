@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from p2pnode.errors import P2PNodeError, PeerUnavailable
+from p2pnode.logquota import LogQuota
 from p2pnode.peer.pairing import (
     MAX_MESSAGE,
     CodeExpired,
@@ -76,9 +77,8 @@ class PairingListener:
         self._server: asyncio.Server | None = None
         self._busy = False
         self._pending: Counter[str] = Counter()
-        self._turned_away: Counter[str] = Counter()
-        """Connections closed at once, per source address (logged at 1, 10, 100, ...: a host
-        reconnecting as fast as it is closed must not fill the log)."""
+        self._turned_away = LogQuota(log, logging.INFO, "connections turned away")
+        """A host reconnecting as fast as it is closed must not fill the log."""
         """Connections per source address still waiting for their first message line."""
         self._open: set[asyncio.StreamWriter] = set()
 
@@ -111,10 +111,8 @@ class PairingListener:
         source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         if (self.result.done() or self._pending[source] >= MAX_PENDING_PER_SOURCE
                 or self._pending.total() >= MAX_PENDING):
-            self._turned_away[source] += 1
-            if str(self._turned_away[source]).rstrip("0") == "1":  # 1, 10, 100, ...
-                log.info("pairing: closing a connection from %s: the exchange is over, or too many wait "
-                         "(%d from %s so far)", peer, self._turned_away[source], source)
+            self._turned_away.log("pairing: closing a connection from %s: the exchange is over, or too "
+                                  "many wait", peer)
             writer.close()
             return
         try:

@@ -64,17 +64,20 @@ def test_malformed_announcements_are_logged_a_few_a_minute(monkeypatch: pytest.M
                                                              caplog: pytest.LogCaptureFixture) -> None:
     """Every host on the LAN can send malformed announcements; each was a WARNING on every
     node (2,204 lines from one flood): ten a minute, then one line with how many more."""
-    from p2pnode.discovery import mdns
+    import logging
+
+    from p2pnode import logquota
 
     clock = [1000.0]
-    monkeypatch.setattr(mdns.time, "monotonic", lambda: clock[0])
-    quota = mdns.LogQuota("malformed announcements ignored", per_minute=10)
+    monkeypatch.setattr(logquota.time, "monotonic", lambda: clock[0])
+    quota = logquota.LogQuota(logging.getLogger("p2pnode.discovery"), logging.WARNING,
+                              "malformed announcements ignored")
     with caplog.at_level("WARNING", logger="p2pnode.discovery"):
         for i in range(500):
-            quota.warning("ignoring announcement: %d", i)
+            quota.log("ignoring announcement: %d", i)
         clock[0] += 61
         quota.roll()  # the housekeeping's tick: said although no announcement came since
-        quota.warning("ignoring announcement: %s", "next minute")
+        quota.log("ignoring announcement: %s", "next minute")
     lines = [r.getMessage() for r in caplog.records]
     assert lines[:10] == [f"ignoring announcement: {i}" for i in range(10)]
     summary = "490 more malformed announcements ignored in the last minute, not logged one by one"

@@ -96,8 +96,8 @@ async def test_junk_is_refused_without_spending_the_code(junk: bytes) -> None:
 async def test_a_connection_flood_from_one_host_does_not_keep_others_out(
         caplog: pytest.LogCaptureFixture) -> None:
     """200 connections from 127.0.0.2 are bounded per source (the rest closed at once, logged
-    at the 1st, 10th, 100th: a host reconnecting as fast as it is closed wrote a line each), and
-    a joiner from 127.0.0.1 pairs meanwhile."""
+    ten a minute: a host reconnecting as fast as it is closed wrote a line each), and a joiner
+    from 127.0.0.1 pairs meanwhile."""
     caplog.set_level("INFO", logger="p2pnode.peer.pairlink")
     async with listening() as (listener, paired):
         flood = []
@@ -113,7 +113,7 @@ async def test_a_connection_flood_from_one_host_does_not_keep_others_out(
             still_open += 1
         assert still_open <= pairlink.MAX_PENDING_PER_SOURCE
         closing = [r for r in caplog.records if "closing a connection from" in r.getMessage()]
-        assert 1 <= len(closing) <= 3 and "so far" in closing[-1].getMessage()
+        assert len(closing) == 10
         assert await joined(listener) == ALICE and paired == [BOB]
         for _, writer in flood:
             writer.close()
