@@ -395,8 +395,8 @@ def _fetch_here(args: argparse.Namespace, branch: str, peers: list[Any]) -> dict
 
 def _fetch_here_or_via_node(args: argparse.Namespace, branch: str, peers: list[Any],
                             payload: dict[str, Any]) -> dict[str, Any]:
-    """The fetch in this process; a node that starts meanwhile takes over (what this process
-    verified is staged in the home: the node's fetch fetches only the rest)."""
+    """The fetch in this process; a node that starts meanwhile takes over (the lines this
+    process stored already are the node's too: its fetch asks only for the others)."""
     from p2pnode.cli.fetching import fetch_via_node
     from p2pnode.peer.get import StoreTaken
 

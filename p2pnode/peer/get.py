@@ -154,8 +154,8 @@ class OpenPerUse:
 
 
 class StoreTaken(Conflict):
-    """A one-shot fetch met a node that started meanwhile and keeps the store: its verified
-    lines are staged in the home (the node's fetch takes them up: only the rest crosses)."""
+    """A one-shot fetch met a node that started meanwhile and keeps the store: the lines it
+    stored already are the node's too (the node's fetch asks only for the others)."""
 
 
 LibraryOpener = Callable[[], AbstractContextManager[FetchTarget]]

@@ -322,7 +322,8 @@ def _placing(target: Path) -> Iterator[None]:
     """One placement of a file at a time in this process: the node fetches and follows several
     sessions at once, and an append to a placed file and its replacement (or two appends) must
     not interleave between the check of what the file is and the write.  (Two processes cannot
-    place for one node home at once: the store's lock keeps one of them out.)"""
+    place for one node home at once: the store's lock keeps one of them out.)  A lock per file
+    placed since the process started: a few bytes each."""
     with _PLACING_GUARD:
         lock = _PLACING.setdefault(target, threading.Lock())
     with lock:
