@@ -1,15 +1,21 @@
 """Where the node keeps its state and where Pi keeps its sessions."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import stat
+import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import blake3
 import platformdirs
+
+from p2pnode.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +25,9 @@ STATE_FILE_MODE = 0o600
 the umask and whatever modes an existing home had."""
 
 SESSION_DIR_ENV = "PI_CODING_AGENT_SESSION_DIR"
+
+SUN_PATH_MAX = 103 if sys.platform == "darwin" else 107
+"""The longest path a Unix socket can be bound or reached at (sun_path less its final NUL)."""
 
 
 def agent_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -74,7 +83,12 @@ class NodePaths:
 
     @property
     def store_socket(self) -> Path:
-        return self.home / "store.sock"
+        return socket_path(self.home, "store.sock")
+
+    @property
+    def control_socket(self) -> Path:
+        """Where `p2pnode serve` takes commands (node/control_client.py)."""
+        return socket_path(self.home, "control.sock")
 
     @property
     def manifest(self) -> Path:
@@ -130,6 +144,35 @@ class NodePaths:
             if not stat.S_ISLNK(st.st_mode):
                 entries.append((path, st.st_mode))
         return entries
+
+
+def socket_path(home: Path, name: str) -> Path:
+    """`home/name`; or, when that is too long for a Unix socket (a deep --home, pytest's temp
+    dirs on macOS), a short name for it in this user's private dir under the temp dir
+    (`p2pnode-<uid>`, made 0700 and checked to be this user's alone), keyed by the home."""
+    path = home / name
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        return path
+    key = blake3.blake3(os.fsencode(os.path.abspath(home))).hexdigest(length=8)
+    short = _private_dir(Path(tempfile.gettempdir()) / f"p2pnode-{os.getuid()}") / f"{key}-{name}"
+    if len(os.fsencode(short)) > SUN_PATH_MAX:
+        raise InvalidInput(f"the node's home {home} is too long for its sockets ({len(os.fsencode(path))} "
+                           f"bytes; at most {SUN_PATH_MAX}), and so is the temp dir's {short}: choose a "
+                           "shorter --home or P2PNODE_HOME")
+    return short
+
+
+def _private_dir(path: Path) -> Path:
+    """A directory only this user can enter: made 0700, or found as one this user owns (not a
+    symlink, no access for others), so that no other local user can plant a socket there."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=STATE_DIR_MODE)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise InvalidInput(f"{path} (for the node's sockets, its home being too long for them) is not a "
+                           "directory of this user's alone (mode 0700): remove it, or choose a shorter "
+                           "--home or P2PNODE_HOME")
+    return path
 
 
 @dataclass(frozen=True)

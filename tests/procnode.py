@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from p2pnode.node.control_client import control_socket
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import load_or_create_identity
 
@@ -81,7 +80,7 @@ class Node:
         proc = subprocess.Popen([PY, "-m", "p2pnode", *serve], env=self.env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            sock = control_socket(NodePaths(self.home))
+            sock = NodePaths(self.home).control_socket
             for _ in range(100):
                 if sock.exists():
                     break

@@ -588,7 +588,7 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
     if (known := from_store(exc, "the store", "run it again")) is not None:
         return known
     if isinstance(exc, OSError):
-        text = f"{(exc.strerror or 'system error').lower()}: {_os_error_subject(exc, args)}"
+        text = f"{(exc.strerror or str(exc) or 'system error').lower()}: {_os_error_subject(exc, args)}"
         if isinstance(exc, FileNotFoundError):
             return NotFound(text)
         if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError) \

@@ -1,6 +1,7 @@
 """The client side of the control channel to a running node: JSON over HTTP on a Unix socket.
 
-`p2pnode serve` listens on `<home>/control.sock` (mode 0600: only its owner may drive it);
+`p2pnode serve` listens on `<home>/control.sock` (mode 0600: only its owner may drive it;
+paths.socket_path says where when the home is too long for a Unix socket);
 the CLI asks it to do what needs the store, which the running node holds locked.  This module
 uses the standard library only, and loads its HTTP client only to talk to a node, so that a
 command that finds no node pays nothing for it.
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
     from p2pnode.library.api import BranchInfo
 
-CONTROL_SOCKET = "control.sock"
 CONTROL_TIMEOUT = 30.0
 FETCH_TIMEOUT = 3600.0
 CONTROL_MAX_EVENT = 1 << 20
@@ -33,10 +33,6 @@ CONTROL_MAX_EVENT = 1 << 20
 READ_CALLS = frozenset({"branches", "branch", "lineage", "children", "sidecar_bytes",
                         "sessions_latest", "versions"})
 """Library methods `/v1/read` may call: read-only ones, for `ls`, `show` and `cat`."""
-
-
-def control_socket(paths: NodePaths) -> Path:
-    return paths.home / CONTROL_SOCKET
 
 
 class NodeError(P2PNodeError):
@@ -56,7 +52,7 @@ def socket_answers(path: Path) -> bool:
 
 
 def node_running(paths: NodePaths) -> bool:
-    return socket_answers(control_socket(paths))
+    return socket_answers(paths.control_socket)
 
 
 T = TypeVar("T")
@@ -67,7 +63,7 @@ def _exchange(paths: NodePaths, op: str, payload: dict[str, Any], timeout: float
     """POST op to the running node and `read` its answer (status 200); None when no node runs.
     An error the node reports is a NodeError; a node that fails to answer (`doing`: what it
     did not do) is PeerUnavailable."""
-    path = control_socket(paths)
+    path = paths.control_socket
     if not path.exists():
         return None
     import http.client  # here: a command that finds no node never loads it (with email's parser)
@@ -138,7 +134,7 @@ def call_node_streamed(paths: NodePaths, op: str, payload: dict[str, Any],
                 on_event(event)
             except OSError as exc:
                 raise _OutputFailed(exc) from exc
-        raise PeerUnavailable(f"the running node at {control_socket(paths)} stopped before {op} ended")
+        raise PeerUnavailable(f"the running node at {paths.control_socket} stopped before {op} ended")
 
     return _exchange(paths, op, dict(payload, stream=True), timeout, "finish", events)
 

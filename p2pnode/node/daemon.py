@@ -61,7 +61,7 @@ from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.node import upkeep
 from p2pnode.node.answers import known_error, streamed
-from p2pnode.node.control_client import READ_CALLS, control_socket, socket_answers, store_in_use
+from p2pnode.node.control_client import READ_CALLS, socket_answers, store_in_use
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
 from p2pnode.node.live import LiveShares
 from p2pnode.node.pairing import NodePairing
@@ -133,7 +133,7 @@ class Node:
 
     async def _start(self) -> None:
         one_arena()  # before the library's threads: the node moves whole sessions (sysio/memory.py)
-        if socket_answers(control_socket(self.paths)):  # before waiting on the store's lock
+        if socket_answers(self.paths.control_socket):  # before waiting on the store's lock
             raise await asyncio.to_thread(store_in_use, self.paths, "start a node")
         self.identity = load_or_create_identity(self.paths.identity)
         self.trust = TrustStore(self.paths.trust)
@@ -194,7 +194,7 @@ class Node:
                 port = 0
 
     async def _start_control(self) -> None:
-        path = control_socket(self.paths)
+        path = self.paths.control_socket
         app = web.Application(middlewares=[_errors_as_json], client_max_size=CONTROL_MAX_BODY)
         routes: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "status": self._c_status, "share": self._c_share, "unshare": self._c_unshare,

@@ -29,7 +29,7 @@ async def test_no_control_request_is_a_500(tmp_path: Path, caplog: pytest.LogCap
     config = NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)
     node = Node(NodePaths(tmp_path / "home"), config)
     await node.start()
-    sock = str(tmp_path / "home" / "control.sock")
+    sock = str(node.paths.control_socket)
     failed = []
     try:
         with caplog.at_level(logging.ERROR, logger="p2pnode"):
@@ -69,7 +69,7 @@ async def test_a_removed_or_replaced_control_socket_is_made_again(tmp_path: Path
     config = NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)
     node = Node(NodePaths(tmp_path / "home"), config)
     await node.start()
-    sock = tmp_path / "home" / "control.sock"
+    sock = node.paths.control_socket
     try:
         for spoil in (sock.unlink, lambda: (sock.unlink(), sock.write_bytes(b"not a socket"))):
             spoil()

@@ -23,6 +23,7 @@ from lab import Lab
 from lannode import REPO, LanNode, grow, place, running, wait_for
 
 from p2pnode.node.daemon import LIVENESS_INTERVAL
+from p2pnode.paths import NodePaths
 
 BETA = "sessions/--tmp-pi-harness-work-beta--/"
 SMALL = BETA + "2026-11-21T19-26-46-592Z_01a1ff93-4f3f-74a0-8c1a-0b533764bed8.jsonl"
@@ -185,7 +186,7 @@ def test_vanished_peer_is_noticed_and_a_restart_on_a_new_port_is_found(net: dict
     h2.stop(signal.SIGKILL)  # no goodbye: only HTTPS liveness can tell
     gone = wait_for("h1 to notice h2 vanished", lambda: (p := h1.peer(h2)) and p["online"] is False and p, 20)
     assert gone["trusted"]
-    assert (h2.paths.home / "control.sock").exists()  # left behind by the kill ...
+    assert h2.paths.control_socket.exists()  # left behind by the kill ...
     assert h2.status()["running"] is False  # ... and recognised as nobody listening
     h2.start(port=47471)
     back = wait_for("h1 to find h2 on its new port",
@@ -197,7 +198,7 @@ def test_sigterm_sends_goodbye_and_stops_cleanly(net: dict[str, LanNode]):
     h1, _, h3, _ = net.values()
     wait_for("h1 to see h3", lambda: h1.peer(h3), 30)
     assert h3.stop(signal.SIGTERM) == 0
-    assert not (h3.paths.home / "control.sock").exists()
+    assert not h3.paths.control_socket.exists()
     wait_for("h1 to drop h3 after its goodbye",
              lambda: (p := h1.peer(h3)) is None or p["addresses"] == [], 10)
     h3.start()
@@ -274,7 +275,7 @@ def test_serve_on_a_fresh_machine_needs_no_configuration(lab: Lab, tmp_path: Pat
             proc.wait(5)
     assert proc.returncode == 0, err
     assert "serving on port 47470" in err and "Traceback" not in err
-    assert not (Path(status["home"]) / "control.sock").exists()
+    assert not NodePaths(Path(status["home"])).control_socket.exists()
 
 
 def test_taken_port_and_second_node_for_one_home(lab: Lab, tmp_path: Path):

@@ -118,7 +118,7 @@ async def test_a_command_that_goes_away_leaves_the_share_to_finish(node: Node, h
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="p2pnode.node")
     path = find(node.config.agent_dir, A3)
-    sock = str(node.paths.home / "control.sock")
+    sock = str(node.paths.control_socket)
     body = json.dumps({"target": str(path), "stream": True})
     async with (aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as s,
                 s.post("http://node/v1/share", data=body) as r):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from ordinary import OrdinaryUser
 
-from p2pnode.node.control_client import CONTROL_SOCKET
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import KEY_FILE
 
@@ -59,7 +58,7 @@ def test_an_ordinary_users_nodes_share_serve_and_fetch(ordinary: OrdinaryUser, c
 
     node, port = ordinary.start_node(alice)
     try:
-        control = Path(alice["P2PNODE_HOME"]) / CONTROL_SOCKET
+        control = NodePaths(Path(alice["P2PNODE_HOME"])).control_socket
         assert stat.S_ISSOCK(control.stat().st_mode) and mode(control) == PRIVATE_FILE
         assert ok(ordinary, alice, "cat", branch) == session.read_bytes()  # read through the node
         fetched = json.loads(ok(ordinary, bob, "fetch", branch, "--from", f"{alice_id}@127.0.0.1:{port}",

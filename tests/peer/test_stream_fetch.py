@@ -23,7 +23,6 @@ from relay import Relay
 from skips import KERNEL_LIMITATION
 
 from p2pnode.library.api import Library
-from p2pnode.node.control_client import control_socket
 from p2pnode.paths import NodePaths
 from p2pnode.peer.trust import TrustStore
 
@@ -181,7 +180,7 @@ async def test_node_killed_mid_fetch_resumes(pair) -> None:
             await fetch_killed_at(b, branch, port, clean["bytes_received"] // 2, staged=True,
                                   victim=_AsyncPopen(node))
         assert placed_sessions(b) == []
-        control_socket(NodePaths(b.home)).unlink()  # the killed node left it; node_running waits for it
+        NodePaths(b.home).control_socket.unlink()  # the killed node left it; node_running waits for it
         with b.node_running():
             resumed = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
     check_complete(b, resumed, path)
