@@ -167,7 +167,7 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
     after = os.lstat(target)
     if _stamp(after) != _stamp(before):
         raise PlacementConflict(target, src_hex, "and changed while being replaced")
-    os.replace(tmp, target)
+    _replace(tmp, target)
     fsync_dir(target.parent)
     placed.record(target, PlacedFile(content.size, content.blake3), stamp_of(target))
     return Placement(target, written=True, replaced=theirs)
@@ -379,15 +379,39 @@ def _prepare_dir(agent_dir: Path, header: SessionHeader, session_dir: Path | Non
     return target_path(agent_dir, header, session_dir), made_dir  # a symlink swapped in meanwhile
 
 
+NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+"""What os.link raises on a file system without hard links (FAT and exFAT drives, some SMB
+shares: EPERM on Linux, ENOTSUP on macOS)."""
+
+
 def _link(tmp: Path, target: Path) -> None:
     """Hard-link `tmp` at `target` (FileExistsError if something is there); from another file
-    system, by way of a hidden copy beside the target (fsynced), linked the same way."""
+    system, or to one without hard links, by way of a hidden copy beside the target (fsynced)."""
     try:
         os.link(tmp, target)
         return
     except OSError as exc:
+        if exc.errno != errno.EXDEV and exc.errno not in NO_LINKS:
+            raise
+    with _copied_beside(tmp, target) as near:
+        _link_or_rename(near, target)
+
+
+def _replace(tmp: Path, target: Path) -> None:
+    """os.replace(tmp, target), by way of a hidden copy beside the target (fsynced) when `tmp`
+    is on another file system (a node's staging dir, Pi's folder on another drive)."""
+    try:
+        os.replace(tmp, target)
+    except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
+        with _copied_beside(tmp, target) as near:
+            os.replace(near, target)
+
+
+@contextlib.contextmanager
+def _copied_beside(tmp: Path, target: Path) -> Iterator[Path]:
+    """A copy of `tmp` in the target's directory, fsynced; removed after (if still there)."""
     near = target.parent / tmp.name
     try:
         with open(tmp, "rb") as src, open(near, "xb") as dst:
@@ -396,9 +420,23 @@ def _link(tmp: Path, target: Path) -> None:
             dst.flush()
             os.fchmod(dst.fileno(), SESSION_FILE_MODE)
             flush_data(dst.fileno())
-        os.link(near, target)
+        yield near
     finally:
         near.unlink(missing_ok=True)
+
+
+def _link_or_rename(near: Path, target: Path) -> None:
+    """`near` linked at `target`; where the file system has no hard links, renamed there once
+    nothing is (not atomic against another process making the target in between: Pi does not
+    make a file of a session it did not start, and this process places a file once at a time)."""
+    try:
+        os.link(near, target)
+    except OSError as exc:
+        if exc.errno not in NO_LINKS:
+            raise
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target)) from None
+        os.rename(near, target)
 
 
 def _remove_stale(directory: Path, src_hex: str) -> None:

@@ -75,3 +75,82 @@ def test_fetches_of_one_version_at_once_in_one_process_do_not_mix(tmp_path: Path
     again = written(old).publish(Content(hash_bytes(old), len(old), hash_bytes(old), None), placed)
     assert not again.written and target.read_bytes() == new
     assert list(staging.iterdir()) == []
+
+
+def test_a_session_is_placed_where_the_file_system_has_no_hard_links(tmp_path: Path, monkeypatch) -> None:
+    """Pi's folder on an exFAT or FAT drive (or an SMB share): os.link fails there (ENOTSUP on
+    macOS, EPERM on Linux).  Simulated (no such file system can be mounted here): os.link fails
+    for every target under the agent dir.  The session is placed all the same, from a hidden
+    copy renamed into place, and a second placement of another file there is still refused."""
+    import errno
+
+    from p2pnode.library.manifest import PlacedFiles
+    from p2pnode.pi import placement
+    from p2pnode.pi.placement import Content, PlacementConflict, SessionFile, hash_bytes
+    from p2pnode.pi.session import parse_header
+
+    agent, staging = tmp_path / "agent", tmp_path / "fetching"
+    real_link = os.link
+
+    def no_links(src: str | Path, dst: str | Path) -> None:
+        if Path(dst).is_relative_to(agent):
+            raise OSError(errno.ENOTSUP, "Operation not supported", str(src), None, str(dst))
+        real_link(src, dst)
+
+    monkeypatch.setattr(placement.os, "link", no_links)
+    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000002",' \
+           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
+    data = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
+    header, placed = parse_header(line, "test"), PlacedFiles(tmp_path / "placed.json")
+    content = Content(hash_bytes(data), len(data), hash_bytes(data), None)
+    f = SessionFile.create(agent, header, content.src, staging=staging)
+    f.write(data)
+    target = f.publish(content, placed).path
+    assert target.read_bytes() == data and target.is_relative_to(agent)
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no hidden copy left
+    other = data + b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n'
+    target.write_bytes(b"the user's own file\n")  # not what a fetch placed
+    f = SessionFile.create(agent, header, hash_bytes(other), staging=staging)
+    f.write(other)
+    try:
+        f.publish(Content(hash_bytes(other), len(other), hash_bytes(other), None), placed)
+        raise AssertionError("placed over the user's file")
+    except PlacementConflict:
+        pass
+    assert target.read_bytes() == b"the user's own file\n"
+
+
+def test_a_placed_version_is_replaced_from_a_staging_dir_on_another_file_system(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """The node stages in its home; Pi's folder may be on another drive.  A placed file whose
+    stat changed (a `touch`) is replaced, not appended to: that rename crossed file systems
+    (EXDEV, exit 1).  Simulated: os.replace from the staging dir fails with EXDEV."""
+    import errno
+    import time
+
+    from p2pnode.library.manifest import PlacedFiles
+    from p2pnode.pi import placement
+    from p2pnode.pi.placement import Content, SessionFile, hash_bytes
+    from p2pnode.pi.session import parse_header
+
+    agent, staging = tmp_path / "agent", tmp_path / "fetching"
+    real_replace = os.replace
+
+    def cross_device(src: str | Path, dst: str | Path) -> None:
+        if Path(src).is_relative_to(staging):
+            raise OSError(errno.EXDEV, "Invalid cross-device link", str(src), None, str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(placement.os, "replace", cross_device)
+    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000003",' \
+           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
+    old = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
+    new = old + b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n'
+    header, placed = parse_header(line, "test"), PlacedFiles(tmp_path / "placed.json")
+    for data in (old, new):
+        f = SessionFile.create(agent, header, hash_bytes(data), staging=staging)
+        f.write(data)
+        target = f.publish(Content(hash_bytes(data), len(data), hash_bytes(data), None), placed).path
+        assert target.read_bytes() == data
+        os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched: replaced next time
+    assert [p.name for p in target.parent.iterdir()] == [target.name] and list(staging.iterdir()) == []
