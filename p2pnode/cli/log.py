@@ -35,8 +35,9 @@ def log_line(e: dict[str, Any]) -> str:
         what = f"{e.get('kind')} of {branches} to {who}{shown(e.get('peer'))}, {e.get('bytes')} bytes"
         what += "" if e.get("complete", True) else " (cut off)"
     elif event == "gc":
-        what = (f"{len(e.get('branches') or [])} branch(es), {e.get('versions')} version(s), "
-                f"{e.get('bytes')} bytes freed")
+        what = f"{len(e.get('branches') or [])} branch(es), {e.get('versions')} version(s) forgotten"
+    elif event == "reclaimed":
+        what = f"{e.get('bytes')} bytes freed in the store"
     else:
         what = f"{short(e.get('branch'))}  {one_line(e.get('title'), 50)}"
         if event == "shared":

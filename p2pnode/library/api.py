@@ -42,7 +42,8 @@ from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
 from store.errors import StoreLocked, UnknownBlob
-from sysio.files import atomic_write
+from sysio.files import atomic_write, fsync_dir
+from sysio.flush import flush_data
 from sysio.locks import exclusive_if_free
 
 log = logging.getLogger(__name__)
@@ -196,8 +197,9 @@ def write_redacted_copy(path: Path) -> Path:
             for run in _redacted(f, path, findings, first_end, size):
                 out.write(run)
             out.flush()
-            os.fsync(out.fileno())
-    os.chmod(copy, path.stat().st_mode & 0o777)
+            os.fchmod(out.fileno(), path.stat().st_mode & 0o777)
+            flush_data(out.fileno())
+    fsync_dir(copy.parent)
     return copy
 
 
@@ -1194,6 +1196,8 @@ class Library:
                 before = space.store_bytes(self.paths.store)
                 drop = space.garbage(self.sessions)
                 self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))
+                # logged now: an interrupted store GC must not leave forgotten branches unlogged
+                self.audit.append("gc", branches=drop.branches, versions=len(drop.versions))
                 phase("contexts-deleted")
                 for branch in drop.branches:
                     self.manifest.remove(branch)
@@ -1201,8 +1205,8 @@ class Library:
                 staged = space.sweep_fetching(self.paths.fetching, self.store.config.gc_grace_seconds)
                 report = space.GCReport(drop.branches, drop.versions, stats.bytes_freed, before,
                                         space.store_bytes(self.paths.store), staging_bytes_freed=staged)
-                self.audit.append("gc", branches=drop.branches, versions=len(drop.versions),
-                                  bytes=stats.bytes_freed)
+                if stats.bytes_freed:
+                    self.audit.append("reclaimed", bytes=stats.bytes_freed)
                 self._changed()
                 return report
         finally:
@@ -1231,10 +1235,19 @@ class Library:
             return infos
 
     def _remove_targets(self, target: str) -> list[BranchRecord]:
-        text = target.strip()
-        by_session = [r for v in self.sessions.versions_of(text) for r in self.sessions.branches_of(v.src)]
-        if by_session:
-            return by_session
+        """The branches `rm` means: of a Pi session id or a unique prefix of one held here (as
+        `share` takes them), else a branch hash or unique prefix; a prefix of both is refused."""
+        text = target.strip().lower()
+        ids = sorted({v.session_id for v in self.sessions.all_versions()
+                      if len(text) >= 4 and v.session_id.startswith(text)})
+        if text not in ids and ids and any(r.branch.startswith(text) for r in self.sessions.branches()):
+            raise NotFound(f"{text!r} begins both a session id and a branch hash held here; give more of it")
+        if text in ids or len(ids) == 1:
+            return [r for v in self.sessions.versions_of(text if text in ids else ids[0])
+                    for r in self.sessions.branches_of(v.src)]
+        if ids:
+            raise NotFound(f"session id prefix {text!r} matches {len(ids)} sessions held here: "
+                           f"{', '.join(ids[:8])}; give more of it")
         if is_session_id(text):
             raise NotFound(f"no branch of Pi session {text} is held here")
         return [self.sessions.branch(self.resolve_branch(text))]

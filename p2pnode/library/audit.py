@@ -24,7 +24,7 @@ from sysio.locks import locked
 
 MAX_BYTES = 1 << 20
 """The size at which the log is rotated (1 MiB: some 5,000 events; the older file is kept)."""
-EVENTS = frozenset({"shared", "unshared", "expired", "fetched", "served", "removed", "gc"})
+EVENTS = frozenset({"shared", "unshared", "expired", "fetched", "served", "removed", "gc", "reclaimed"})
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,25 @@ def test_gc_reclaims_unshared_and_keeps_what_is_live(lib: Library, agent: Path) 
     assert lib.session_bytes(keep.src) == find(agent, A6).read_bytes()
     assert lib.session_bytes(keep.ancestors[0].src) == find(agent, A1).read_bytes()
     assert events(lib, "gc")[-1]["branches"] == [big.branch]
+    assert events(lib, "reclaimed")[-1]["bytes"] == report.bytes_freed
+
+
+def test_a_gc_interrupted_in_the_store_gc_has_logged_what_it_forgot(lib: Library, agent: Path) -> None:
+    """Ctrl-C once the records are saved: the branches are forgotten, so the `gc` event is
+    there (it was written after the store's GC: a forgotten branch never reached the log)."""
+    big = lib.share(str(find(agent, A3)))
+    lib.unshare(big.branch)
+
+    def interrupt(phase: str) -> None:
+        if phase not in ("records-saved", "contexts-deleted"):  # the store's first phase
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        lib.gc(interrupt)
+    assert not lib.has_branch(big.branch)
+    assert events(lib, "gc")[-1]["branches"] == [big.branch] and events(lib, "reclaimed") == []
+    assert lib.gc().bytes_freed > 1_000_000  # the next gc frees the bytes
+    assert events(lib, "reclaimed")[-1]["bytes"] > 1_000_000
 
 
 def test_gc_keeps_fetched_sessions_and_ancestors_of_kept_branches(lib: Library, agent: Path,
@@ -262,9 +281,13 @@ def test_rm_forgets_a_branch_or_a_session_id(lib: Library, agent: Path) -> None:
     assert lib.manifest.get(child.branch) is None
     assert events(lib, "removed")[-1]["branch"] == child.branch
     session_id = parent.header["id"]
-    assert [i.branch for i in lib.remove(session_id)] == [parent.branch]
+    other = lib.share(str(find(agent, A3)))
+    with pytest.raises(NotFound, match="matches 2 sessions"):  # 01a1ff93-0313-… and 01a1ff93-173a-…
+        lib.remove(session_id[:8])
+    assert [i.branch for i in lib.remove(session_id[:13].upper())] == [parent.branch]  # as `share` takes it
     with pytest.raises(NotFound):
         lib.remove(parent.branch)
+    assert [i.branch for i in lib.remove(other.header["id"][:8])] == [other.branch]  # now the only one
     freed = lib.gc()
     assert freed.bytes_freed > 0 and lib.branches(include_unshared=True) == []
     assert lib.store.list_contexts() == []
