@@ -178,10 +178,13 @@ class Transfers:
         except P2PNodeError as exc:
             transfer.state, transfer.error = "failed", exc
             raise
-        except Exception as exc:  # reported as the node's failure, as other control calls are
-            log.error("fetch %s (transfer %s) failed", transfer.branch, transfer.id, exc_info=exc)
-            transfer.state = "failed"
-            transfer.error = P2PNodeError(f"the node failed: {exc or 'no details'} (see its log)")
+        except Exception as exc:  # named as other control calls name it (a placed path too long:
+            from p2pnode.node.answers import known_error  # exit 4); else the node's failure
+
+            transfer.state, transfer.error = "failed", known_error(exc)
+            if transfer.error is None:
+                log.error("fetch %s (transfer %s) failed", transfer.branch, transfer.id, exc_info=exc)
+                transfer.error = P2PNodeError(f"the node failed: {exc or 'no details'} (see its log)")
             raise
         finally:
             transfer.finished = time.monotonic()

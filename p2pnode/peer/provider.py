@@ -581,7 +581,9 @@ class PeerServer:
         while pos < len(hashes) and size < GROUP_BYTES:
             h = hashes[pos]
             pos += 1
-            if self.lib.offered_object(h.hex(), peer) != "line":
+            kind = self.lib.offered_object(h.hex(), peer)
+            # a one-line session's line hashes to the session: offered as "session"
+            if kind != "line" and not (kind == "session" and self.lib.has_line(h)):
                 continue
             try:
                 blob = self.lib.stored_line(h)

@@ -130,3 +130,25 @@ async def test_a_node_that_stops_tells_the_waiting_command_so_not_cancelled() ->
     await table.close()
     end = await events.__anext__()
     assert end["event"] == "error" and end["exit_code"] == 6 and "node stopped" in end["message"]
+
+
+async def test_a_placed_path_the_system_refuses_is_bad_input_not_the_nodes_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A fetch whose placed path is too long for the system (a deep PI_CODING_AGENT_DIR): exit 4
+    with the path, as the CLI says it without a node; not exit 1 and a traceback in the log."""
+    import errno
+    import logging
+
+    class TooDeep(StandInNode):
+        async def _c_fetch(self, body: dict[str, Any],
+                           progress: ProgressMeter | None = None) -> dict[str, Any]:
+            raise OSError(errno.ENAMETOOLONG, "File name too long", "/deep/" + "e" * 300)
+
+    table = Transfers(TooDeep())
+    with caplog.at_level(logging.ERROR):
+        started = await table.fetch({"branch": branch(1), "background": True})
+        await asyncio.gather(*(t.task for t in table.running.values() if t.task), return_exceptions=True)
+    [ended] = [t for t in table.listed() if t["id"] == started["id"]]
+    assert ended["state"] == "failed" and ended["error"].startswith("file name too long: /deep/eee")
+    assert table.running[started["id"]].error.exit_code == 4  # type: ignore[union-attr]
+    assert not caplog.records

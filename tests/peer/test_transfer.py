@@ -134,6 +134,22 @@ def test_grown_version_moves_only_new_lines(nodes) -> None:
     assert second["written"] and (b.agent / A3).read_bytes() == session.read_bytes()
 
 
+def test_a_session_of_its_header_alone_and_its_next_version_are_fetched(nodes) -> None:
+    """`pi --session <empty file>` leaves the header alone: one line, whose hash is the session's
+    (the line was offered as the session only, so no peer could fetch it, nor its next version)."""
+    a, b, _ = nodes
+    session = a.agent / "sessions" / "--tmp-p--" / "2026-11-28T17-00-00-000Z_hdr-1.jsonl"
+    session.parent.mkdir()
+    session.write_bytes(b'{"type":"session","version":3,"id":"hdr-1","timestamp":"2026-11-28T17:00:00.000Z",'
+                        b'"cwd":"/tmp/p"}\n')
+    for version in (1, 2):
+        branch = a.run("share", str(session)).stdout.split()[0]
+        with a.serving() as port:
+            got = b.fetch_json(branch, "--from", f"127.0.0.1:{port}")
+        assert Path(got["path"]).read_bytes() == session.read_bytes(), version
+        _grow(session, 1, seed=version)
+
+
 def _free_port() -> int:
     import socket
 
