@@ -415,27 +415,39 @@ class SessionStore:
         self.store = store
         self.state_path = state_path
         self._lock_path = state_path.with_name(state_path.name + ".lock")
-        self._state = self._load()
-        self._drop_leftovers()
+        loaded = self._load()
+        if loaded is None:  # a new home: the file is written before any import can begin
+            if ours := self._our_contexts(set()):
+                raise StateCorrupt(f"{state_path} is missing, but the store beside it holds {len(ours)} "
+                                   "session record(s) it names: nothing was changed; put the file back (a "
+                                   f"backup of the node home), or move {store.root} aside to start empty")
+            self._state = _State()
+            self._save()
+        else:
+            self._state = loaded
+        for context in self._our_contexts(self._referenced()):
+            self.store.delete_context(context)
 
-    def _drop_leftovers(self) -> None:
-        """Delete the contexts of imports and branches that a crash cut short: their heads are
-        our turns but the state file never named them.  (Their blobs become garbage for GC.)"""
-        referenced = {v.context for v in self._state.sessions.values()}
-        referenced |= {b.context for b in self._state.branches.values()}
-        for head in self.store.list_contexts():
-            if head.context_id in referenced or head.head_turn_id == 0:
-                continue
-            if self.store.get_turn(head.head_turn_id).type_tag in OUR_TAGS:
-                self.store.delete_context(head.context_id)
+    def _referenced(self) -> set[int]:
+        state = self._state
+        return {v.context for v in state.sessions.values()} | {b.context for b in state.branches.values()}
+
+    def _our_contexts(self, referenced: set[int]) -> list[int]:
+        """The store's contexts whose heads are our turns and that `referenced` does not name:
+        with the state file, those of imports and branches a crash cut short (deleted at open;
+        their blobs become garbage for GC); without it, every one (then nothing is deleted)."""
+        return [head.context_id for head in self.store.list_contexts()
+                if head.context_id not in referenced and head.head_turn_id != 0
+                and self.store.get_turn(head.head_turn_id).type_tag in OUR_TAGS]
 
     # --- state file ---
 
-    def _load(self) -> _State:
+    def _load(self) -> _State | None:
+        """The state file's records; None when there is no file."""
         try:
             raw = json.loads(self.state_path.read_bytes())
         except FileNotFoundError:
-            return _State()
+            return None
         except ValueError as exc:
             raise StateCorrupt(f"{self.state_path} is not valid JSON ({exc})") from None
         try:

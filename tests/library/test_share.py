@@ -19,6 +19,7 @@ from pifork import find
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import ManifestCorrupt
+from p2pnode.library.sessions import StateCorrupt
 from p2pnode.paths import NodePaths
 from p2pnode.pi.hashing import hash_file
 from p2pnode.pi.session import InvalidHeader, LineageCycle
@@ -234,7 +235,8 @@ def test_bad_input_changes_nothing(lib: Library, agent: Path, kind: str) -> None
     with pytest.raises(expected, match=str(target)):
         lib.share(str(target))
     assert lib.branches(include_unshared=True) == [] and lib.store.turn_count == 0
-    assert not lib.paths.manifest.exists() and not (lib.paths.home / "sessions.json").exists()
+    state = json.loads((lib.paths.home / "sessions.json").read_bytes())  # written empty at open
+    assert not lib.paths.manifest.exists() and state["sessions"] == state["branches"] == {}
 
 
 def test_a_line_that_is_not_json_is_shared_verbatim_with_a_warning(lib: Library, agent: Path) -> None:
@@ -519,3 +521,22 @@ def test_the_json_check_of_a_line_is_json_loads(line: bytes, is_json: bool) -> N
     except ValueError:
         expected = False
     assert expected is is_json
+
+
+def test_a_missing_state_file_beside_a_store_that_holds_sessions_deletes_nothing(lib: Library,
+                                                                                 agent: Path) -> None:
+    """sessions.json gone (a home restored without it, a sync tool): every context looked like a
+    crash's leftover and was deleted at the next open, and the next `gc` freed all the data.
+    Now the library refuses to open, changes nothing, and works again once the file is back."""
+    info = lib.share(str(find(agent, A1)))
+    paths, contexts = lib.paths, len(lib.store.list_contexts())
+    lib.close()
+    state = paths.home / "sessions.json"
+    kept = state.read_bytes()
+    state.unlink()
+    with pytest.raises(StateCorrupt, match="is missing, but the store beside it holds"):
+        Library.open(paths, agent_dir=agent)
+    state.write_bytes(kept)
+    with Library.open(paths, agent_dir=agent) as again:
+        assert len(again.store.list_contexts()) == contexts
+        assert again.session_bytes(info.src) == find(agent, A1).read_bytes()
