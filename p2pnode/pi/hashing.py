@@ -184,7 +184,7 @@ class FileHasher:
             return {p: (_StatKey(**e["stat"]), Prefix(**e["prefix"])) for p, e in files.items()}
         except FileNotFoundError:
             return {}
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not as written
             return {}  # a damaged cache only costs a re-hash; save() replaces it
 
     def cached(self, path: Path) -> Prefix | None:

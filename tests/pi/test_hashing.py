@@ -57,11 +57,13 @@ def test_stat_cache_survives_a_restart_and_notices_changes(tmp_path: Path) -> No
     assert again.scan(f).how == "full"
 
 
-def test_damaged_cache_only_costs_a_rehash(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", [b'{"version":1,"files":{"x":', b'{"version":1,"files":[]}', b'[1]',
+                                    b'{"files":{"x":{"stat":1}}}'])
+def test_damaged_cache_only_costs_a_rehash(tmp_path: Path, damage: bytes) -> None:
     f = tmp_path / "s.jsonl"
     f.write_bytes(lines(3))
     cache = tmp_path / "cache.json"
-    cache.write_bytes(b'{"version":1,"files":{"x":')
+    cache.write_bytes(damage)
     hasher = FileHasher(cache)
     assert hasher.scan(f).prefix.blake3 == hash_file(f)
     hasher.save()
