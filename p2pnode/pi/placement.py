@@ -154,7 +154,9 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
     as_placed = record == PlacedFile(before.st_size, theirs)
     newline_added = not as_placed and record is not None and record.size == before.st_size - 1 and (
         record == PlacedFile(before.st_size - 1, hash_prefix(target, before.st_size - 1)))
-    if not (as_placed or newline_added):
+    torn = not (as_placed or newline_added) and record is not None and _torn_append(target, tmp, record,
+                                                                                    before.st_size)
+    if not (as_placed or newline_added or torn):
         raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
                                                  "placed: it is this node's user's own file")
     assert record is not None and placed is not None
@@ -171,6 +173,23 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
     fsync_dir(target.parent)
     placed.record(target, PlacedFile(content.size, content.blake3), stamp_of(target))
     return Placement(target, written=True, replaced=theirs)
+
+
+def _torn_append(target: Path, tmp: Path, record: PlacedFile, size: int) -> bool:
+    """Whether the file is the version a fetch placed followed by the first bytes of the new one
+    (`tmp`): an append to it cut short by a kill -9 (the next fetch of the session finishes it)."""
+    if not record.size < size <= os.path.getsize(tmp) or hash_prefix(target, record.size) != record.blake3:
+        return False
+    with open(target, "rb") as placed, open(tmp, "rb") as new:
+        placed.seek(record.size)
+        new.seek(record.size)
+        left = size - record.size
+        while left > 0:
+            n = min(CHUNK, left)
+            if placed.read(n) != new.read(n):
+                return False
+            left -= n
+    return True
 
 
 class SessionFile:
@@ -286,10 +305,15 @@ class SessionFile:
                 why = f"as version {to.base}, which the fetched bytes do not extend"
                 raise PlacementConflict(to.target, content.src, why)
             offset = to.stamp[1]
-            while chunk := new.read(CHUNK):
-                write_at(old.fileno(), chunk, offset)
-                offset += len(chunk)
-            flush_data(old.fileno())
+            try:
+                while chunk := new.read(CHUNK):
+                    write_at(old.fileno(), chunk, offset)
+                    offset += len(chunk)
+                flush_data(old.fileno())
+            except BaseException:  # a full disk, EIO, Ctrl-C: the old version back (a kill -9
+                with contextlib.suppress(OSError):  # leaves the tail: `_torn_append` then)
+                    os.ftruncate(old.fileno(), to.stamp[1])
+                raise
         placed.record(to.target, PlacedFile(content.size, content.blake3), stamp_of(to.target))
         return Placement(to.target, written=True, replaced=to.base)
 

@@ -154,3 +154,49 @@ def test_a_placed_version_is_replaced_from_a_staging_dir_on_another_file_system(
         assert target.read_bytes() == data
         os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched: replaced next time
     assert [p.name for p in target.parent.iterdir()] == [target.name] and list(staging.iterdir()) == []
+
+
+def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: Path, monkeypatch) -> None:
+    """An append of a newer version to a placed file that fails (a full disk) leaves the old
+    version; one killed (kill -9) leaves the old version and part of the new one, which the
+    next fetch of the session finishes (it was a conflict, 'the user's own file', for ever)."""
+    import errno
+
+    import pytest
+
+    from p2pnode.library.manifest import PlacedFiles
+    from p2pnode.pi import placement
+    from p2pnode.pi.placement import Content, SessionFile, appendable, hash_bytes
+    from p2pnode.pi.session import parse_header
+
+    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000004",' \
+           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
+    old = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
+    new = old + b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n' * 40
+    header, agent, staging = parse_header(line, "test"), tmp_path / "agent", tmp_path / "fetching"
+    placed = PlacedFiles(tmp_path / "placed.json")
+
+    def staged(data: bytes, start: int = 0) -> SessionFile:
+        f = SessionFile.create(agent, header, hash_bytes(data), staging=staging)
+        f.write(data[start:])
+        return f
+
+    content = Content(hash_bytes(new), len(new), hash_bytes(new), None)
+    target = staged(old).publish(Content(hash_bytes(old), len(old), hash_bytes(old), None), placed).path
+    to = appendable(target, placed, hash_bytes(old), len(old), True)
+    assert to is not None
+
+    def full_disk(fd: int, data: bytes, offset: int) -> None:
+        os.pwrite(fd, data[: len(data) // 2], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(placement, "write_at", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        staged(new, len(old)).append_to(to, len(old), content, placed)
+    assert target.read_bytes() == old  # as before the append
+    monkeypatch.undo()
+    with open(target, "ab") as f:  # what a kill -9 in the middle of the append leaves
+        f.write(new[len(old): len(old) + 100])
+    again = staged(new).publish(content, placed)
+    assert again.written and target.read_bytes() == new
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
