@@ -10,6 +10,7 @@ narrow what os.open asks for, and an existing file keeps its old mode).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -104,14 +105,19 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        os.fchmod(fd, mode)  # the umask does not decide the mode
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            flush_data(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.fchmod(fd, mode)  # the umask does not decide the mode
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                flush_data(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, EIO: no temp file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     if durable:
         fsync_dir(path.parent)

@@ -8,6 +8,7 @@ rebuilt from the pack.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -168,7 +169,13 @@ class BlobPack:
             os.ftruncate(self._fd, scan.end)  # drop a torn tail and any unused zero region
             self._file_size = scan.end
         if covered is None or self._fold_due():
-            self.write_index()
+            try:
+                self.write_index()
+            except OSError as exc:  # a full disk: the store opens for reading all the same
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.problems.append(f"{INDEX} not brought up to date: {exc.strerror} (the pack's "
+                                     "unindexed tail is indexed in memory until a write folds it)")
 
     def _scan(self, start: int) -> PackScan:
         """Scan what blobs.idx does not cover.  Read, not mapped: a page of a mapping that the

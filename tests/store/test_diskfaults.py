@@ -353,3 +353,27 @@ def test_a_full_disk_at_open_leaves_reads_working(tmp_path: Path, monkeypatch: p
         assert s.payloads([s.get_turn(kept)]) == [b"kept"]
         s.append_turn(ctx, b"room again")
     assert fsck(tmp_path / "s").ok
+
+
+def test_an_index_not_rewritable_at_open_leaves_reads_working(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share that filled the disk leaves pack records past blobs.idx; each open folds them into
+    a new index, and on a full disk that write failed the open: `ls` and `cat` exited 1 until
+    room was made.  (Here blobs.idx is removed, which makes the open rebuild it the same way.)"""
+    with Store.open(tmp_path / "s") as s:
+        ctx = s.create_context().context_id
+        kept = [s.append_turn(ctx, b"kept %d" % i).turn_id for i in range(3)]
+    (tmp_path / "s" / "blobs.idx").unlink()
+    real = os.write
+
+    def full(fd: int, data: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    with Store.open(tmp_path / "s") as s:
+        assert s.payloads([s.get_turn(t) for t in kept]) == [b"kept 0", b"kept 1", b"kept 2"]
+    assert not [p for p in (tmp_path / "s").iterdir() if p.name.endswith(".tmp")]  # no temp file left
+    monkeypatch.setattr(os, "write", real)
+    with Store.open(tmp_path / "s") as s:
+        assert s.payloads([s.get_turn(kept[0])]) == [b"kept 0"]
+    assert (tmp_path / "s" / "blobs.idx").exists() and fsck(tmp_path / "s").ok
