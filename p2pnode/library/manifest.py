@@ -108,3 +108,19 @@ class PlacedFiles(_JsonIndex[dict[str, Any]]):
         entry = self.load().get(str(path.absolute()))
         stamp = entry.get("stamp") if entry else None
         return stamp if isinstance(stamp, list) else None
+
+    def appending(self, path: Path, new: PlacedFile) -> None:
+        """Note, before an incremental fetch appends to the placed file, the version it is
+        writing: a kill -9 part-way leaves the old version plus a prefix of the new one's bytes,
+        which the next fetch may then finish (`appended_to`), and no other change of the file."""
+        key, note = str(path.absolute()), {"size": new.size, "blake3": new.blake3}
+        self._update(lambda m: m.__setitem__(key, {**m[key], "appending": note}))
+
+    def appended_to(self, path: Path) -> PlacedFile | None:
+        """The version an append cut short was writing (`appending`), or None."""
+        entry = self.load().get(str(path.absolute()))
+        new = entry.get("appending") if entry else None
+        if not (isinstance(new, dict) and isinstance(new.get("size"), int)
+                and is_hash_hex(new.get("blake3"))):
+            return None
+        return PlacedFile(new["size"], new["blake3"])

@@ -154,8 +154,8 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
     as_placed = record == PlacedFile(before.st_size, theirs)
     newline_added = not as_placed and record is not None and record.size == before.st_size - 1 and (
         record == PlacedFile(before.st_size - 1, hash_prefix(target, before.st_size - 1)))
-    torn = not (as_placed or newline_added) and record is not None and _torn_append(target, tmp, record,
-                                                                                    before.st_size)
+    torn = not (as_placed or newline_added) and record is not None and _torn_append(
+        target, tmp, record, placed.appended_to(target) if placed is not None else None, before.st_size)
     if not (as_placed or newline_added or torn):
         raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
                                                  "placed: it is this node's user's own file")
@@ -175,10 +175,13 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
     return Placement(target, written=True, replaced=theirs)
 
 
-def _torn_append(target: Path, tmp: Path, record: PlacedFile, size: int) -> bool:
-    """Whether the file is the version a fetch placed followed by the first bytes of the new one
-    (`tmp`): an append to it cut short by a kill -9 (the next fetch of the session finishes it)."""
-    if not record.size < size <= os.path.getsize(tmp) or hash_prefix(target, record.size) != record.blake3:
+def _torn_append(target: Path, tmp: Path, record: PlacedFile, appending: PlacedFile | None,
+                 size: int) -> bool:
+    """Whether the file is the version a fetch placed followed by the first bytes of the one an
+    append to it was writing when it was killed (`appending`), which `tmp` starts with too: the
+    next fetch of the session finishes it.  A file the user (Pi) appended to is not that."""
+    if (appending is None or not record.size < size < appending.size or size > os.path.getsize(tmp)
+            or hash_prefix(target, record.size) != record.blake3):
         return False
     with open(target, "rb") as placed, open(tmp, "rb") as new:
         placed.seek(record.size)
@@ -305,6 +308,7 @@ class SessionFile:
                 why = f"as version {to.base}, which the fetched bytes do not extend"
                 raise PlacementConflict(to.target, content.src, why)
             offset = to.stamp[1]
+            placed.appending(to.target, PlacedFile(content.size, content.blake3))
             try:
                 while chunk := new.read(CHUNK):
                     write_at(old.fileno(), chunk, offset)
@@ -313,6 +317,7 @@ class SessionFile:
             except BaseException:  # a full disk, EIO, Ctrl-C: the old version back (a kill -9
                 with contextlib.suppress(OSError):  # leaves the tail: `_torn_append` then)
                     os.ftruncate(old.fileno(), to.stamp[1])
+                    placed.record(to.target, PlacedFile(to.size, to.base), stamp_of(to.target))
                 raise
         placed.record(to.target, PlacedFile(content.size, content.blake3), stamp_of(to.target))
         return Placement(to.target, written=True, replaced=to.base)

@@ -164,9 +164,9 @@ def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: P
 
     import pytest
 
-    from p2pnode.library.manifest import PlacedFiles
+    from p2pnode.library.manifest import PlacedFile, PlacedFiles
     from p2pnode.pi import placement
-    from p2pnode.pi.placement import Content, SessionFile, appendable, hash_bytes
+    from p2pnode.pi.placement import Content, PlacementConflict, SessionFile, appendable, hash_bytes, stamp_of
     from p2pnode.pi.session import parse_header
 
     line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000004",' \
@@ -195,7 +195,14 @@ def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: P
         staged(new, len(old)).append_to(to, len(old), content, placed)
     assert target.read_bytes() == old  # as before the append
     monkeypatch.undo()
-    with open(target, "ab") as f:  # what a kill -9 in the middle of the append leaves
+    with open(target, "ab") as f:  # Pi's own line: the user's file now, never replaced
+        f.write(new[len(old): len(old) + 94])
+    with pytest.raises(PlacementConflict, match="own file"):
+        staged(new).publish(content, placed)
+    os.truncate(target, len(old))
+    placed.record(target, PlacedFile(len(old), hash_bytes(old)), stamp_of(target))
+    placed.appending(target, PlacedFile(content.size, content.blake3))  # what a kill -9 part-way
+    with open(target, "ab") as f:  # into the append leaves
         f.write(new[len(old): len(old) + 100])
     again = staged(new).publish(content, placed)
     assert again.written and target.read_bytes() == new
