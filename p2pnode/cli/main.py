@@ -42,6 +42,7 @@ from p2pnode.cli.render import (
     print_share_notes,
     print_show,
     print_status,
+    print_unshared,
     print_versions,
     shown,
 )
@@ -270,12 +271,11 @@ def _spool(lib: Any) -> BinaryIO:
 
 def cmd_unshare(args: argparse.Namespace) -> int:
     answer = routed(node_paths(args), "unshare", {"branch": args.branch},
-                    lambda lib: {"branch": lib.unshare(args.branch).branch})
-    branch = answer.get("branch", args.branch)
+                    lambda lib: lib.unshare(args.branch).as_dict())
     if args.json:
-        print_json({"branch": branch, "offered": False})
+        print_json(answer)
     else:
-        print(f"unshared {branch}")
+        print_unshared(answer)
     return 0
 
 

@@ -151,9 +151,21 @@ def print_branches(infos: list[BranchInfo], names: Mapping[str, str] | None = No
     for i in infos:
         when = (i.header.get("timestamp") or "")[:16].replace("T", " ")
         mark = access_note(i, names) + (" (secrets allowed)" if i.secrets_allowed else "")
-        mark += " (withheld: secrets found)" if i.withheld else ""
+        mark += f" (withheld: {'secrets found' if 'secret' in i.withheld else 'lineage not offered'})" \
+            if i.withheld else ""
         print(f"{short(i.branch):16}  {when:16}  {i.versions:>4}  {i.lines:>5}  {i.size:>9}  "
               f"{short(i.parent):16}  {one_line(i.header.get('cwd'), 24):24}  {one_line(i.title, 50)}{mark}")
+
+
+def print_unshared(answer: Mapping[str, Any]) -> None:
+    """`unshare`: the branch, the other versions of its session withdrawn with it, and (stderr)
+    the offered branches that descend from it, no longer served."""
+    print(f"unshared {answer['branch']}")
+    if answer["versions"]:
+        print(f"  and {len(answer['versions'])} other version(s) of its session")
+    for w in answer["withheld"]:
+        print(f"p2pnode: warning: {short(w['branch'])} ({one_line(w['title'], 50)}) descends from it and is "
+              "no longer served (its lineage is not): share this again to serve it", file=sys.stderr)
 
 
 def print_versions(info: BranchInfo, versions: list[BranchInfo],
@@ -209,7 +221,7 @@ def print_show(info: BranchInfo, sidecar: str, lineage: list[BranchInfo], childr
     if info.secrets_allowed:
         print("secrets     shared with --allow-secrets: the secret scan found some in it")
     if info.withheld:
-        print(f"secrets     {shown(info.withheld)}")
+        print(f"withheld    {shown(info.withheld)}")
     print("lineage")
     ancestors = list(reversed(lineage))
     if ancestors[0].parent is not None:

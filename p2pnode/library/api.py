@@ -129,6 +129,20 @@ class Catalog:
     branches: list[BranchInfo]
 
 
+@dataclass(frozen=True)
+class Unshared:
+    """What `unshare` did: the branch, the other versions of its session withdrawn with it, and
+    the offered branches that descend from them (no longer served: their lineage is not)."""
+
+    branch: BranchInfo
+    versions: list[str]
+    withheld: list[BranchInfo]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"branch": self.branch.branch, "offered": False, "versions": self.versions,
+                "withheld": [{"branch": i.branch, "title": i.title} for i in self.withheld]}
+
+
 @dataclass(frozen=True, slots=True)
 class _Visible:
     """What one peer may be served at a catalog generation (Library._visible): hash hex ->
@@ -140,7 +154,7 @@ class _Visible:
     servable: frozenset[str]
     roots: frozenset[str]
 
-    def extends_to(self, servable: set[str], roots: list[str]) -> bool:
+    def extends_to(self, servable: frozenset[str], roots: list[str]) -> bool:
         """Whether the map of a later generation is this one's plus the walks of its new roots:
         nothing servable then has stopped being so, no root has stopped being one, and every
         branch servable only now is a root (else an old walk that stopped before it would now
@@ -288,6 +302,7 @@ class Library:
         which forget versions and delete every context the state does not name (an import's,
         until it is recorded).  Taken before `_lock`."""
         self._access: dict[str | None, _Visible] = {}
+        self._served: tuple[tuple[int, int], frozenset[str], frozenset[str]] | None = None
         """Per peer (None: any trusted peer): the generation and what it may be served, by hash
         (kind, the branch that makes it visible)."""
         self._next_expiry: int | None = 0
@@ -667,14 +682,39 @@ class Library:
             self._fed[result.version.src] = (fed, base, path)
         return result.version, result.warnings
 
-    def unshare(self, branch_hex: str) -> BranchInfo:
-        """Stop offering a branch to peers, at once (transfers of it stop: `add_listener`); its
-        bytes stay in the store until `p2pnode gc`."""
+    def unshare(self, branch_hex: str) -> Unshared:
+        """Stop offering a branch to peers, at once (transfers of it stop: `add_listener`), with
+        every other version of its Pi session (each holds this one's bytes, or this one theirs:
+        `ls` shows the session as one row); its bytes stay in the store until `p2pnode gc`.
+        Says which offered branches descend from it: no longer served (their lineage is not)."""
         with self._lock:
-            info = self._info(self.sessions.withdraw(self.resolve_branch(branch_hex), "unshared"))
-            self.audit.append("unshared", branch=info.branch, title=info.title)
+            record = self.sessions.branch(self.resolve_branch(branch_hex))
+            versions = [r for r in self._session_versions(record) if r.offered]
+            for r in [record, *versions]:
+                if r.offered:  # one event per branch it withdraws
+                    self.sessions.withdraw(r.branch, "unshared")
+                    self.audit.append("unshared", branch=r.branch, title=self._info(r).title)
+            gone = {record.branch, *(r.branch for r in versions)}
+            withheld = [self._info(r) for r in self.sessions.branches()
+                        if r.offered and gone & set(self._ancestors(r))]
             self._changed()
-            return info
+            return Unshared(self._info(self.sessions.branch(record.branch)), [r.branch for r in versions],
+                            withheld)
+
+    def _session_versions(self, record: BranchRecord) -> list[BranchRecord]:
+        """The other branches of the same Pi session held here (its versions: the same chain
+        of versions and the same lineage parent)."""
+        index, _ = self._version_index()
+        return [r for r in self.sessions.branches() if r.branch != record.branch and r.parent == record.parent
+                and index.same_session(r.src, record.src)]
+
+    def _ancestors(self, record: BranchRecord) -> Iterator[str]:
+        """The branch's ancestors held here, parent first."""
+        seen = {record.branch}
+        while record.parent is not None and record.parent not in seen and self.has_branch(record.parent):
+            seen.add(record.parent)
+            record = self.sessions.branch(record.parent)
+            yield record.branch
 
     def record_path(self, branch_hex: str, path: Path | str) -> None:
         self.manifest.record(branch_hex, Path(path).absolute())
@@ -714,16 +754,25 @@ class Library:
         )
 
     def _withheld(self, record: BranchRecord) -> str | None:
-        if not record.offered or record.secrets_allowed:
+        """Why an offered branch is not served, or None: secrets found, or an ancestor that is not."""
+        if not record.offered:
             return None
-        found = self._scanned().get(record.src)
-        if found is None:  # offered before scans were recorded: scanned now, once
-            self.scan_unrecorded()
+        found = None if record.secrets_allowed else self._scanned().get(record.src)
+        if found is None and not record.secrets_allowed:  # offered before scans were recorded: scanned
+            self.scan_unrecorded()  # now, once
             found = self._scanned().get(record.src)
-        if not found:
-            return None
-        return (f"not served: the secret scan found {len(found)} secret(s) in it (shared before scans were "
-                "recorded); share it again to see them, with --redact or --allow-secrets")
+        if found:
+            return (f"not served: the secret scan found {len(found)} secret(s) in it (shared before scans "
+                    "were recorded); share it again to see them, with --redact or --allow-secrets")
+        servable, whole = self._servability(access.now_ms())
+        if record.branch not in servable or record.branch in whole:
+            return None  # expired: access_note says so
+        gap = record
+        while gap.branch in servable and gap.parent is not None:
+            gap = self.sessions.branch(gap.parent)
+        why = gap.withdrawn or ("not offered" if not gap.offered else "withheld")
+        return (f"not served: its ancestor {gap.branch[:16]} is {why}, and a peer without it could not "
+                "fetch this lineage; share that again to serve it")
 
     def scan_unrecorded(self) -> int:
         """Scan each offered version that has no scan record and record the result: branches
@@ -740,6 +789,7 @@ class Library:
                          f"{len(found)} secret(s): withheld" if found else "clean")
             if todo:
                 self._access.clear()
+                self._served = None
         return len(todo)
 
     def _version_index(self) -> tuple[VersionIndex, dict[str, int]]:
@@ -985,9 +1035,32 @@ class Library:
         entry = self._visible(peer).get(hash_hex)
         return entry[0] if entry else None
 
+    def _servability(self, now: int) -> tuple[frozenset[str], frozenset[str]]:
+        """(servable, whole): the branches offered, unexpired and clean (or shared with
+        --allow-secrets), and those of them whose every ancestor is so too.  Only those are
+        served as what a share offered: a fork whose parent was unshared cannot be fetched by a
+        peer that lacks the parent, so it is not listed either (BranchInfo.withheld says why)."""
+        scanned = self._scanned()
+        key = (self.sessions.generation, len(scanned))
+        if self._served is not None and self._served[0] == key:
+            return self._served[1], self._served[2]
+        records = {r.branch: r for r in self.sessions.branches()}
+        servable = {b for b, r in records.items() if r.offered and not access.expired(r.expires_at, now)
+                    and (r.secrets_allowed or scanned.get(r.src) == [])}
+        whole: set[str] = set()
+        for branch in servable:
+            chain = [branch]
+            while (parent := records[chain[-1]].parent) is not None and parent in servable \
+                    and parent not in whole and len(chain) <= len(records):
+                chain.append(parent)
+            if parent is None or parent in whole:
+                whole.update(chain)
+        self._served = (key, frozenset(servable), frozenset(whole))
+        return self._served[1], self._served[2]
+
     def _visible(self, peer: str | None) -> dict[str, tuple[str, str]]:
-        """What `peer` may be served: the branches offered to it, unexpired and clean (or shared
-        with --allow-secrets), with their ancestors; the walk stops at a branch that is not so
+        """What `peer` may be served: the branches offered to it whose whole lineage is servable
+        (_servability), with their ancestors; the walk stops at a branch that is not servable
         itself (unshared, expired, or fetched and never shared here): a branch whose parent a
         peer chose cannot make an unshared one visible."""
         with self._lock:
@@ -999,11 +1072,9 @@ class Library:
             if cached is not None and cached.generation == generation:
                 return cached.kinds
             self.scan_unrecorded()  # branches offered before scans were recorded: once
-            scanned = self._scanned()
-            records = self.sessions.branches()
-            servable = {r.branch for r in records if r.offered and not access.expired(r.expires_at, now)
-                        and (r.secrets_allowed or scanned.get(r.src) == [])}
-            roots = [r.branch for r in records if r.branch in servable and (r.to is None or peer in r.to)]
+            servable, whole = self._servability(now)
+            roots = [r.branch for r in self.sessions.branches()
+                     if r.branch in whole and (r.to is None or peer in r.to)]
             kinds: dict[str, tuple[str, str]] = {}
             todo = roots
             if cached is not None and cached.extends_to(servable, roots):
@@ -1125,6 +1196,9 @@ class Library:
                 mine = audience.widened(old.expires_at, old.to)
             record = self.sessions.set_access(info.branch, mine.expires_at, mine.to)
             granted.append(self._info(record, info.path))
+        for other in self._session_versions(self.sessions.branch(granted[-1].branch)):
+            if other.offered:  # its other versions go to whom the session now goes, until then
+                self.sessions.set_access(other.branch, audience.expires_at, audience.to)
         last = granted[-1]
         self.audit.append("shared", branch=last.branch, src=last.src, bytes=last.size, title=last.title,
                           expires_at=last.expires_at, to=last.to, secrets_allowed=last.secrets_allowed,

@@ -413,10 +413,10 @@ class Node:
         return share_handoff(branch, held, self.identity.fingerprint, addresses)
 
     async def _c_unshare(self, body: dict[str, Any]) -> dict[str, Any]:
-        info = await asyncio.to_thread(self.lib.unshare, _field(body, "branch", str) or "")
-        log.info("unshared %s", info.branch)
+        done = await asyncio.to_thread(self.lib.unshare, _field(body, "branch", str) or "")
+        log.info("unshared %s", done.branch.branch)
         self.announce_soon()
-        return {"branch": info.branch}  # in full: a prefix names it
+        return done.as_dict()  # the branch in full: a prefix names it
 
     def trusted_online(self) -> list[PeerAddress]:
         """Every address of every trusted peer whose last probe answered (whom `browse` asks)."""

@@ -70,7 +70,8 @@ def test_share_prints_the_branch_and_the_read_commands_agree(env: dict[str, str]
     cat_json = json.loads(run(env, "cat", branch, "--json").stdout)
     assert "".join(cat_json["lines"]).encode() == path.read_bytes()
 
-    assert json.loads(run(env, "unshare", branch, "--json").stdout) == {"branch": branch, "offered": False}
+    assert json.loads(run(env, "unshare", branch, "--json").stdout) == {"branch": branch, "offered": False,
+                                                                   "versions": [], "withheld": []}
     everything = {b["branch"]: b for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
     assert everything[branch]["offered"] is False and len(everything) == 4  # unshared, not deleted
 
@@ -115,7 +116,7 @@ def test_bad_input_exit_codes_and_nothing_changes(env: dict[str, str], tmp_path:
     proc = run(env, "share", str(orphan), check=False)
     assert proc.returncode == 3 and "/gone/sessions/--w--/p.jsonl" in proc.stderr.decode()
     assert "--no-lineage" in proc.stderr.decode()
-    assert not (Path(env["P2PNODE_HOME"]) / "sessions.json").exists()  # nothing was shared
+    assert json.loads((Path(env["P2PNODE_HOME"]) / "sessions.json").read_bytes())["branches"] == {}  # none
     assert run(env, "share", str(orphan), "--no-lineage").returncode == 0
 
 

@@ -125,6 +125,45 @@ def test_to_offers_a_branch_and_its_lineage_only_to_the_peers_named(lib: Library
     assert everyone.to is None and lib.offered_object(info.branch, BOB) == "sidecar"
 
 
+def test_a_fork_whose_parent_is_unshared_is_neither_listed_nor_served(lib: Library, agent: Path) -> None:
+    """A peer without the parent could not fetch the fork's lineage: the catalog listed the fork
+    all the same (exit 3 naming a hash the peer never asked for).  `unshare` says so, `ls` and
+    `show` say why (BranchInfo.withheld), and sharing the parent again serves both."""
+    fork = lib.share(str(find(agent, A6)))
+    parent = fork.ancestors[0]
+    done = lib.unshare(parent.branch[:12])
+    assert done.branch.branch == parent.branch and [i.branch for i in done.withheld] == [fork.branch]
+    assert lib.catalog(ALICE).branches == [] and lib.offered_object(fork.branch, ALICE) is None
+    assert lib.offered_object(fork.src, ALICE) is None
+    info = lib.branch(fork.branch)
+    assert info.offered and f"its ancestor {parent.branch[:16]} is unshared" in (info.withheld or "")
+    lib.share(str(find(agent, A1)))
+    assert [b.branch for b in lib.catalog(ALICE).branches] == [parent.branch, fork.branch]
+    assert lib.branch(fork.branch).withheld is None and lib.offered_object(fork.branch, ALICE) == "sidecar"
+
+
+def test_versions_of_a_session_are_unshared_and_narrowed_together(lib: Library, agent: Path) -> None:
+    """`ls` shows a session as one row, its latest version: `unshare` or `share --to` of that row
+    left the older versions, holding the same bytes, offered to everyone."""
+    path = find(agent, A1)
+    v1 = lib.share(str(path))
+    with open(path, "ab") as f:
+        f.write(b'{"type":"custom","id":"c0ffee01","parentId":null,"data":{}}\n')
+    v2 = lib.share(str(path))
+    done = lib.unshare(v2.branch)
+    assert done.versions == [v1.branch] and not lib.branch(v1.branch).offered
+    assert lib.catalog(ALICE).branches == [] and lib.offered_object(v1.src, ALICE) is None
+    assert [e["branch"] for e in events(lib, "unshared")] == [v2.branch, v1.branch]
+    lib.share(str(path))  # v2 again, to everyone
+    with open(path, "ab") as f:
+        f.write(b'{"type":"custom","id":"c0ffee02","parentId":null,"data":{}}\n')
+    v3 = lib.share(str(path), to=[ALICE])
+    assert lib.offered_object(v3.src, BOB) is None and lib.offered_object(v2.src, BOB) is None
+    assert lib.offered_object(v2.src, ALICE) == "session" and lib.branch(v2.branch).to == [ALICE]
+    assert lib.unshare(v3.branch).versions == [v2.branch]  # v1 was unshared already: no event again
+    assert [e["branch"] for e in events(lib, "unshared")][2:] == [v3.branch, v2.branch]
+
+
 def test_a_branch_without_a_clean_scan_record_is_not_served(agent: Path, tmp_path: Path) -> None:
     """The node re-checks before serving: a version whose scan found secrets is refused; one
     with no record (shared before scans were recorded) is scanned first (tests/library/test_upgrade.py)."""
@@ -266,7 +305,7 @@ def test_gc_keeps_fetched_sessions_and_ancestors_of_kept_branches(lib: Library, 
     with Library.open(NodePaths(tmp_path / "other"), agent_dir=agent) as other:
         data = find(agent, A1).read_bytes()
         fetched = other.add_fetched(lib.sidecar_bytes(parent.branch), data.splitlines(keepends=True))
-        assert other.unshare(fetched.branch).withdrawn is None  # nothing to unshare: still kept
+        assert other.unshare(fetched.branch).branch.withdrawn is None  # nothing to unshare: still kept
         assert other.gc().branches == [] and other.session_bytes(fetched.src) == data
 
 

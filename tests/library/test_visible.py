@@ -22,13 +22,15 @@ def _kinds(lib: Library, peer: str | None) -> dict[str, str]:
 
 
 def _from_nothing(lib: Library, peer: str | None) -> dict[str, str]:
-    kept = dict(lib._access)
+    kept, served = dict(lib._access), lib._served
     lib._access.clear()
+    lib._served = None
     try:
         return _kinds(lib, peer)
     finally:
         lib._access.clear()
         lib._access.update(kept)
+        lib._served = served
 
 
 def test_the_kept_map_is_always_a_rebuilt_one(lib: Library, agent: Path,  # noqa: F811
