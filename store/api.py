@@ -357,9 +357,11 @@ class Store:
         return t
 
     def _walk(self, turn_id: int, n: int) -> list[Turn]:
-        """Up to n turns from turn_id towards the root, chronological."""
+        """Up to n turns from turn_id towards the root, chronological.  A walk longer than the
+        turn cache does not go through it (it would only evict itself, at a cost per turn)."""
         out: list[Turn] = []
         run, first = b"", 0  # records read ahead (towards the root) in one read, WALK_RUN at a time
+        cache = self._turn_cache if n <= self._turn_cache.capacity else None
         while turn_id != NO_TURN and len(out) < n:
             t = self._turn_cache.get(turn_id)
             if t is None:
@@ -367,7 +369,8 @@ class Store:
                     first = max(1, turn_id - WALK_RUN + 1, turn_id - (n - len(out)) + 1)
                     run = self._turns.read_run(first, turn_id)
                 t = self._turns.decode(run, first, turn_id)
-                self._turn_cache.put(turn_id, t)
+                if cache is not None:
+                    cache.put(turn_id, t)
             out.append(t)
             turn_id = t.parent_turn_id
         out.reverse()
@@ -543,8 +546,7 @@ class Store:
         self._check_open()
         with self._gate.shared():
             out = []
-            for h in hashes:
-                loc = self._pack.locate(h)
+            for h, loc in zip(hashes, self._pack.locate_many(hashes), strict=True):
                 if loc is not None:
                     out.append(loc.raw_len)
                 elif (waiting := self._pending.get(h)) is not None:

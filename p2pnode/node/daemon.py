@@ -144,6 +144,7 @@ class Node:
         await store_server.start()
         self._stack.push_async_callback(store_server.close)
         await asyncio.to_thread(self.lib.scan_unrecorded)  # shares from before scans were recorded
+        self._warm([b.src for b in self.lib.branches()[:upkeep.WARM_MANIFESTS]])
         peers = await self._listen()
         self._stack.push_async_callback(peers.close)
         self.port = peers.port
@@ -399,11 +400,18 @@ class Node:
     async def _shared(self, result: ShareResult) -> dict[str, Any]:
         log.info("shared %s (%s)", result.branch, result.path)
         self.announce_soon()
+        self._warm([result.src])
         return dict(result.as_dict(), **await asyncio.to_thread(self._share_handoff, result.branch))
 
     def _shared_meanwhile(self, result: ShareResult) -> None:
         log.info("shared %s (%s; its command went away)", result.branch, result.path)
         self.announce_soon()
+        self._warm([result.src])
+
+    def _warm(self, srcs: list[str]) -> None:
+        """The line manifests of `srcs` built on a thread, before peers ask (upkeep.warm_manifests)."""
+        self._tasks = [t for t in self._tasks if not t.done()]  # one per share: those ended go
+        self._tasks.append(asyncio.ensure_future(asyncio.to_thread(upkeep.warm_manifests, self.lib, srcs)))
 
     def _share_handoff(self, branch: str) -> dict[str, Any]:
         """The fetch command and ticket `share` prints (node/routing.share_handoff), answered

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.errors import InvalidInput
+from p2pnode.errors import InvalidInput, P2PNodeError
 from p2pnode.library import space
 from p2pnode.library.api import Library
 from p2pnode.node.answers import streamed
+from store.errors import StoreError
 
 if TYPE_CHECKING:
     from p2pnode.node.daemon import Node
@@ -68,6 +69,22 @@ def announce_on_change(node: Node) -> None:
             loop.call_soon_threadsafe(node.announce_soon)
 
     node.lib.add_listener(changed)
+
+
+WARM_MANIFESTS = 16
+"""Offered versions, newest first, whose line manifests the node builds as it starts."""
+
+
+def warm_manifests(lib: Library, srcs: Sequence[str]) -> None:
+    """Build the line manifests of these versions (the library caches them) before a peer asks:
+    one is made from the turn records and the blob index, a few µs a line, and the first
+    request for a session of 500,000 lines took longer than a fetcher waits for progress (5 s:
+    exit 6, where its second try, from the cache, worked)."""
+    for src in srcs:
+        try:
+            lib.line_manifest(src)
+        except (P2PNodeError, StoreError) as exc:  # the request that needs it will say why
+            log.debug("line manifest of %s not built ahead: %s", src[:16], exc)
 
 
 async def background_gc(lib: Library, serving: Callable[[float], bool] = lambda quiet: False,

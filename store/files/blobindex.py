@@ -4,10 +4,11 @@ blob.  No I/O of its own: the pack maps it, checks it against the pack and write
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import mmap
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from store.layout import (
@@ -76,6 +77,26 @@ class BlobIndex:
             self.found.clear()
         loc = self.found[h] = BlobLocation(pack_off, raw_len, stored_len, codec)
         return loc
+
+    def locate_many(self, hashes: Sequence[bytes]) -> list[BlobLocation | None]:
+        """`locate` of each hash.  Many (a line manifest: one per line of a session) by bisecting a
+        list of the index's keys read once, not a binary search in Python per hash (5 µs each:
+        2.5 s for 500,000 lines)."""
+        mm = self.mm
+        if mm is None or len(hashes) * 16 < self.count:
+            return [self.locate(h) for h in hashes]
+        esize = IDX_ENTRY.size
+        end = IDX_PREFIX_LEN + self.count * esize
+        keys = [mm[off : off + 32] for off in range(IDX_PREFIX_LEN, end, esize)]
+        out: list[BlobLocation | None] = []
+        for h in hashes:
+            at = bisect.bisect_left(keys, h)
+            if at < len(keys) and keys[at] == h:
+                _, off, raw_len, stored_len, codec, _ = IDX_ENTRY.unpack_from(mm, IDX_PREFIX_LEN + at * esize)
+                out.append(BlobLocation(off, raw_len, stored_len, codec))
+            else:
+                out.append(None)
+        return out
 
     def _entries(self) -> list[bytes]:
         """Every packed BlobIndexEntry, in hash order."""

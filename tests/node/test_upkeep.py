@@ -62,3 +62,35 @@ async def test_background_gc_waits_for_fetches_and_served_peers_then_collects(
         assert not lib.has_branch(big.branch) and lib.space()["reclaimable_bytes"] == 0
         assert lib.session_bytes(keep.src) == find(agent, A6).read_bytes()
         assert [e["branches"] for e in lib.audit.read() if e["event"] == "gc"] == [[big.branch]]
+
+
+async def test_a_node_builds_line_manifests_before_peers_ask(corpus_dir: Path, tmp_path: Path) -> None:
+    """At start (offered versions, newest first) and after each share: a session of 500,000
+    lines took the peer's first manifest request past the fetcher's 5 s without progress.  A
+    real in-process node, sharing through its control endpoint; a version it cannot read is
+    left to the request that needs it."""
+    from p2pnode.node.daemon import Node, NodeConfig
+
+    agent = tmp_path / "agent"
+    shutil.copytree(corpus_dir / "sessions", agent / "sessions")
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=agent) as lib:
+        before = lib.share(str(find(agent, A6)))
+    config = NodeConfig(host="127.0.0.1", port=0, mdns=False, agent_dir=agent)
+    node = Node(NodePaths(tmp_path / "node"), config)
+    await node.start()
+    try:
+        for _ in range(100):
+            if before.src in node.lib._manifests:
+                break
+            await asyncio.sleep(0.05)
+        assert before.src in node.lib._manifests
+        shared = await node._c_share({"target": str(find(agent, A3))})
+        assert isinstance(shared, dict)
+        for _ in range(100):
+            if shared["src"] in node.lib._manifests:
+                break
+            await asyncio.sleep(0.05)
+        assert shared["src"] in node.lib._manifests
+        upkeep.warm_manifests(node.lib, ["0" * 64])  # not held: nothing, no error
+    finally:
+        await node.close()

@@ -90,3 +90,18 @@ def test_a_small_tail_is_left_to_the_next_open_and_a_big_one_folded(tmp_path: Pa
     with Store.open(path) as s:
         assert not s.recovery_notes and s.get_blob(big) == random.Random(99).randbytes(FOLD_BYTES + 1)
     assert fsck(path, full=True).ok
+
+
+def test_locate_many_finds_what_locate_finds(tmp_path: Path) -> None:
+    """Many hashes at once (a line manifest) by bisecting the keys read once: the same answers
+    as one binary search each, for held and absent hashes, at both ends of the index."""
+    rng = random.Random(3)
+    held = {rng.randbytes(32): _loc(i) for i in range(2000)}
+    held[bytes(32)], held[b"\xff" * 32] = _loc(1), _loc(2)
+    entries = [index_entry(h, held[h]) for h in sorted(held)]
+    index = _mapped(tmp_path / "a.idx", encode_index(entries, 1, None))
+    asked = list(held) + [rng.randbytes(32) for _ in range(300)] + [b"\x00" * 31 + b"\x01"]
+    rng.shuffle(asked)
+    assert index.locate_many(asked) == [held.get(h) for h in asked]  # all at once
+    assert index.locate_many(asked[:10]) == [held.get(h) for h in asked[:10]]  # few: one by one
+    assert BlobIndex().locate_many(asked[:3]) == [None] * 3
