@@ -199,12 +199,14 @@ def _is_json(line: bytes, parser: simdjson.Parser) -> bool:
     try:
         parser.parse(line)
         return True
-    except ValueError:
+    except (ValueError, RuntimeError):  # RuntimeError: nested deeper than simdjson's 1024 levels
         pass
     try:
         json.loads(line)
     except ValueError:
         return False
+    except RecursionError:
+        return True  # JSON, too deep for Python's parser: kept verbatim like any line
     return True
 
 

@@ -15,7 +15,6 @@ Pi's header (under HEADER_SCAN_BYTES, see `_HeaderScan`) and the one line being 
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -40,54 +39,6 @@ READ_BACK = 8 << 20
 """Raw bytes of consecutive held lines read back from the store in one call (`from_store`)."""
 READY_PART = 1 << 20
 """Bytes of consecutive lines handed out (and hashed into the session) as one part."""
-
-MAX_JSON_DEPTH = 512
-"""Deepest JSON nesting accepted in a fetched line: well inside what Python's parser (used by
-the store's title and JSON checks) recurses through, far beyond any real Pi entry."""
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
-
-
-def json_depth(line: bytes) -> int:
-    """The deepest bracket nesting of a JSON line, strings left out (brackets inside strings
-    are text); cheap for real lines, whose structural brackets are few."""
-    depth = peak = 0
-    for c in _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
-        depth += 1 if c in b"[{" else -1
-        peak = max(peak, depth)
-    return peak
-
-
-def check_nesting(line: bytes, number: int, src: str) -> None:
-    """InvalidInput for a line nested deeper than MAX_JSON_DEPTH, before anything is committed
-    (only lines with more opening brackets than that are looked at)."""
-    if _openings_over(line, MAX_JSON_DEPTH) and json_depth(line) > MAX_JSON_DEPTH:
-        raise InvalidInput(f"fetched session {src}: line {number} nests JSON deeper than "
-                           f"{MAX_JSON_DEPTH} levels; refused")
-
-
-COUNT_BELOW = 64 << 10
-"""Lines shorter than this have their opening brackets counted (one pass that keeps only them,
-a byte at a time: a third cheaper than two `bytes.count`); longer ones (images: one long base64
-string) are searched for them (memchr), stopping after `limit`: at most 2 x (limit + 1)
-searches, cheaper than a pass over a long line."""
-_NOT_OPENINGS = bytes(c for c in range(256) if c not in b"[{")
-
-
-def _openings_over(line: bytes, limit: int) -> bool:
-    """More than `limit` opening brackets ('[' and '{') in `line`."""
-    if len(line) < COUNT_BELOW:
-        return len(line.translate(None, _NOT_OPENINGS)) > limit
-    seen = 0
-    for bracket in (b"[", b"{"):
-        at = line.find(bracket)
-        while at >= 0:
-            seen += 1
-            if seen > limit:
-                return True
-            at = line.find(bracket, at + 1)
-    return False
-
 
 class ManifestLied(VerificationFailed):
     """The lines of a manifest do not hash to its session, or are not the file cut at its
@@ -221,9 +172,6 @@ class SessionGetter:
         self._last_line_start = self.size
         self._ends_with_newline = True
         self._before_last = self.hasher
-        self._held_lines: set[bytes] = set()
-        """Lines read back (`read_back`): their nesting is not checked again.  This node holds
-        them, so they passed that check when they came (or are its user's own)."""
         self._starts_with = starts_with if starts_with is not None and starts_with[1] > self.size else None
         """(src, size) of the version this one must start with (a newer version fetched in place
         of the one named, fetch_branch's `starts_with`): checked as the hash passes that size,
@@ -270,7 +218,6 @@ class SessionGetter:
 
     def read_back(self, hashes: list[bytes], raws: list[bytes]) -> None:
         """The lines `from_store` asked for (the store checked each against its hash)."""
-        self._held_lines.update(hashes)
         for line_hash, raw in zip(hashes, raws, strict=True):
             self.ahead[line_hash] = raw
             self.ahead_bytes += len(raw)
@@ -341,14 +288,15 @@ class SessionGetter:
         if self.refused is not None:
             return []
         try:
-            return self._check(line, number, ref.hash not in self._held_lines)
-        except InvalidInput as exc:  # InvalidHeader, HostileHeader, too deep
+            return self._check(line)
+        except InvalidInput as exc:  # InvalidHeader, HostileHeader
             self.refused = exc
             return []
 
-    def _check(self, line: bytes, number: int, new: bool) -> list[bytes]:
-        """The checks of a line at the cursor (Pi's header first, then the nesting of a `new`
-        line, one not read back), and what of it can be handed out now."""
+    def _check(self, line: bytes) -> list[bytes]:
+        """The checks of a line at the cursor (Pi's header first) and what of it can be handed
+        out now.  A line's JSON is not parsed: it is kept verbatim, and what reads it here (the
+        title search, the secret scan) takes JSON too deep for Python's parser as no JSON."""
         parts = [line]
         if self._scan is not None:
             header = self._scan.feed(line)
@@ -362,8 +310,6 @@ class SessionGetter:
                 if before:  # the header first, as every Pi version reads it (pi_readable)
                     self._placed = new_hasher()
                     parts = [line if line.endswith(b"\n") else line + b"\n", *before]
-        if new:
-            check_nesting(line, number, self.src)
         self.name, self.first_user = titles_after(line, self.name, self.first_user)
         return self._out(parts)
 

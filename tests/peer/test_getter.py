@@ -1,6 +1,6 @@
 """The getter's assembly without a network (sans-IO): what `ready` hands out in joined parts,
-the session hash over them, the bracket pre-check of long lines, and the placed file's hash
-read in pieces (hashing.prefix_hasher)."""
+the session hash over them, a line nested deeper than Python's parser kept verbatim, and the
+placed file's hash read in pieces (hashing.prefix_hasher)."""
 from __future__ import annotations
 
 import json
@@ -11,15 +11,8 @@ import blake3
 import pytest
 from test_stream_fetch import pi_session
 
-from p2pnode.errors import InvalidInput, VerificationFailed
-from p2pnode.peer.getter import (
-    COUNT_BELOW,
-    MAX_JSON_DEPTH,
-    READY_PART,
-    SessionGetter,
-    _openings_over,
-    check_nesting,
-)
+from p2pnode.errors import VerificationFailed
+from p2pnode.peer.getter import READY_PART, SessionGetter
 from p2pnode.pi import hashing
 from p2pnode.pi.lines import LineRef, split_lines
 from p2pnode.pi.session import titles_after
@@ -89,55 +82,20 @@ def test_the_titles_are_those_of_the_lines_read_in_order(seed: int) -> None:
     assert (done.name, done.first_user) == expected and expected[0] and expected[1]
 
 
-def test_opening_brackets_are_counted_alike_in_short_and_long_lines() -> None:
-    rnd = random.Random(3)
-    for size in (10, 1000, COUNT_BELOW - 1, COUNT_BELOW, 3 * COUNT_BELOW):
-        for brackets in (0, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 3000):
-            if brackets > size:
-                continue
-            chars = [rnd.choice(b"[{") for _ in range(brackets)]
-            chars += [rnd.choice(b"ab]}\"") for _ in range(size - brackets)]
-            rnd.shuffle(chars)
-            line = bytes(chars)
-            for limit in (MAX_JSON_DEPTH, 0):
-                assert _openings_over(line, limit) == (line.count(b"[") + line.count(b"{") > limit)
-
-
-def test_a_long_line_nested_too_deep_is_refused_a_long_shallow_one_is_not() -> None:
-    image = "A" * (2 * COUNT_BELOW)
-    deep: object = image
-    for _ in range(MAX_JSON_DEPTH + 5):
-        deep = [deep]
-    with pytest.raises(InvalidInput, match="nests JSON deeper"):
-        check_nesting(json.dumps(deep).encode(), 7, "src")
-    shallow = json.dumps({"text": "[{" * 2000, "data": image, "list": [[1], [2]] * 300}).encode()
-    assert len(shallow) >= COUNT_BELOW
-    check_nesting(shallow, 8, "src")  # brackets in strings are text; a flat list of lists is 2 deep
-
-
-def test_a_deep_line_is_refused_when_it_comes_not_when_it_is_read_back() -> None:
-    """Nesting is checked on the lines that come from peers; a line read back from the store
-    (a fork's held lines) passed it when it came, or is the user's own, and is not checked again."""
-    deep: object = "x"
-    for _ in range(MAX_JSON_DEPTH + 5):
-        deep = [deep]
+def test_a_line_nested_deeper_than_pythons_parser_is_kept_verbatim() -> None:
+    """Pi's JSON.parse takes nesting Python's parser does not: such a line is shared (verbatim,
+    like any line), so it is fetched too (it was refused past 512 levels, exit 4); the title
+    search takes it for no JSON."""
+    deep = b'{"type":"message","message":{"role":"user","content":' + b"[" * 5000 + b"]" * 5000 + b"}}\n"
     header = pi_session(10_000, seed=13).split(b"\n", 1)[0] + b"\n"
-    data = header + json.dumps(deep).encode() + b"\n"
+    data = header + deep
     lines = split_lines(data)
     refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
-    for held in (False, True):
-        getter = SessionGetter(blake3.blake3(data).hexdigest(), refs, [] if held else [r.hash for r in refs])
-        if held:
-            getter.read_back(getter.from_store(), lines)
-        else:
-            for ref, line in zip(refs, lines, strict=True):
-                getter.arrived(ref.hash, line)
-        parts = list(getter.ready())
-        if held:
-            assert b"".join(parts) == data and getter.finish().src == blake3.blake3(data).hexdigest()
-        else:
-            with pytest.raises(InvalidInput, match="line 2 nests JSON deeper"):
-                getter.finish()
+    getter = SessionGetter(blake3.blake3(data).hexdigest(), refs, [r.hash for r in refs])
+    for ref, line in zip(refs, lines, strict=True):
+        getter.arrived(ref.hash, line)
+    assert b"".join(getter.ready()) == data and getter.finish().src == blake3.blake3(data).hexdigest()
+    assert getter.first_user is None
 
 
 def test_a_placed_file_is_hashed_in_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from test_hostile_peer import A1, A2, LyingPeer, b3, fetch, refused, snapshot, split, trusted_client, world  # noqa: F401
 
-from p2pnode.errors import Conflict, InvalidInput, PeerUnavailable, VerificationFailed
+from p2pnode.errors import Conflict, PeerUnavailable, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.node.daemon import CONTROL_MAX_BODY, FETCH_LIMITS, Node, NodeConfig
 from p2pnode.paths import NodePaths
@@ -107,13 +107,14 @@ async def test_deeply_nested_header_is_invalid_input(world) -> None:  # noqa: F8
     await refused(world, branch, InvalidHeader, "nests too deeply")
 
 
-async def test_deeply_nested_body_line_leaves_no_file(world) -> None:  # noqa: F811
-    """A user message nested 5,000 deep: refused before the store or the sessions dir is touched."""
+async def test_deeply_nested_body_line_is_kept_verbatim(world) -> None:  # noqa: F811
+    """A user message nested 5,000 deep (Pi's JSON.parse takes it; a share keeps it verbatim):
+    fetched byte for byte, the title search taking it for no JSON, nothing parsing it."""
     header, rest = _header_and_rest(world)
     line = b'{"type":"message","message":{"role":"user","content":' + b"[" * 5000 + b"]" * 5000 + b"}}\n"
-    branch = world["liar"].add(json.dumps(header).encode() + b"\n" + line + rest)
-    await refused(world, branch, InvalidInput, "line 2 nests JSON deeper than 512 levels")
-    assert not (world["agent"] / A1).exists()
+    data = json.dumps(header).encode() + b"\n" + line + rest
+    result = await fetch(world, world["liar"].add(data))
+    assert result.written and Path(result.path or "").read_bytes() == data
 
 
 @pytest.mark.parametrize("kind", ["dangling symlink", "directory", "symlink to a file"])

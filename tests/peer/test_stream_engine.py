@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from test_stream_fetch import SESSION_ID, pi_session
 
-from p2pnode.errors import InvalidInput
+from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import get as get_module
@@ -295,18 +295,20 @@ def test_manifest_after_test_vector() -> None:
         wire.decode_any_line_manifest(body, src, ["0" * 64])
 
 
-async def test_a_refused_session_leaves_nothing_where_pi_looks(duo: Duo) -> None:
-    """A line nested deeper than 512 levels (the sharer's node offers it; ours refuses it,
-    exit 4) is found after the temp file and its project directory were made: both go, no
-    branch is recorded, and the lines staged on the way are unreferenced."""
-    deep = b'{"type":"custom","data":' + b"[" * 600 + b"]" * 600 + b"}\n"
-    lines = pi_session(500_000, seed=9).splitlines(keepends=True)
-    path = duo.write(b"".join([*lines[:3], deep, *lines[3:]]))
-    branch = duo.sharer.share(str(path)).branch
-    with pytest.raises(InvalidInput, match="nests JSON deeper"):
-        await duo.fetch(branch)
+async def test_a_refused_session_leaves_nothing_where_pi_looks(duo: Duo,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line manifest with two genuine lines swapped (each line verifies, the whole does not
+    hash to the session) is found out only at the end, after the temp file and its project
+    directory were made: both go, no branch is recorded, and the lines staged on the way are
+    unreferenced."""
+    path = duo.write(pi_session(500_000, seed=9))
+    shared = duo.sharer.share(str(path))
+    refs = duo.sharer.line_manifest(shared.src)
+    monkeypatch.setattr(duo.sharer, "line_manifest", lambda src: [refs[0], refs[2], refs[1], *refs[3:]])
+    with pytest.raises(VerificationFailed):
+        await duo.fetch(shared.branch)
     assert not (duo.agent / "sessions" / "--w--").exists()
-    assert not duo.fetcher.has_branch(branch)
+    assert not duo.fetcher.has_branch(shared.branch)
 
 
 async def test_a_cancelled_fetch_leaves_nothing_where_pi_looks(duo: Duo) -> None:
