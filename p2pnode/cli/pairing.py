@@ -81,7 +81,8 @@ def cmd_trust(args: argparse.Namespace) -> int:
     peer = resolve(args.node_id, known_peers(paths))
     if peer.node_id == load_or_create_identity(paths.identity).node_id:
         raise InvalidInput(f"{peer.node_id} is this node's own id: a node cannot trust itself")
-    trusted = TrustStore(paths.trust).trust(peer.node_id, name=args.name or peer.name)
+    store = TrustStore(paths.trust)
+    trusted = store.trust(peer.node_id, name=store.free_name(args.name or peer.name, peer.node_id))
     claim = f" (the name {peer.name!r} is what it announces: check the id with its owner)" \
         if peer.how not in ("", "trusted") and args.node_id != peer.node_id and not args.name else ""
     print(f"trusted {trusted.node_id}{f' ({shown(trusted.name)})' if trusted.name else ''}{shown(claim)}")

@@ -61,7 +61,7 @@ class PairingHost:
                 "expires_in": CODE_TTL}
 
     def _paired(self, peer: Party) -> None:
-        self.trust.trust(peer.node_id, name=peer.name)
+        self.trust.trust(peer.node_id, name=self.trust.free_name(peer.name, peer.node_id))
         log.info("pairing: paired with %s (%s); trusted", peer.node_id, peer.name)
 
     async def wait(self, code: str) -> Party:
@@ -155,7 +155,8 @@ async def join_code(paths: NodePaths, code_text: str, addresses: list[tuple[str,
     if not addresses:
         addresses = await _find_waiter(code.channel)
     peer = await join(Joiner(code, me), addresses)
-    TrustStore(paths.trust).trust(peer.node_id, name=peer.name)
+    store = TrustStore(paths.trust)
+    store.trust(peer.node_id, name=store.free_name(peer.name, peer.node_id))
     return peer
 
 

@@ -148,12 +148,24 @@ class TrustStore:
             raise InvalidInput(f"peer name {name[:40]!r}: at most {MAX_NAME_LEN} printable characters")
         with self._file_lock():
             peers = self._read_file()
+            taken = [p for p in peers.values() if name is not None and p.name == name and p.fingerprint != fp]
+            if taken:  # `trust carol`, `--to carol` would then be ambiguous
+                raise InvalidInput(f"peer name {name!r} is taken by {format_node_id(taken[0].fingerprint)}: "
+                                   "choose another, or `p2pnode untrust` that peer first")
             old = peers.get(fp)
             peers[fp] = TrustedPeer(fp, name if name is not None else (old.name if old else None),
                                     old.added_at if old else round(time.time(), 3))
             self._write_file(peers)
             self._apply(peers)
         return peers[fp]
+
+    def free_name(self, name: str | None, node_id: str) -> str | None:
+        """`name`, or, when another trusted peer has it (pairing with a second "carol"), it with
+        the first group of this peer's id, so that names stay unique and pairing never fails late."""
+        fp = parse_node_id(node_id)
+        if name is None or all(p.name != name or p.fingerprint == fp for p in self._read_file().values()):
+            return name
+        return f"{name[:MAX_NAME_LEN - 8]}-{format_node_id(fp)[:7]}"
 
     def untrust(self, node_id: str) -> TrustedPeer:
         fp = parse_node_id(node_id)

@@ -12,7 +12,7 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from p2pnode.errors import NotFound
+from p2pnode.errors import InvalidInput, NotFound
 from p2pnode.peer import https
 from p2pnode.peer.certificates import open_ca
 from p2pnode.peer.identity import OPEN_CA_PEM, load_or_create_identity, reissue_certificate
@@ -83,6 +83,21 @@ def test_trust_store_roundtrip_and_listeners(tmp_path: Path) -> None:
     assert removed == [{a.fingerprint}]
     with pytest.raises(NotFound, match="not in the trust list"):
         t1.untrust(a.node_id)
+
+
+def test_a_name_names_one_trusted_peer(tmp_path: Path) -> None:
+    """`trust --name carol` for a second peer was taken silently: `--to carol` then failed as
+    ambiguous.  Refused (exit 4); pairing, which must not fail after the codes matched, gives
+    the second one the name and its id's first group."""
+    a, b = (load_or_create_identity(tmp_path / n) for n in "ab")
+    store = TrustStore(tmp_path / "trust.json")
+    store.trust(a.node_id, name="carol")
+    with pytest.raises(InvalidInput, match="taken by"):
+        store.trust(b.node_id, name="carol")
+    assert store.trust(a.node_id, name="carol").name == "carol"  # its own name again: fine
+    assert store.free_name("carol", a.node_id) == "carol" and store.free_name("dave", b.node_id) == "dave"
+    second = store.trust(b.node_id, name=store.free_name("carol", b.node_id))
+    assert second.name == f"carol-{b.node_id[:7]}"
 
 
 def test_corrupt_trust_file_is_reported_and_kept(tmp_path: Path) -> None:
