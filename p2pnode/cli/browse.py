@@ -26,6 +26,9 @@ def cmd_browse(args: argparse.Namespace) -> int:
     answer = via_node(paths, "browse", {"peers": [str(p) for p in given]})
     if answer is None:
         answer = _browse_here(paths, given)
+    if not answer["peers"]:  # nobody to ask: as `fetch` says it, not an empty listing
+        raise PeerUnavailable("no trusted peer is online to ask (`p2pnode peers` lists them; "
+                              "`--from HOST:PORT` asks one directly)")
     failed = [p for p in answer["peers"] if p["error"]]
     why = "; ".join(f"{shown(_who(p))}: {shown(p['error'])}" for p in failed)
     if failed and len(failed) == len(answer["peers"]):  # asked, and none answered: why, by the exit code
@@ -36,8 +39,6 @@ def cmd_browse(args: argparse.Namespace) -> int:
         print_json(answer)
     else:
         print_offers(answer["branches"], time.time())
-        if not answer["peers"]:
-            print("p2pnode: no trusted peer is online (`p2pnode peers` lists them)", file=sys.stderr)
     return 0
 
 

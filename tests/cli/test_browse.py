@@ -62,6 +62,10 @@ def test_browse_reports_an_unreachable_peer_and_needs_peers_without_a_node(team:
     _, b = team
     nobody = b.run("browse", check=False)
     assert nobody.returncode == 6 and "--from" in nobody.stderr
+    with b.node_running():  # a node, but no trusted peer online: the same exit as without one
+        alone = b.run("browse", "--json", check=False)
+    assert alone.returncode == 6 and "no trusted peer is online" in alone.stderr
+    assert json.loads(alone.stdout)["error"]["exit_code"] == 6
     gone = b.run("browse", "--from", "127.0.0.1:9", "--json", check=False)  # none of the peers asked answers
     assert gone.returncode == 6 and json.loads(gone.stdout)["error"]["kind"] == "peer_unavailable"
     assert gone.stderr.startswith("p2pnode: no peer asked answered: 127.0.0.1:9: ")
