@@ -309,9 +309,13 @@ class Waiter:
     def _receive(self, msg: dict[str, Any]) -> Step:
         if self.state is State.WAITING:
             _expect(msg, "pake")
-            if msg.get("version") != VERSION or msg.get("channel") != self.code.channel:
-                raise PairingProtocolError(f"pairing: expected version {VERSION} "
-                                           f"on channel {self.code.channel}")
+            theirs_v, theirs_c = str(msg.get("version"))[:20], str(msg.get("channel"))[:20]
+            if msg.get("version") != VERSION:
+                raise PairingProtocolError(f"pairing: the joining node speaks pairing version {theirs_v}, "
+                                           f"this one {VERSION}: update p2pnode")
+            if msg.get("channel") != self.code.channel:  # a mistyped number; the code is not spent
+                raise PairingProtocolError(f"pairing: this node waits with a code numbered "
+                                           f"{self.code.channel}, not {theirs_c}: check the code's number")
             theirs = _b64(msg, "msg", 33)
             self.attempted = True  # from here on the code is spent
             spake = SPAKE2_B(self.code.password, idA=ID_JOINER, idB=ID_WAITER, entropy_f=self._entropy)

@@ -115,6 +115,16 @@ def test_garbage_before_any_spake2_message_does_not_burn_the_code():
     assert run(Joiner(CODE, BOB), waiter) == (ALICE, BOB)
 
 
+def test_a_mistyped_code_number_or_another_version_is_said_plainly():
+    """It said 'expected version 1 on channel N' for both."""
+    waiter = Waiter(CODE, ALICE, now=0.0)
+    with pytest.raises(PairingProtocolError, match=f"waits with a code numbered {CODE.channel}, not 8"):
+        waiter.receive(tamper(Joiner(CODE, BOB).start(), channel=8), 1.0)
+    with pytest.raises(PairingProtocolError, match="speaks pairing version 9, this one 1: update p2pnode"):
+        waiter.receive(tamper(Joiner(CODE, BOB).start(), version=9), 1.0)
+    assert waiter.state is State.WAITING
+
+
 def test_a_replayed_exchange_fails():
     """Every message of a successful exchange, replayed to a new waiter with the same code (the
     worst case: the user made the same code again), fails at the first MAC and burns it."""
