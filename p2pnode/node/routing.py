@@ -4,6 +4,8 @@ command acts on the store itself (a fetch with no node: fetch_here).  Used by th
 only parses and prints."""
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,7 @@ from p2pnode.node.control_client import (
     node_running,
 )
 from p2pnode.paths import NodePaths, PiDirs
+from store.errors import StoreError
 
 if TYPE_CHECKING:
     from p2pnode.peer import wire
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from p2pnode.peer.get import Progress
     from p2pnode.peer.identity import Identity
     from p2pnode.peer.trust import TrustStore
+
+log = logging.getLogger("p2pnode")
 
 
 def via_node(paths: NodePaths, op: str, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -53,9 +58,21 @@ def routed(paths: NodePaths, op: str, payload: dict[str, Any], here: Callable[[A
         answer = ask(paths, op, payload)
         if answer is not None:
             return answer
-        with open_library(paths) as lib:
-            if not isinstance(lib, NodeLibrary):
-                return here(lib)
+        lib = open_library(paths)
+        if isinstance(lib, NodeLibrary):
+            continue
+        try:
+            answer = here(lib)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the failure to report is `here`'s
+                lib.close()
+            raise
+        try:
+            lib.close()
+        except (StoreError, OSError) as exc:  # what `op` recorded was flushed before it returned
+            log.warning("%s: done and recorded, but closing the store then failed (%s); `p2pnode fsck` "
+                        "checks it", op, exc)
+        return answer
     raise PeerUnavailable(f"the node at {paths.home} started and stopped while `{op}` began; run it again")
 
 

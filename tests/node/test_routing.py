@@ -5,8 +5,6 @@ stand-in (an `ask` that finds no node, then one, and `open_library` finding it u
 window is a few milliseconds of a node's start, which no test can hit on purpose."""
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +25,8 @@ def test_a_node_starting_between_the_ask_and_the_open_is_asked_again(tmp_path: P
         asked.append(op)
         return None if len(asked) == 1 else {"by": "node"}  # no node yet; then it answers
 
-    @contextlib.contextmanager
-    def node_up(p: NodePaths) -> Iterator[Any]:
-        yield NodeLibrary(p)  # the node holds the store by now: its read-only library
+    def node_up(p: NodePaths) -> Any:
+        return NodeLibrary(p)  # the node holds the store by now: its read-only library
 
     monkeypatch.setattr(routing, "open_library", node_up)
     assert routing.routed(paths, "share", {}, lambda lib: {"by": "here"}, ask) == {"by": "node"}
@@ -43,6 +40,35 @@ def test_with_no_node_the_command_acts_on_the_store(tmp_path: Path) -> None:
     got = routing.routed(paths, "gc", {}, lambda lib: {"store": str(lib.paths.store)},
                          lambda p, op, body: None)
     assert got == {"store": str(paths.store)}
+
+
+def test_a_write_done_and_recorded_is_not_reported_failed_when_the_store_then_fails_to_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """EIO at the final flush of the close after a share had committed: the command said it had
+    failed and recorded nothing (exit 1) while the branch was offered.  Its answer stands, with a
+    warning; a failure of the work itself is still the one reported."""
+    import errno
+
+    from p2pnode.library.api import Library
+    from store.errors import StoreFailed
+
+    paths = NodePaths(tmp_path / "home")
+    real_close = Library.close
+
+    def failing_close(self: Library) -> None:
+        real_close(self)
+        raise StoreFailed.of(str(paths.store), OSError(errno.EIO, "Input/output error"))
+
+    monkeypatch.setattr(Library, "close", failing_close)
+    no_node = lambda p, op, body: None  # noqa: E731
+    assert routing.routed(paths, "share", {}, lambda lib: {"done": True}, no_node) == {"done": True}
+    assert "share: done and recorded, but closing the store then failed" in caplog.text
+
+    def broken(lib: Any) -> dict[str, Any]:
+        raise PeerUnavailable("the work failed")
+
+    with pytest.raises(PeerUnavailable, match="the work failed"):
+        routing.routed(paths, "share", {}, broken, no_node)
 
 
 def test_a_command_waiting_for_the_store_reads_through_a_node_that_came_up(
