@@ -215,7 +215,9 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
     lost = patches_lost(patches.seq, loaded.snapshot)
     if lost:
         report.errors.append(lost)
-    report.warnings += [f"next open: {n}" for n in notes + r.notes]
+    notes.merge(r.notes)  # damage (a snapshot that fails its CRC) is an error before an open as after
+    report.errors += [f"next open: {n}" for n in notes.damage]
+    report.warnings += [f"next open: {n}" for n in notes if n not in notes.damage]
     report.stats["contexts"] = len(r.logged)
     reachable: set[int] = set()
     for ctx, (head, depth, _, _) in sorted(r.logged.items()):

@@ -320,3 +320,23 @@ def test_fsck_names_a_damaged_record_once_and_a_healed_one_as_a_warning(tmp_path
     healed = fsck(path)
     assert healed.ok, healed.summary()
     assert [w for w in healed.warnings if h.hex() in w and "a good copy is at offset" in w], healed.summary()
+
+
+@pytest.mark.parametrize("name", ["heads.tbl", "heads.tbl.prev"])
+def test_fsck_calls_a_damaged_head_snapshot_damage_before_any_open(tmp_path: Path, name: str) -> None:
+    """It said "ok" (exit 0, a warning) until a command had opened the store, then an error:
+    the verdict depended on what ran before it.  Nothing is lost (the heads come back from the
+    other snapshot and the WAL), but a snapshot that fails its CRC is damage either way."""
+    root = tmp_path / "s"
+    with Store.open(root) as s:
+        ctx = s.create_context().context_id
+        for i in range(3):
+            s.append_turn(ctx, b"turn %d" % i)
+            s.checkpoint()  # both snapshots written
+    data = bytearray((root / name).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (root / name).write_bytes(bytes(data))
+    report = fsck(root)
+    assert not report.ok and any(name in e for e in report.errors), report
+    with Store.open(root) as s:  # the heads are all there
+        assert s.get_head(ctx).head_depth == 2
