@@ -19,7 +19,6 @@ from p2pnode.node.control_client import (
     node_running,
 )
 from p2pnode.paths import NodePaths, PiDirs
-from store.errors import StoreError
 
 if TYPE_CHECKING:
     from p2pnode.peer import wire
@@ -61,6 +60,8 @@ def routed(paths: NodePaths, op: str, payload: dict[str, Any], here: Callable[[A
         lib = open_library(paths)
         if isinstance(lib, NodeLibrary):
             continue
+        from store.errors import StoreError  # loaded with the store by now: free
+
         try:
             answer = here(lib)
         except BaseException:
