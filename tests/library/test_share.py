@@ -242,11 +242,14 @@ def test_bad_input_changes_nothing(lib: Library, agent: Path, kind: str) -> None
 def test_a_line_that_is_not_json_is_shared_verbatim_with_a_warning(lib: Library, agent: Path) -> None:
     a1 = find(agent, A1)
     glued = b'{"type":"message","id":"baf6cdfa","pare{"type":"message","id":"41ca3103","parentId":"x"}\n'
+    crlf = b'{"type":"custom","id":"0d0a0d0a","parentId":null,"data":{}}\r\n'  # JSON to JSON.parse too
+    deep = b'{"type":"custom","data":' + b"[" * 1500 + b"]" * 1500 + b"}\n"  # past simdjson's 1024 levels
     with open(a1, "ab") as f:
-        f.write(glued + b"plain text\n")
+        f.write(glued + b"plain text\n" + crlf + deep)
     result = lib.share(str(a1))
     assert lib.session_bytes(result.src) == a1.read_bytes()
     assert len(result.warnings) == 2 and "line 18 is not JSON" in result.warnings[0]
+    assert "line 19 is not JSON" in result.warnings[1]
 
 
 def test_share_by_id_prefix_and_latest(lib: Library, agent: Path) -> None:
