@@ -1,13 +1,63 @@
-"""The temp files beside a session being placed (pi/placement.py): those of fetches whose process
-is gone are removed when the next one starts; a live one's, and names this node did not make, stay."""
+"""Placing a fetched session (pi/placement.py): the temp files of fetches whose process is gone
+are removed when the next one starts; fetches of one version at once do not mix; a file system
+without hard links, or across devices; an append cut short."""
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from p2pnode.pi.placement import _remove_stale
+import pytest
+
+from p2pnode.library.manifest import PlacedFile, PlacedFiles
+from p2pnode.pi import placement
+from p2pnode.pi.placement import (
+    Content,
+    PlacementConflict,
+    SessionFile,
+    _remove_stale,
+    appendable,
+    hash_bytes,
+    stamp_of,
+)
+from p2pnode.pi.session import SessionHeader, parse_header
+
+
+def _session(n: int) -> tuple[SessionHeader, bytes, bytes]:
+    """Session n's header, its first version (the header and one message) and a message more."""
+    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-%012d",' % n + \
+        b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
+    first = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
+    more = b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n'
+    return parse_header(line, "test"), first, more
+
+
+def _content(data: bytes) -> Content:
+    return Content(hash_bytes(data), len(data), hash_bytes(data), None)
+
+
+def _staged(tmp_path: Path, header: SessionHeader, data: bytes, start: int = 0) -> SessionFile:
+    """The bytes of `data` from `start` in a fetch's temp file in the node's staging dir."""
+    f = SessionFile.create(tmp_path / "agent", header, hash_bytes(data), staging=tmp_path / "fetching")
+    f.write(data[start:])
+    return f
+
+
+def _fails(monkeypatch: pytest.MonkeyPatch, call: str, code: int, when: Path, side: int) -> None:
+    """os.<call>(src, dst) fails with `code` when its argument `side` (0: src, 1: dst) is under
+    `when`: a file system the tests cannot mount here, simulated."""
+    real = getattr(os, call)
+
+    def failing(src: str | Path, dst: str | Path) -> None:
+        if Path((src, dst)[side]).is_relative_to(when):
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(placement.os, call, failing)
 
 
 def test_only_the_temp_files_of_dead_fetches_are_removed(tmp_path: Path) -> None:
@@ -30,39 +80,22 @@ def test_fetches_of_one_version_at_once_in_one_process_do_not_mix(tmp_path: Path
     one after the other: the second finds that version there and writes nothing (the file was
     one old version plus two copies of the new bytes: found by a soak of the running node);
     the older version placed again finds it inside the newer one: nothing written either."""
-    import threading
-
-    from p2pnode.library.manifest import PlacedFiles
-    from p2pnode.pi.placement import Content, PlacementConflict, SessionFile, appendable, hash_bytes
-    from p2pnode.pi.session import parse_header
-
-    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000001",' \
-           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
-    old = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
-    more = b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n'
+    header, old, more = _session(1)
     new = old + more * 500
-    header, agent, staging = parse_header(line, "test"), tmp_path / "agent", tmp_path / "fetching"
     placed = PlacedFiles(tmp_path / "placed.json")
-
-    def written(data: bytes, start: int = 0) -> SessionFile:
-        f = SessionFile.create(agent, header, hash_bytes(new), staging=staging)
-        f.write(data[start:])
-        return f
-
-    first = written(old)
-    target = first.publish(Content(hash_bytes(old), len(old), hash_bytes(old), None), placed).path
-    both = [written(new, len(old)), written(new, len(old))]
+    target = _staged(tmp_path, header, old).publish(_content(old), placed).path
+    both = [_staged(tmp_path, header, new, len(old)), _staged(tmp_path, header, new, len(old))]
     assert both[0].tmp != both[1].tmp and both[0].tmp.exists() and both[1].tmp.exists()
     to = appendable(target, placed, hash_bytes(old), len(old), True)
     assert to is not None
-    content = Content(hash_bytes(new), len(new), hash_bytes(new), None)
     start = threading.Barrier(2)
     outcomes: list[str] = []
 
     def append(f: SessionFile) -> None:
         start.wait()
         try:
-            outcomes.append("appended" if f.append_to(to, len(old), content, placed).written else "there")
+            written = f.append_to(to, len(old), _content(new), placed).written
+            outcomes.append("appended" if written else "there")
         except PlacementConflict:
             outcomes.append("refused")
 
@@ -72,117 +105,55 @@ def test_fetches_of_one_version_at_once_in_one_process_do_not_mix(tmp_path: Path
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["appended", "there"] and target.read_bytes() == new
-    again = written(old).publish(Content(hash_bytes(old), len(old), hash_bytes(old), None), placed)
+    again = _staged(tmp_path, header, old).publish(_content(old), placed)
     assert not again.written and target.read_bytes() == new
-    assert list(staging.iterdir()) == []
+    assert list((tmp_path / "fetching").iterdir()) == []
 
 
-def test_a_session_is_placed_where_the_file_system_has_no_hard_links(tmp_path: Path, monkeypatch) -> None:
+def test_a_session_is_placed_where_the_file_system_has_no_hard_links(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Pi's folder on an exFAT or FAT drive (or an SMB share): os.link fails there (ENOTSUP on
-    macOS, EPERM on Linux).  Simulated (no such file system can be mounted here): os.link fails
-    for every target under the agent dir.  The session is placed all the same, from a hidden
-    copy renamed into place, and a second placement of another file there is still refused."""
-    import errno
-
-    from p2pnode.library.manifest import PlacedFiles
-    from p2pnode.pi import placement
-    from p2pnode.pi.placement import Content, PlacementConflict, SessionFile, hash_bytes
-    from p2pnode.pi.session import parse_header
-
-    agent, staging = tmp_path / "agent", tmp_path / "fetching"
-    real_link = os.link
-
-    def no_links(src: str | Path, dst: str | Path) -> None:
-        if Path(dst).is_relative_to(agent):
-            raise OSError(errno.ENOTSUP, "Operation not supported", str(src), None, str(dst))
-        real_link(src, dst)
-
-    monkeypatch.setattr(placement.os, "link", no_links)
-    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000002",' \
-           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
-    data = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
-    header, placed = parse_header(line, "test"), PlacedFiles(tmp_path / "placed.json")
-    content = Content(hash_bytes(data), len(data), hash_bytes(data), None)
-    f = SessionFile.create(agent, header, content.src, staging=staging)
-    f.write(data)
-    target = f.publish(content, placed).path
-    assert target.read_bytes() == data and target.is_relative_to(agent)
+    macOS, EPERM on Linux).  Simulated: os.link fails for every target under the agent dir.
+    The session is placed all the same, from a hidden copy renamed into place, and a second
+    placement of another file there is still refused."""
+    _fails(monkeypatch, "link", errno.ENOTSUP, tmp_path / "agent", side=1)
+    header, data, more = _session(2)
+    placed = PlacedFiles(tmp_path / "placed.json")
+    target = _staged(tmp_path, header, data).publish(_content(data), placed).path
+    assert target.read_bytes() == data and target.is_relative_to(tmp_path / "agent")
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no hidden copy left
-    other = data + b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n'
     target.write_bytes(b"the user's own file\n")  # not what a fetch placed
-    f = SessionFile.create(agent, header, hash_bytes(other), staging=staging)
-    f.write(other)
-    try:
-        f.publish(Content(hash_bytes(other), len(other), hash_bytes(other), None), placed)
-        raise AssertionError("placed over the user's file")
-    except PlacementConflict:
-        pass
+    with pytest.raises(PlacementConflict):
+        _staged(tmp_path, header, data + more).publish(_content(data + more), placed)
     assert target.read_bytes() == b"the user's own file\n"
 
 
-def test_a_placed_version_is_replaced_from_a_staging_dir_on_another_file_system(tmp_path: Path,
-                                                                                 monkeypatch) -> None:
+def test_a_placed_version_is_replaced_from_a_staging_dir_on_another_file_system(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The node stages in its home; Pi's folder may be on another drive.  A placed file whose
     stat changed (a `touch`) is replaced, not appended to: that rename crossed file systems
     (EXDEV, exit 1).  Simulated: os.replace from the staging dir fails with EXDEV."""
-    import errno
-    import time
-
-    from p2pnode.library.manifest import PlacedFiles
-    from p2pnode.pi import placement
-    from p2pnode.pi.placement import Content, SessionFile, hash_bytes
-    from p2pnode.pi.session import parse_header
-
-    agent, staging = tmp_path / "agent", tmp_path / "fetching"
-    real_replace = os.replace
-
-    def cross_device(src: str | Path, dst: str | Path) -> None:
-        if Path(src).is_relative_to(staging):
-            raise OSError(errno.EXDEV, "Invalid cross-device link", str(src), None, str(dst))
-        real_replace(src, dst)
-
-    monkeypatch.setattr(placement.os, "replace", cross_device)
-    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000003",' \
-           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
-    old = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
-    new = old + b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n'
-    header, placed = parse_header(line, "test"), PlacedFiles(tmp_path / "placed.json")
-    for data in (old, new):
-        f = SessionFile.create(agent, header, hash_bytes(data), staging=staging)
-        f.write(data)
-        target = f.publish(Content(hash_bytes(data), len(data), hash_bytes(data), None), placed).path
+    _fails(monkeypatch, "replace", errno.EXDEV, tmp_path / "fetching", side=0)
+    header, old, more = _session(3)
+    placed = PlacedFiles(tmp_path / "placed.json")
+    for data in (old, old + more):
+        target = _staged(tmp_path, header, data).publish(_content(data), placed).path
         assert target.read_bytes() == data
         os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched: replaced next time
-    assert [p.name for p in target.parent.iterdir()] == [target.name] and list(staging.iterdir()) == []
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    assert list((tmp_path / "fetching").iterdir()) == []
 
 
-def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: Path, monkeypatch) -> None:
+def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """An append of a newer version to a placed file that fails (a full disk) leaves the old
     version; one killed (kill -9) leaves the old version and part of the new one, which the
-    next fetch of the session finishes (it was a conflict, 'the user's own file', for ever)."""
-    import errno
-
-    import pytest
-
-    from p2pnode.library.manifest import PlacedFile, PlacedFiles
-    from p2pnode.pi import placement
-    from p2pnode.pi.placement import Content, PlacementConflict, SessionFile, appendable, hash_bytes, stamp_of
-    from p2pnode.pi.session import parse_header
-
-    line = b'{"type":"session","version":3,"id":"0a1b2c3d-0000-7000-8000-000000000004",' \
-           b'"timestamp":"2026-11-28T09:00:00.000Z","cwd":"/w"}\n'
-    old = line + b'{"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"a"}}\n'
-    new = old + b'{"type":"message","id":"m2","parentId":"m1","message":{"role":"user","content":"b"}}\n' * 40
-    header, agent, staging = parse_header(line, "test"), tmp_path / "agent", tmp_path / "fetching"
+    next fetch of the session finishes (it was a conflict, 'the user's own file', for ever);
+    a line Pi appended is not taken for that."""
+    header, old, more = _session(4)
+    new = old + more * 40
     placed = PlacedFiles(tmp_path / "placed.json")
-
-    def staged(data: bytes, start: int = 0) -> SessionFile:
-        f = SessionFile.create(agent, header, hash_bytes(data), staging=staging)
-        f.write(data[start:])
-        return f
-
-    content = Content(hash_bytes(new), len(new), hash_bytes(new), None)
-    target = staged(old).publish(Content(hash_bytes(old), len(old), hash_bytes(old), None), placed).path
+    target = _staged(tmp_path, header, old).publish(_content(old), placed).path
     to = appendable(target, placed, hash_bytes(old), len(old), True)
     assert to is not None
 
@@ -192,18 +163,18 @@ def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: P
 
     monkeypatch.setattr(placement, "write_at", full_disk)
     with pytest.raises(OSError, match="No space"):
-        staged(new, len(old)).append_to(to, len(old), content, placed)
+        _staged(tmp_path, header, new, len(old)).append_to(to, len(old), _content(new), placed)
     assert target.read_bytes() == old  # as before the append
     monkeypatch.undo()
     with open(target, "ab") as f:  # Pi's own line: the user's file now, never replaced
-        f.write(new[len(old): len(old) + 94])
+        f.write(more)
     with pytest.raises(PlacementConflict, match="own file"):
-        staged(new).publish(content, placed)
+        _staged(tmp_path, header, new).publish(_content(new), placed)
     os.truncate(target, len(old))
     placed.record(target, PlacedFile(len(old), hash_bytes(old)), stamp_of(target))
-    placed.appending(target, PlacedFile(content.size, content.blake3))  # what a kill -9 part-way
+    placed.appending(target, PlacedFile(len(new), hash_bytes(new)))  # what a kill -9 part-way
     with open(target, "ab") as f:  # into the append leaves
         f.write(new[len(old): len(old) + 100])
-    again = staged(new).publish(content, placed)
+    again = _staged(tmp_path, header, new).publish(_content(new), placed)
     assert again.written and target.read_bytes() == new
     assert [p.name for p in target.parent.iterdir()] == [target.name]
