@@ -1311,10 +1311,10 @@ class Library:
     def _remove_targets(self, target: str) -> list[BranchRecord]:
         """The branches `rm` means: of a Pi session id or a unique prefix of one held here (as
         `share` takes them), else a branch hash or unique prefix; a prefix of both is refused."""
-        text = target.strip().lower()
+        text, low = target.strip(), target.strip().lower()
         ids = sorted({v.session_id for v in self.sessions.all_versions()
-                      if len(text) >= 4 and v.session_id.startswith(text)})
-        if text not in ids and ids and any(r.branch.startswith(text) for r in self.sessions.branches()):
+                      if len(text) >= 4 and v.session_id.lower().startswith(low)})
+        if text not in ids and ids and any(r.branch.startswith(low) for r in self.sessions.branches()):
             raise NotFound(f"{text!r} begins both a session id and a branch hash held here; give more of it")
         if text in ids or len(ids) == 1:
             return [r for v in self.sessions.versions_of(text if text in ids else ids[0])
