@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,17 @@ from procnode import Node
 
 from p2pnode.errors import InvalidInput
 from p2pnode.paths import SUN_PATH_MAX, NodePaths, socket_path
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp dir with a short path (pytest's are long for an ordinary user, and on macOS):
+    where the sockets of a long home go; removed after."""
+    path = Path(tempfile.mkdtemp(prefix="p2s", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
 
 
 def _long_home(root: Path) -> Path:
@@ -27,12 +41,12 @@ def test_a_short_home_keeps_its_sockets(tmp_path: Path) -> None:
     assert NodePaths(home).store_socket == home / "store.sock"
 
 
-def test_a_long_home_gets_short_private_socket_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "t"))
-    (tmp_path / "t").mkdir()
+def test_a_long_home_gets_short_private_socket_paths(tmp_path: Path, short_tmp: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
     home, other = _long_home(tmp_path / "a"), _long_home(tmp_path / "b")
     control, store = NodePaths(home).control_socket, NodePaths(home).store_socket
-    assert control.parent == store.parent == tmp_path / "t" / f"p2pnode-{os.getuid()}"
+    assert control.parent == store.parent == short_tmp / f"p2pnode-{os.getuid()}"
     assert len(os.fsencode(control)) <= SUN_PATH_MAX and control != store
     assert (control.parent.stat().st_mode & 0o777) == 0o700
     assert NodePaths(other).control_socket != control  # keyed by the home
@@ -57,10 +71,12 @@ def test_a_socket_dir_not_ours_alone_is_refused(tmp_path: Path, monkeypatch: pyt
         socket_path(_long_home(tmp_path / "x"), "control.sock")
 
 
-def test_a_node_with_a_long_home_serves_and_is_driven(tmp_path: Path) -> None:
+def test_a_node_with_a_long_home_serves_and_is_driven(tmp_path: Path, short_tmp: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     node = Node(tmp_path, "n")
     node.home = _long_home(tmp_path / "n")
-    node.env["P2PNODE_HOME"] = str(node.home)
+    node.env.update(P2PNODE_HOME=str(node.home), TMPDIR=str(short_tmp))  # the node's and the CLI's
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))  # and this test's
     sock = NodePaths(node.home).control_socket
     assert not sock.is_relative_to(node.home)
     with node.node_running():
