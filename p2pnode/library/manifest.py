@@ -114,7 +114,12 @@ class PlacedFiles(_JsonIndex[dict[str, Any]]):
         writing: a kill -9 part-way leaves the old version plus a prefix of the new one's bytes,
         which the next fetch may then finish (`appended_to`), and no other change of the file."""
         key, note = str(path.absolute()), {"size": new.size, "blake3": new.blake3}
-        self._update(lambda m: m.__setitem__(key, {**m[key], "appending": note}))
+
+        def note_it(m: dict[str, Any]) -> None:
+            if key in m:  # an entry `rm` dropped meanwhile stays dropped
+                m[key] = {**m[key], "appending": note}
+
+        self._update(note_it)
 
     def appended_to(self, path: Path) -> PlacedFile | None:
         """The version an append cut short was writing (`appending`), or None."""

@@ -192,7 +192,7 @@ def _is_json(line: bytes, parser: simdjson.Parser) -> bool:
     which was a sixth of a share's CPU); what it refuses, json.loads decides (it takes what
     simdjson does not: integers over 64 bits, NaN).  `parser` is one importer's: not shared
     between threads, and what `parse` returns is dropped at once, so it may parse again."""
-    if not (line.startswith(b"{") and line.rstrip(b"\r\n").endswith(b"}")):  # CRLF: JSON too
+    if not (line.startswith(b"{") and line.endswith((b"}\n", b"}\r\n", b"}"))):  # CRLF: JSON too
         return False
     if len(line) > JSON_CHECK_MAX:
         return True

@@ -144,7 +144,7 @@ class Node:
         await store_server.start()
         self._stack.push_async_callback(store_server.close)
         await asyncio.to_thread(self.lib.scan_unrecorded)  # shares from before scans were recorded
-        self._warm([b.src for b in self.lib.branches()[:upkeep.WARM_MANIFESTS]])
+        self._warm(None)  # the newest offered versions
         peers = await self._listen()
         self._stack.push_async_callback(peers.close)
         self.port = peers.port
@@ -408,7 +408,7 @@ class Node:
         self.announce_soon()
         self._warm([result.src])
 
-    def _warm(self, srcs: list[str]) -> None:
+    def _warm(self, srcs: list[str] | None) -> None:
         """The line manifests of `srcs` built on a thread, before peers ask (upkeep.warm_manifests)."""
         self._tasks = [t for t in self._tasks if not t.done()]  # one per share: those ended go
         self._tasks.append(asyncio.ensure_future(asyncio.to_thread(upkeep.warm_manifests, self.lib, srcs)))

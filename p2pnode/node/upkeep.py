@@ -75,11 +75,13 @@ WARM_MANIFESTS = 16
 """Offered versions, newest first, whose line manifests the node builds as it starts."""
 
 
-def warm_manifests(lib: Library, srcs: Sequence[str]) -> None:
-    """Build the line manifests of these versions (the library caches them) before a peer asks:
-    one is made from the turn records and the blob index, a few µs a line, and the first
-    request for a session of 500,000 lines took longer than a fetcher waits for progress (5 s:
-    exit 6, where its second try, from the cache, worked)."""
+def warm_manifests(lib: Library, srcs: Sequence[str] | None = None) -> None:
+    """Build the line manifests of these versions (None: the WARM_MANIFESTS newest offered) before
+    a peer asks; the library caches them.  One is made from the turn records and the blob index,
+    a few µs a line, and the first request for a session of 500,000 lines took longer than a
+    fetcher waits for progress (5 s: exit 6, where its second try, from the cache, worked)."""
+    if srcs is None:
+        srcs = [b.src for b in lib.branches()[:WARM_MANIFESTS]]
     for src in srcs:
         try:
             lib.line_manifest(src)

@@ -39,8 +39,6 @@ from sysio.flush import flush_data, write_at
 
 PACK = "blobs.pack"
 FOLD_BLOBS, FOLD_BYTES = 4096, 8 << 20
-LOCATE_ONE_BY_ONE = 64
-"""Up to this many hashes, locate_many looks each up on its own."""
 """Opening or closing the store folds the tail into blobs.idx once it holds more than FOLD_BLOBS
 blobs or the pack has more than FOLD_BYTES beyond the index.  Below that the next open scans
 those bytes again (a few ms), which is cheaper than the fold: a rewrite of the whole index,
@@ -244,12 +242,11 @@ class BlobPack:
 
     def locate_many(self, hashes: Sequence[bytes]) -> list[BlobLocation | None]:
         """`locate` of each hash; many at once by one pass over the index (BlobIndex.locate_many)."""
-        found = self._index.locate_many(hashes) if len(hashes) > LOCATE_ONE_BY_ONE else None
         out = []
-        for i, h in enumerate(hashes):
+        for h, indexed in zip(hashes, self._index.locate_many(hashes), strict=True):
             loc = self._tail.get(h)
             if loc is None and not (self.damaged and h in self.damaged):
-                loc = found[i] if found is not None else self._index.locate(h)
+                loc = indexed
             out.append(loc)
         return out
 
