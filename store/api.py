@@ -43,6 +43,7 @@ from store.errors import (
     ParentConflict,
     PayloadTooLarge,
     StoreClosed,
+    StoreError,
     StoreFailed,
     StoreLocked,
     TurnNotInContext,
@@ -53,7 +54,7 @@ from store.errors import (
 from store.files import headwal, snapshot
 from store.files.blobpack import PACK, BlobPack, remove_leftovers
 from store.files.patchlog import PatchLog
-from store.files.turnlog import TurnLog
+from store.files.turnlog import LOG, TurnLog
 from store.gc import Gate, mark
 from store.layout import (
     CODEC_RAW,
@@ -849,6 +850,38 @@ class Store:
         """Root → turn_id."""
         t = self.get_turn(turn_id)
         return self._walk(t.turn_id, t.depth + 1)
+
+    def unreadable_chains(self, turn_ids: Sequence[int]) -> dict[int, StoreError]:
+        """Of `turn_ids`, those whose chain (the turn and its ancestors) holds a turn record that
+        cannot be read, each with why: a damaged `turns.log` record that no WAL copy repaired
+        makes every chain through it unreadable for good, and its users must drop those heads
+        (what `fsck` reports, before `fsck --repair`).  Shared ancestors are read once."""
+        self._check_open()
+        fine = bytearray(self._turns.count + 1)
+        bad: dict[int, StoreError] = {}
+        out: dict[int, StoreError] = {}
+        for start in turn_ids:
+            path, tid, why = [], start, None
+            while tid != NO_TURN and why is None and not (0 < tid < len(fine) and fine[tid]):
+                if (why := bad.get(tid)) is not None:
+                    break
+                path.append(tid)
+                try:
+                    parent = self.get_turn(tid).parent_turn_id
+                except (CorruptRecord, UnknownTurn) as exc:
+                    why = exc
+                    break
+                if parent >= tid:
+                    why = CorruptRecord(LOG, (tid - 1) * TURN_SIZE, f"parent {parent} is not older")
+                tid = parent
+            for t in path:
+                if why is None:
+                    fine[t] = 1
+                else:
+                    bad[t] = why
+            if why is not None:
+                out[start] = why
+        return out
 
     def payloads(self, turns: Sequence[Turn]) -> list[bytes]:
         self._check_open()

@@ -110,8 +110,8 @@ def _check(root: Path, full: bool, report: FsckReport) -> None:
         damaged, seen = _check_pack(root, pack, full, report)
         report.errors += [f"found when opened: {stamp} {what} (fsck --repair acknowledges)"
                           for stamp, what in damage_found(root) if not what.startswith(seen)]
-        depths = _check_turns(root, log, report)
-        _check_heads(root, log, pack, patches, depths, damaged, report)
+        depths, damaged_turns = _check_turns(root, log, report)
+        _check_heads(root, log, pack, patches, depths, damaged, damaged_turns, report)
     finally:
         pack.close()
         log.close()
@@ -172,18 +172,21 @@ def _rehash(mm: mmap.mmap, off: int, hdr: BlobHeader, report: FsckReport) -> Non
         report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} fails its hash")
 
 
-def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> list[int]:
-    """Every record's CRC, id, parent and depth; returns depth by TurnID (-1: unreadable)."""
+def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> tuple[list[int], dict[int, str]]:
+    """Every record's CRC, id, parent and depth; returns depth by TurnID (-1: unreadable) and
+    the records that failed their check (reported by _check_heads: an error while a head
+    reaches one)."""
     size = os.path.getsize(root / LOG)
     if size % TURN_SIZE:
         report.errors.append(f"{LOG}: torn record at offset {size - size % TURN_SIZE} (repair truncates it)")
     depths = [-1] * (log.count + 1)
+    damaged: dict[int, str] = {}
     bad_skips = 0
     for tid in range(1, log.count + 1):
         try:
             t = log.read(tid)
         except CorruptRecord as exc:
-            report.errors.append(str(exc))
+            damaged[tid] = str(exc)
             continue
         if t.parent_turn_id >= tid:
             report.errors.append(f"turn {tid}: parent {t.parent_turn_id} is not older")
@@ -199,11 +202,14 @@ def _check_turns(root: Path, log: TurnLog, report: FsckReport) -> list[int]:
     if bad_skips:
         report.warnings.append(f"turns.skip: {bad_skips} missing or damaged jump pointers (depth reads walk)")
     report.stats["turns"] = log.count
-    return depths
+    return depths, damaged
 
 
 def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, depths: list[int],
-                 damaged: dict[bytes, str], report: FsckReport) -> None:
+                 damaged: dict[bytes, str], damaged_turns: dict[int, str], report: FsckReport) -> None:
+    """Heads → turns → blobs.  A damaged turn record is an error while a head reaches it (or the
+    next open would rewrite it from the WAL), else a warning: no chain in use goes through it,
+    and its id stays taken."""
     notes = RecoveryNotes()
     loaded = snapshot.load(root, notes, lambda snap: log.count < snap.checkpoint_turn_id)
 
@@ -220,10 +226,12 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
     report.warnings += [f"next open: {n}" for n in notes if n not in notes.damage]
     report.stats["contexts"] = len(r.logged)
     reachable: set[int] = set()
+    rewritten = {t.turn_id for t in r.writes}
+    reached: dict[int, int] = {}  # damaged turn -> a context whose chain reaches it
     for ctx, (head, depth, _, _) in sorted(r.logged.items()):
         if head == NO_TURN:
             continue
-        if not readable(head) and head not in {t.turn_id for t in r.writes}:
+        if not readable(head) and head not in rewritten and head not in damaged_turns:
             report.errors.append(f"context {ctx}: head turn {head} does not exist")
             continue
         if readable(head) and depths[head] != depth:
@@ -232,6 +240,16 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
         while tid != NO_TURN and tid not in reachable and readable(tid):
             reachable.add(tid)
             tid = log.read(tid).parent_turn_id
+        if tid in damaged_turns:
+            reached.setdefault(tid, ctx)
+    for tid, what in damaged_turns.items():
+        if tid in rewritten:
+            report.errors.append(f"{what} (the next open rewrites it from the head WAL: fsck --repair)")
+        elif tid in reached:
+            report.errors.append(f"{what}: the chain of context {reached[tid]}'s head goes through it and "
+                                 "cannot be read (its users must drop such heads)")
+        else:
+            report.warnings.append(f"{what}: no head reaches it (harmless; its id stays taken)")
     missing = 0
     for tid in sorted(reachable):
         h = log.read(tid).payload_hash

@@ -50,6 +50,8 @@ def log_line(e: dict[str, Any]) -> str:
                 what += " (secrets allowed)"
         elif event == "fetched":
             what += f"  {e.get('bytes')} bytes"
+        elif event == "dropped":
+            what += f"  (fsck --repair: {e.get('why')})"
         elif event == "expired" and isinstance(e.get("expires_at"), int):  # logged when next looked at
             what += f"  (expiry {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['expires_at'] / 1000))})"
     return f"{when}  {event:8}  {what}"

@@ -35,6 +35,7 @@ from p2pnode.cli.log import add_log_commands
 from p2pnode.cli.pairing import add_pairing_commands, cmd_pending, cmd_trust, cmd_untrust
 from p2pnode.cli.render import (
     JsonLines,
+    one_line,
     print_branches,
     print_fetch,
     print_json,
@@ -75,15 +76,36 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if not any(paths.store.iterdir()):  # made empty by node_paths
         raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
     try:
-        return run_fsck(paths.store, args)
+        return run_fsck(paths.store, args, _drop_unreadable(paths) if args.repair else [])
     except StoreLocked:  # a node starting or stopping, a share or fetch: not damage (exit 1)
         raise store_in_use(paths, "check the store") from None
+
+
+def _drop_unreadable(paths: NodePaths) -> list[str]:
+    """`fsck --repair`'s first step: the sessions whose store records cannot be read are
+    forgotten (Library.drop_unreadable), one line each saying how to get them back.  A library
+    that does not open is the store check's to report."""
+    from p2pnode.library.api import Library
+    from store.errors import StoreError, StoreLocked
+
+    try:
+        with Library.open(paths) as library:
+            dropped = library.drop_unreadable()
+    except StoreLocked:
+        raise
+    except (P2PNodeError, StoreError, OSError, ValueError) as exc:
+        return [f"sessions not checked: the library did not open ({exc})"]
+    return [f"dropped branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.why}; "
+            + (f"share {d.path} again to store it anew" if d.path else "fetch it again")
+            if d.branch else f"dropped session version {d.src[:16]} (no branch held): {d.why}"
+            for d in dropped]
 
 
 def add_store_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fsck", help="check the node's store (CRCs, index, heads, depths)")
     p.add_argument("--full", action="store_true", help="also re-hash every blob")
-    p.add_argument("--repair", action="store_true", help="truncate torn tails and rebuild the index")
+    p.add_argument("--repair", action="store_true",
+                   help="forget sessions whose records cannot be read, cut torn tails, rebuild the index")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fsck)
 

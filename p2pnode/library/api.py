@@ -164,6 +164,19 @@ class _Visible:
                 and servable - self.servable <= set(roots))
 
 
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """What `fsck --repair` forgot because the store cannot read its turns (Library.drop_unreadable):
+    a branch, or a version no branch used (branch None)."""
+
+    src: str
+    why: str
+    branch: str | None = None
+    title: str | None = None
+    path: str | None = None
+    """Where the file was shared from or placed (share it again to store it anew)."""
+
+
 def _check_placeable(path: Path, header: pisession.SessionHeader) -> None:
     """Refuse to offer what peers would refuse to place (the same id and name rules as fetch)."""
     try:
@@ -1307,6 +1320,35 @@ class Library:
                 self.audit.append("removed", branch=info.branch, title=info.title, was_offered=info.offered)
             self._changed()
             return infos
+
+    def drop_unreadable(self) -> list[Dropped]:
+        """`fsck --repair`: forget the versions and branches whose turn chains the store can no
+        longer read (a damaged `turns.log` record no WAL copy repaired), so that the rest of
+        the store works again (`gc`, `share`), and sharing the file again (or fetching it)
+        stores it anew."""
+        with self._imports, self._lock:
+            versions = self.sessions.all_versions()
+            records = self.sessions.branches()
+            bad = self.store.unreadable_chains([v.head for v in versions] + [r.head for r in records])
+            lost = {v.src: f"its turns cannot be read ({bad[v.head]})" for v in versions if v.head in bad}
+            why = {r.branch: lost.get(r.src) or f"its turns cannot be read ({bad[r.head]})"
+                   for r in records if r.head in bad or r.src in lost}
+            while more := {r.branch: f"its parent {r.parent} was dropped" for r in records
+                           if r.branch not in why and r.parent in why}:
+                why.update(more)  # a branch held here has its parent held (as `rm` keeps it)
+            dropped = [Dropped(r.src, why[r.branch], r.branch, info.title, info.path)
+                       for r in records if r.branch in why for info in [self._info(r)]]
+            dropped += [Dropped(src, reason) for src, reason in lost.items()
+                        if all(d.src != src for d in dropped)]
+            if not dropped:
+                return []
+            self.sessions.forget(sorted(d.branch for d in dropped if d.branch), sorted(lost))
+            for d in dropped:
+                if d.branch:
+                    self.manifest.remove(d.branch)
+                    self.audit.append("dropped", branch=d.branch, title=d.title, why=d.why)
+            self._changed()
+            return dropped
 
     def _remove_targets(self, target: str) -> list[BranchRecord]:
         """The branches `rm` means: of a Pi session id or a unique prefix of one held here (as

@@ -24,7 +24,8 @@ from sysio.locks import locked
 
 MAX_BYTES = 1 << 20
 """The size at which the log is rotated (1 MiB: some 5,000 events; the older file is kept)."""
-EVENTS = frozenset({"shared", "unshared", "expired", "fetched", "served", "removed", "gc", "reclaimed"})
+EVENTS = frozenset({"shared", "unshared", "expired", "fetched", "served", "removed", "dropped", "gc",
+                    "reclaimed"})
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from p2pnode.pi.session import (
 )
 from store import Prepared
 from store.api import Store
-from store.errors import StoreError, UnknownBlob
+from store.errors import CorruptRecord, StoreError, UnknownBlob, UnknownTurn
 from store.types import StoredBlob, Turn, TurnBlobRef, TurnInput
 from sysio.files import atomic_write
 from sysio.locks import locked
@@ -440,7 +440,15 @@ class SessionStore:
         their blobs become garbage for GC); without it, every one (then nothing is deleted)."""
         return [head.context_id for head in self.store.list_contexts()
                 if head.context_id not in referenced and head.head_turn_id != 0
-                and self.store.get_turn(head.head_turn_id).type_tag in OUR_TAGS]
+                and self._tag(head.head_turn_id) in OUR_TAGS]
+
+    def _tag(self, turn_id: int) -> int | None:
+        """A turn's type tag; None when its record cannot be read (`fsck` reports it): such a
+        head is left alone, not taken for ours."""
+        try:
+            return self.store.get_turn(turn_id).type_tag
+        except (CorruptRecord, UnknownTurn):
+            return None
 
     # --- state file ---
 
@@ -827,17 +835,13 @@ class SessionStore:
         between leaves unreferenced contexts (dropped as leftovers at the next open), never a
         record naming a deleted context.  Returns the contexts deleted."""
         state = self._state
-        for branch in branches:
-            state.branches.pop(branch, None)
-        for src in versions:
-            state.sessions.pop(src, None)
-        used = {v.context for v in state.sessions.values()} | {b.context for b in state.branches.values()}
+        dropped = {r.context for b in branches if (r := state.branches.pop(b, None)) is not None}
+        dropped |= {v.context for src in versions if (v := state.sessions.pop(src, None)) is not None}
+        gone = sorted(dropped - self._referenced())
         state.generation += 1
         self._save()
         if on_saved is not None:
             on_saved()
-        gone = [h.context_id for h in self.store.list_contexts() if h.context_id not in used
-                and h.head_turn_id and self.store.get_turn(h.head_turn_id).type_tag in OUR_TAGS]
-        for ctx in gone:
+        for ctx in gone:  # the records named them: no turn is read (a damaged one may head them)
             self.store.delete_context(ctx)
         return gone

@@ -266,6 +266,39 @@ def test_damaged_turn_record_is_repaired_from_the_wal_or_reported(tmp_path: Path
     assert not report.ok and any("turns.log" in e for e in report.errors)
 
 
+def test_a_turn_record_no_wal_copy_repairs_fails_the_chains_through_it_until_their_heads_go(
+        tmp_path: Path) -> None:
+    """unreadable_chains names the heads whose chains go through the damaged record (a fork
+    from below it is fine; one from above it is not); fsck calls the record an error while a
+    head reaches it and a warning once none does, and GC works again then."""
+    path = tmp_path / "s"
+    with Store.open(path) as s:
+        ctx = s.create_context().context_id
+        turns = s.append_turns(ctx, [TurnInput(b"%d" % i) for i in range(10)])
+        below, above = s.fork(turns[2].turn_id), s.fork(turns[7].turn_id)
+        s.append_turn(below.context_id, b"own")
+        other = s.create_context().context_id
+        s.append_turn(other, b"alone")
+        s.checkpoint()
+        s.checkpoint()
+    flip_turn(path, turns[5].turn_id)
+    report = fsck(path)
+    assert [e for e in report.errors if "cannot be read" in e], report.summary()
+    with Store.open(path) as s:
+        heads = {c.context_id: c.head_turn_id for c in s.list_contexts()}
+        bad = s.unreadable_chains(list(heads.values()))
+        assert {c for c, h in heads.items() if h in bad} == {ctx, above.context_id}
+        assert all(isinstance(e, CorruptRecord) and e.offset == 5 * TURN_SIZE for e in bad.values())
+        with pytest.raises(CorruptRecord):
+            s.gc()
+        s.delete_context(ctx)
+        s.delete_context(above.context_id)
+        s.gc()
+        assert s.get_last(below.context_id, 4)[-1].depth == 3
+    report = fsck(path)
+    assert report.ok and any("no head reaches it" in w for w in report.warnings), report.summary()
+
+
 def test_fsck_repair_truncates_torn_tails_and_rebuilds_the_index(tmp_path: Path) -> None:
     path = tmp_path / "s"
     run = crash_after(path, 15)
