@@ -21,11 +21,11 @@ from store.api import LOCK, Store
 from store.codec import DecodeError, blob_hash, decode_stored
 from store.config import StoreConfig
 from store.errors import CorruptRecord, StoreLocked, UnknownTurn
-from store.files import snapshot
+from store.files import patchlog, snapshot
 from store.files.blobindex import INDEX
 from store.files.blobpack import PACK, BlobPack, scan_pack
 from store.files.patchlog import PatchLog, patches_lost
-from store.files.turnlog import LOG, TurnLog
+from store.files.turnlog import LOG, SKIPS, TurnLog
 from store.layout import BLOB_HEADER, PATCH_REPLACE, TURN_SIZE, BlobHeader
 from store.recovery import DAMAGE, damage_found, replay
 from store.types import NO_TURN, RecoveryNotes
@@ -70,7 +70,11 @@ def fsck(path: str | os.PathLike[str], full: bool = False, repair: bool = False,
     if repair:
         _repair(root, report, lock_timeout)
     with _locked(root, lock_timeout):
-        _check(root, full, report)
+        if missing := [name for name in (LOG, SKIPS, PACK, patchlog.LOG) if not (root / name).exists()]:
+            report.errors += [f"{name} is missing (the next open makes it anew, empty: fsck --repair does, "
+                              "then checks what that lost)" for name in missing]
+        else:
+            _check(root, full, report)
     return report
 
 

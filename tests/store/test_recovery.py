@@ -299,6 +299,24 @@ def test_a_turn_record_no_wal_copy_repairs_fails_the_chains_through_it_until_the
     assert report.ok and any("no head reaches it" in w for w in report.warnings), report.summary()
 
 
+@pytest.mark.parametrize("name", ["turns.log", "turns.skip", "blobs.pack", "patches.log"])
+def test_fsck_reports_a_missing_store_file_and_repair_checks_what_that_lost(tmp_path: Path, name: str) -> None:
+    """A store file gone (a sync tool, a user's cleanup) is a finding, not a crash of fsck; the
+    repair's open makes it anew and the check says what was lost (turns.log: put back from the
+    head WAL; the pack: every blob a head reaches)."""
+    path = tmp_path / "s"
+    with Store.open(path) as s:
+        ctx = s.create_context().context_id
+        s.append_turns(ctx, [TurnInput(b"%d" % i) for i in range(10)])
+    (path / name).unlink()
+    report = fsck(path)
+    assert report.errors == [f"{name} is missing (the next open makes it anew, empty: fsck --repair does, "
+                             "then checks what that lost)"]
+    repaired = fsck(path, repair=True)
+    assert (path / name).exists() and repaired.stats["turns"] == 10
+    assert repaired.ok == (name != "blobs.pack"), repaired.summary()
+
+
 def test_fsck_repair_truncates_torn_tails_and_rebuilds_the_index(tmp_path: Path) -> None:
     path = tmp_path / "s"
     run = crash_after(path, 15)
