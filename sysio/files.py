@@ -39,37 +39,38 @@ def fsync_dir(path: Path) -> None:
 
 
 def private_dir(path: Path) -> None:
-    """Create `path` (and parents) if missing, and make it 0700 and the files in it 0600 even
-    if they existed wider (a store made under another umask or by an older version).  What
-    cannot be tightened (another user's file) is logged, not fatal: the node's `status`
-    names it, and a store that can still be used keeps working."""
+    """Create `path` (and parents) if missing (0700, files 0600), and take group's and
+    others' bits off it and the files in it if they existed wider (a store made under another
+    umask or by an older version); the owner's bits stay as they are (a file the user made
+    read-only is not made writable).  What cannot be tightened (another user's file) is logged,
+    not fatal: the node's `status` names it, and a store that can still be used keeps working."""
     path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-    if stat.S_IMODE(os.stat(path).st_mode) != DIR_MODE:
-        _tighten(path, DIR_MODE)
+    _tighten(path, os.stat(path).st_mode)
     with os.scandir(path) as entries:
         for e in entries:
             try:  # another process holding the store may rename a temp file away meanwhile
-                if e.is_file(follow_symlinks=False) and \
-                        stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) != FILE_MODE:
-                    _tighten(Path(e.path), FILE_MODE)
+                if e.is_file(follow_symlinks=False):
+                    _tighten(Path(e.path), e.stat(follow_symlinks=False).st_mode)
             except FileNotFoundError:
                 continue
 
 
 def _tighten(path: Path, mode: int) -> None:
+    if not mode & 0o077:
+        return
     try:
-        os.chmod(path, mode)
+        os.chmod(path, stat.S_IMODE(mode) & 0o700)
     except PermissionError as exc:
-        log.warning("cannot make %s private (mode %04o): %s", path, mode, exc.strerror)
+        log.warning("cannot make %s private (mode %04o): %s", path, stat.S_IMODE(mode), exc.strerror)
 
 
 def open_private(path: Path, flags: int) -> int:
-    """os.open for a store file: created 0600, and an existing file opened for writing is
-    tightened to 0600 (a read-only open changes nothing: fsck may run as another user)."""
+    """os.open for a store file: created 0600, and an existing file opened for writing loses
+    group's and others' bits (a read-only open changes nothing: fsck may run as another user)."""
     fd = os.open(path, flags, FILE_MODE)
     try:
-        if flags & (os.O_WRONLY | os.O_RDWR) and os.fstat(fd).st_mode & 0o777 != FILE_MODE:
-            os.fchmod(fd, FILE_MODE)
+        if flags & (os.O_WRONLY | os.O_RDWR) and (mode := os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, stat.S_IMODE(mode) & 0o700)
     except BaseException:
         os.close(fd)
         raise

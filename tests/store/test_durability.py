@@ -175,6 +175,21 @@ def test_existing_wide_store_is_tightened(tmp_path: Path) -> None:
     _assert_private(root)
 
 
+def test_tightening_takes_only_group_and_other_bits(tmp_path: Path) -> None:
+    """A file the user made read-only (0444, 0400) loses group's and others' bits but is not made
+    writable again; a 0750 directory becomes 0700, not more."""
+    root = tmp_path / "s"
+    _store_with_everything(root)
+    os.chmod(root / "heads.tbl.prev", 0o444)
+    os.chmod(root / "blobs.idx", 0o400)
+    os.chmod(root, 0o750)
+    with Store.open(root):
+        pass
+    modes = _modes(root)
+    assert modes["heads.tbl.prev"] == 0o400 and modes["blobs.idx"] == 0o400
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+
+
 def test_opening_a_store_another_holder_is_checkpointing(tmp_path: Path) -> None:
     """A second opener tightens the store's files before it asks for the lock, while the holder
     renames heads.tbl.tmp into place: a file gone between listing and stat is skipped, and the

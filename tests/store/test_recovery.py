@@ -300,7 +300,8 @@ def test_a_turn_record_no_wal_copy_repairs_fails_the_chains_through_it_until_the
 
 
 @pytest.mark.parametrize("name", ["turns.log", "turns.skip", "blobs.pack", "patches.log"])
-def test_fsck_reports_a_missing_store_file_and_repair_checks_what_that_lost(tmp_path: Path, name: str) -> None:
+def test_fsck_reports_a_missing_store_file_and_repair_checks_what_that_lost(tmp_path: Path,
+                                                                           name: str) -> None:
     """A store file gone (a sync tool, a user's cleanup) is a finding, not a crash of fsck; the
     repair's open makes it anew and the check says what was lost (turns.log: put back from the
     head WAL; the pack: every blob a head reaches)."""
