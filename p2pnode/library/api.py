@@ -1011,7 +1011,7 @@ class Library:
         """One line's bytes from the store, re-hashed (NotFound if the store lacks it)."""
         if not self.store.has_blob(line_hash):
             raise NotFound(f"line {line_hash.hex()} is not in this node's store")
-        return self.sessions.blob(line_hash, "line")
+        return self.sessions.blob(line_hash, f"line {line_hash.hex()}")
 
     def lines(self, hashes: Sequence[bytes]) -> list[bytes]:
         """Many lines' bytes from the store at once, each checked against its hash once (a

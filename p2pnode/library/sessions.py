@@ -558,11 +558,14 @@ class SessionStore:
             raise VerificationFailed(f"{what} cannot be read back from the store: {exc}") from None
 
     def blob(self, h: bytes, what: str) -> bytes:
-        """A blob re-hashed to its name; a damaged or missing one is a VerificationFailed."""
+        """A blob re-hashed to its name; a damaged or missing one is a VerificationFailed naming
+        `what` (which says which blob)."""
         try:
             return self.store.get_blob(h, verify=True)
+        except UnknownBlob:
+            raise VerificationFailed(f"{what} is missing from the store (`p2pnode fsck` lists what else is)") from None
         except StoreError as exc:
-            raise VerificationFailed(f"{what} {h.hex()} cannot be read back from the store: {exc}") from None
+            raise VerificationFailed(f"{what} cannot be read back from the store: {exc}") from None
 
     # --- writes ---
 
