@@ -563,7 +563,7 @@ class SessionStore:
         try:
             return self.store.get_blob(h, verify=True)
         except UnknownBlob:
-            raise VerificationFailed(f"{what} is missing from the store (`p2pnode fsck` lists what else is)") from None
+            raise VerificationFailed(f"{what} is missing from the store (see `p2pnode fsck`)") from None
         except StoreError as exc:
             raise VerificationFailed(f"{what} cannot be read back from the store: {exc}") from None
 

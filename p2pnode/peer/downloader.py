@@ -25,7 +25,7 @@ from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable
 from p2pnode.peer import https, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.identity import Identity
-from p2pnode.peer.link import Connections, NotOffered, PeerLink
+from p2pnode.peer.link import Connections, CopyDamaged, NotOffered, PeerLink
 from p2pnode.peer.nodeid import format_node_id, parse_node_id
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.lines import LineRef
@@ -67,6 +67,8 @@ def judge(exc: BaseException) -> Failure | None:
         return Failure(FailureAction.DROP, str(exc), PeerUnavailable)
     if isinstance(exc, NotOffered):
         return Failure(FailureAction.NOT_OFFERED)
+    if isinstance(exc, CopyDamaged):
+        return Failure(FailureAction.DROP, "its copy is damaged (its user should run `p2pnode fsck`)")
     if isinstance(exc, Refused):
         return Failure(FailureAction.DROP, str(exc), Refused)
     if isinstance(exc, VerificationFailed):  # lying bytes
@@ -188,8 +190,11 @@ class PeerPool:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def failure(self, what: str, not_offered: set[PeerLink]) -> P2PNodeError:
-        reasons = "; ".join(f"{p.addr}: {p.dropped or 'does not offer it'}" for p in self.peers)
+    def failure(self, what: str, not_offered: set[PeerLink],
+                lacking: str = "does not offer it") -> P2PNodeError:
+        """The fetch's error once no peer is left for `what`: each peer's part in one line
+        (`lacking`: what a peer in `not_offered` did)."""
+        reasons = "; ".join(f"{p.addr}: {p.dropped or lacking}" for p in self.peers)
         if not self.peers:
             return PeerUnavailable(f"{what}: no peer to fetch from (give --from HOST:PORT or a ticket)")
         if len(not_offered) == len(self.peers):
@@ -309,7 +314,9 @@ class Share:
                 running = [t for h in self.holders.values() for t in h.tasks]
                 pauses = [h.retry_at - now for h in self._live() if h.retry_at > now]
                 if not running and not pauses:
-                    raise self.pool.failure(self.what, {h.peer for h in self._live()})
+                    raise self.pool.failure(self.what, {h.peer for h in self._live()},
+                                            "does not serve some of them (no longer offered there, or "
+                                            "its copy of them is damaged: its log says which)")
                 tick = min([self.pool.limits.stall_timeout / 4, self.pool.limits.hedge_timeout / 2, *pauses])
                 if not running:
                     await asyncio.sleep(tick)

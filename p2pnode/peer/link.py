@@ -21,6 +21,10 @@ class NotOffered(Exception):
     """The peer answered 404: it does not offer this object (or does not exist, same answer)."""
 
 
+class CopyDamaged(Exception):
+    """The peer answered 503: it offers this object, but its own store's copy failed its checks."""
+
+
 class PeerLink:
     """One peer for the duration of a fetch: its HTTPS session and its standing."""
 
@@ -64,6 +68,8 @@ class PeerLink:
                                  "peers must not redirect")
         if resp.status == 404:
             raise NotOffered(what)
+        if resp.status == 503:
+            raise CopyDamaged(what)
         if resp.status == 403:
             raise Refused(f"peer {self.addr} refused the request for {what} (403)")
         if resp.status not in (200, 206):

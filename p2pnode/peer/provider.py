@@ -88,6 +88,9 @@ WAIT_CHECK_SECONDS = 0.5
 aiohttp does not cancel a handler whose peer went, and a wait left behind would hold one of
 the peer's max_waiting_per_peer slots until catalog_wait ran out."""
 NOT_FOUND_BODY = b"not found\n"
+DAMAGED_BODY = b"this node's copy is damaged\n"
+DAMAGE_LOGGED = 1024
+"""Damaged objects logged (one warning each per node run; later requests for one are DEBUG)."""
 
 
 def _not_found() -> web.Response:
@@ -134,6 +137,7 @@ class PeerServer:
         self._rechecks: set[asyncio.Task[None]] = set()
         self._pace: dict[str, LinkPace] = {}
         """Per peer: its link as batch responses saw it (which batch format it gets)."""
+        self._damage_logged: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -263,17 +267,29 @@ class PeerServer:
         except (web.HTTPNotFound, web.HTTPMethodNotAllowed):  # no such route, or not with this
             return _not_found()  # method: the same answer as a hash that does not exist
         except DAMAGED as exc:  # this node's copy fails its checks: not served, the peer asks others
-            log.warning("not serving %s: this node's copy is damaged (`p2pnode fsck`): %s", request.path, exc)
+            self._log_damage(request.path, exc)
             if request.writer.output_size:  # the answer began: cut it (the fetcher verifies what came)
                 transport.abort()
-                raise ConnectionResetError("damaged in the store") from None
-            return _not_found()
+                return web.Response()  # never sent: the connection is gone
+            # 503, not 404: the object is offered to this peer (it was checked first), so
+            # saying why leaks nothing, and the fetcher can tell its user
+            return web.Response(status=503, body=DAMAGED_BODY, content_type="text/plain")
         finally:
             self._busy.discard(transport)
             self._arm(transport)  # the next request's head has request_timeout to arrive
             self._active[fp] -= 1
             if transport.is_closing():
                 self._transports[fp].discard(transport)
+
+    def _log_damage(self, what: str, exc: BaseException) -> None:
+        """One warning per damaged object per node run (a fetcher may ask again and again)."""
+        if what in self._damage_logged:
+            log.debug("not serving %s: this node's copy is damaged: %s", what, exc)
+            return
+        if len(self._damage_logged) >= DAMAGE_LOGGED:
+            self._damage_logged.clear()
+        self._damage_logged.add(what)
+        log.warning("not serving %s: this node's copy is damaged (`p2pnode fsck`): %s", what, exc)
 
     def served_within(self, seconds: float) -> bool:
         """Whether a peer is being served lines or objects, or was within the last `seconds`
@@ -588,8 +604,7 @@ class PeerServer:
             try:
                 blob = self.lib.stored_line(h)
             except DAMAGED as exc:  # left out, as a line not served is: the fetcher asks other holders
-                log.warning("not serving line %s: this node's copy is damaged (`p2pnode fsck`): %s",
-                            h.hex(), exc)
+                self._log_damage(f"line {h.hex()}", exc)
                 continue
             parts += (stream.frame_parts(blob) if stream is not None
                       else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))

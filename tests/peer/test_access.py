@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from corpus import A6
 
+from p2pnode.errors import PeerUnavailable
 from p2pnode.library import access
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.paths import NodePaths
@@ -300,9 +301,44 @@ async def test_a_damaged_copy_is_not_served_and_logged_in_one_line(world: World,
         decoder.finish()
         assert 0 < len(got) < len(set(asked))  # the damaged one left out, the others sent
         assert all(wire.decode_blob(b) for b in got)  # each verifies
-        with pytest.raises(aiohttp.ClientPayloadError):  # the whole session: cut where the damage is
-            await answer(s, "GET", base + wire.PATH_OBJECT.format(hash=shared.src))
+        for _ in range(2):  # asked again: the same answer, and no second warning
+            with pytest.raises(aiohttp.ClientPayloadError):  # the whole session: cut where the damage is
+                await answer(s, "GET", base + wire.PATH_OBJECT.format(hash=shared.src))
+            assert (await answer(s, "POST", base + wire.PATH_BATCH, b"".join(asked)))[0] == 200
     await server.close()
     damaged = [r for r in caplog.records if "damaged" in r.getMessage()]
-    assert damaged and all(r.levelname == "WARNING" and not r.exc_info for r in damaged)
+    assert len([r for r in damaged if r.levelname == "WARNING"]) == 2  # the line, the session
+    assert all(not r.exc_info for r in damaged)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if "Error handling request" in r.getMessage()]
+
+
+async def test_a_copy_found_damaged_before_the_answer_is_a_503_the_fetcher_names(world: World) -> None:
+    """A line manifest this node cannot make (lines lost from a pack cut short) is offered all
+    the same, so it is not a 404 ("not offered", which would send the fetcher to the whole
+    session): 503, and the fetch's error says that peer's copy is damaged."""
+    from p2pnode.peer.address import PeerAddress
+    from p2pnode.peer.downloader import PeerPool
+
+    shared = world.lib.share(str(world.agent / A6))
+    world.lib.close()
+    pack = world.lib.paths.store / "blobs.pack"
+    pack.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])
+    world.lib = Library.open(world.lib.paths, world.agent)
+    server = PeerServer(world.lib, world.me, world.trust)
+    await server.start("127.0.0.1", 0)
+    try:
+        async with session(world, "alice") as s:
+            status, _, body = await answer(s, "GET", f"https://127.0.0.1:{server.port}"
+                                           + wire.PATH_LINES.format(src=shared.src))
+        assert (status, body) == (503, provider.DAMAGED_BODY)
+        ident = load_or_create_identity(world.tmp / "alice-id")
+        pool = PeerPool([PeerAddress(None, "127.0.0.1", server.port)], ident,
+                        TrustStore(world.tmp / "alice-trust.json"), wire.DEFAULT_LIMITS)
+        try:
+            with pytest.raises(PeerUnavailable, match="its copy is damaged"):
+                await pool.run("line manifest", lambda peer: peer.line_manifest(shared.src))
+        finally:
+            await pool.close()
+    finally:
+        await server.close()

@@ -312,7 +312,7 @@ async def test_a_line_no_holder_serves_fails_the_fetch_as_not_offered(world: Wor
     h.server = PeerServer(HidingLibrary(h.lib, victim), h.identity, trust)  # type: ignore[arg-type]
     await h.server.start("127.0.0.1", 0)
     addr = PeerAddress(h.identity.node_id, "127.0.0.1", h.port)
-    fate = f"not offered by any peer \\({addr}: does not offer it\\)"
+    fate = f"not offered by any peer \\({addr}: does not serve some of them \\(no longer offered there"
     with pytest.raises(NotFound, match=f"lines of session .*: {fate}"):
         await world.fetch([addr])
     assert not world.lib.branches(include_unshared=True)
