@@ -58,6 +58,7 @@ from store.files.turnlog import LOG, TurnLog
 from store.gc import Gate, mark
 from store.layout import (
     CODEC_RAW,
+    IDX_ENTRY,
     PATCH_REPLACE,
     PATCH_TOMBSTONE,
     TURN_SIZE,
@@ -1014,3 +1015,10 @@ class Store:
 
     def blob_hashes(self) -> list[bytes]:
         return [*self._pack.hashes(), *self._pending]
+
+    @property
+    def unwritten_index_bytes(self) -> int:
+        """Bytes of blob index entries kept in memory only, not in blobs.idx yet (it is written
+        whole at a fold or a GC): what the data files will grow by for the blobs packed so far."""
+        with self._gate.shared():
+            return (len(self._pack) - self._pack.indexed) * IDX_ENTRY.size

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from p2pnode.cli import argtypes
+from p2pnode.cli.access import peer_names
 from p2pnode.cli.render import one_line, print_json, short, shown
 from p2pnode.library.audit import AuditLog
 
@@ -14,19 +16,22 @@ from p2pnode.library.audit import AuditLog
 def cmd_log(args: argparse.Namespace) -> int:
     from p2pnode.cli.main import node_paths
 
-    entries = AuditLog(node_paths(args).home / "audit.log").read()
+    paths = node_paths(args)
+    entries = AuditLog(paths.home / "audit.log").read()
     if args.limit:
         entries = entries[-args.limit:]
     if args.json:
         print_json(entries)
         return 0
+    names = peer_names(paths)
     for entry in entries:
-        print(log_line(entry))
+        print(log_line(entry, names))
     return 0
 
 
-def log_line(e: dict[str, Any]) -> str:
-    """One event as a line: time, event, then what it concerns."""
+def log_line(e: dict[str, Any], names: Mapping[str, str] | None = None) -> str:
+    """One event as a line: time, event, then what it concerns (`names`: node id -> the name
+    it is trusted by here, for a share's peers; an id not trusted now is shown whole)."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e.get("time", 0))))
     event = str(e.get("event"))
     if event == "served":
@@ -42,7 +47,8 @@ def log_line(e: dict[str, Any]) -> str:
         what = f"{short(e.get('branch'))}  {one_line(e.get('title'), 50)}"
         if event == "shared":
             to = e.get("to")
-            what += f"  to {', '.join(short(p) for p in to)}" if to else "  to all trusted peers"
+            peers = ", ".join(shown((names or {}).get(p) or p) for p in to or [])
+            what += f"  to {peers}" if to else "  to all trusted peers"
             if e.get("expires_at"):
                 until = time.localtime(e["expires_at"] / 1000)
                 what += f", until {time.strftime('%Y-%m-%d %H:%M', until)}"

@@ -159,7 +159,12 @@ def print_branches(infos: list[BranchInfo], names: Mapping[str, str] | None = No
 
 def print_unshared(answer: Mapping[str, Any]) -> None:
     """`unshare`: the branch, the other versions of its session withdrawn with it, and (stderr)
-    the offered branches that descend from it, no longer served."""
+    the offered branches that descend from it, no longer served; or that it was not offered."""
+    if not answer.get("was_offered", True):
+        why = {"unshared": "unshared already", "expired": "its offer expired"}.get(
+            answer.get("withdrawn") or "", "fetched here, never shared")
+        print(f"not offered: {answer['branch']} ({why}); nothing to unshare")
+        return
     print(f"unshared {answer['branch']}")
     if answer["versions"]:
         print(f"  and {len(answer['versions'])} other version(s) of its session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from p2pnode.cli.render import one_line, print_json, short
+from p2pnode.cli.render import one_line, print_json, short, shown
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -22,14 +22,21 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from p2pnode.cli.main import node_paths
+    from p2pnode.node.follow import unfollow_saved
     from p2pnode.node.routing import routed, via_node_streamed
     from p2pnode.node.upkeep import remove_and_collect
 
-    result = routed(node_paths(args), "rm", {"target": args.target},
-                    lambda lib: remove_and_collect(lib, args.target), via_node_streamed)
+    paths = node_paths(args)
+    def here(lib: Any) -> dict[str, Any]:
+        return remove_and_collect(lib, args.target, lambda gone: unfollow_saved(paths.home, gone))
+
+    result = routed(paths, "rm", {"target": args.target}, here, via_node_streamed)
     if args.json:
         print_json(result)
         return 0
+    for key in result.get("unfollowed", []):
+        print(f"stopped following {shown(key)} (it fetched what rm removes; `p2pnode follow` it again to "
+              "keep it here)")
     for info in result["removed"]:
         print(f"removed {info['branch']}  {one_line(info['title'], 60)}")
     print_gc(result["gc"])
@@ -44,9 +51,10 @@ def print_gc(report: dict[str, Any]) -> None:
         print(f"forgot  {short(branch)}")
     dropped = len(report["versions"])
     versions = f" ({dropped} older version(s) dropped)" if dropped else ""
-    # two figures: the data files can grow a little as blobs go (the index is written whole)
-    print(f"gc freed {report['bytes_freed']} bytes of blobs{versions}; the store's data files: "
-          f"{report['store_bytes_before']} -> {report['store_bytes_after']} bytes")
+    freed, before, after = report["bytes_freed"], report["store_bytes_before"], report["store_bytes_after"]
+    # README, "Space": the store shrinks by what was freed and the index entries of those lines
+    store = f"{before} -> {after} bytes" if freed else f"{after} bytes"
+    print(f"gc freed {freed} bytes of stored lines{versions}; the store: {store}")
     if report.get("staging_bytes_freed"):
         print(f"gc removed {report['staging_bytes_freed']} bytes that interrupted fetches left behind")
 

@@ -132,14 +132,17 @@ class Catalog:
 @dataclass(frozen=True)
 class Unshared:
     """What `unshare` did: the branch, the other versions of its session withdrawn with it, and
-    the offered branches that descend from them (no longer served: their lineage is not)."""
+    the offered branches that descend from them (no longer served: their lineage is not).
+    `was_offered` False: none of them was offered, nothing changed (nothing logged)."""
 
     branch: BranchInfo
     versions: list[str]
     withheld: list[BranchInfo]
+    was_offered: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {"branch": self.branch.branch, "offered": False, "versions": self.versions,
+        return {"branch": self.branch.branch, "offered": False, "was_offered": self.was_offered,
+                "withdrawn": self.branch.withdrawn, "versions": self.versions,
                 "withheld": [{"branch": i.branch, "title": i.title} for i in self.withheld]}
 
 
@@ -703,6 +706,8 @@ class Library:
         with self._lock:
             record = self.sessions.branch(self.resolve_branch(branch_hex))
             versions = [r for r in self._session_versions(record) if r.offered]
+            if not record.offered and not versions:  # unshared already, expired, or fetched
+                return Unshared(self._info(record), [], [], was_offered=False)
             for r in [record, *versions]:
                 if r.offered:  # one event per branch it withdraws
                     self.sessions.withdraw(r.branch, "unshared")
@@ -1280,7 +1285,7 @@ class Library:
                 if not alone:
                     return space.GCReport([], [], 0, 0, 0, skipped="a fetch runs in another process")
                 self.store.checkpoint()  # blobs left in the head WAL go to the pack now: counted before
-                before = space.store_bytes(self.paths.store)
+                before = space.store_bytes(self.store)
                 drop = space.garbage(self.sessions)
                 self.sessions.forget(drop.branches, drop.versions, lambda: phase("records-saved"))
                 # logged now: an interrupted store GC must not leave forgotten branches unlogged
@@ -1291,7 +1296,7 @@ class Library:
                 stats = self.store.gc(phase)
                 staged = space.sweep_fetching(self.paths.fetching, self.store.config.gc_grace_seconds)
                 report = space.GCReport(drop.branches, drop.versions, stats.bytes_freed, before,
-                                        space.store_bytes(self.paths.store), staging_bytes_freed=staged)
+                                        space.store_bytes(self.store), staging_bytes_freed=staged)
                 if stats.bytes_freed:
                     self.audit.append("reclaimed", bytes=stats.bytes_freed)
                 self._changed()
@@ -1305,13 +1310,8 @@ class Library:
         Their bytes go at the next `gc`.  A branch that is the parent of another held here is
         refused: remove the child first."""
         with self._imports, self._lock:
-            records = self._remove_targets(target)
+            records = self._removable(target)
             names = {r.branch for r in records}
-            children = [r.branch for r in self.sessions.branches()
-                        if r.parent in names and r.branch not in names]
-            if children:
-                raise InvalidInput(f"{target}: branch {children[0]} held here has it as its parent; "
-                                   f"remove that first (p2pnode rm {children[0][:16]})")
             infos = [self._info(r) for r in records]
             used = {r.src for r in self.sessions.branches() if r.branch not in names}
             self.sessions.forget(sorted(names), sorted({r.src for r in records} - used))
@@ -1350,6 +1350,22 @@ class Library:
             self._changed()
             return dropped
 
+    def removal(self, target: str) -> list[str]:
+        """The branches `remove(target)` would forget now, or its error: the node stops its
+        follows of them first (a follow would fetch the session again, whole)."""
+        with self._lock:
+            return [r.branch for r in self._removable(target)]
+
+    def _removable(self, target: str) -> list[BranchRecord]:
+        """`_remove_targets`, refused when a branch held here has one of them as its parent."""
+        records = self._remove_targets(target)
+        names = {r.branch for r in records}
+        children = [r.branch for r in self.sessions.branches() if r.parent in names and r.branch not in names]
+        if children:
+            raise InvalidInput(f"{target}: branch {children[0]} held here has it as its parent; "
+                               f"remove that first (p2pnode rm {children[0][:16]})")
+        return records
+
     def _remove_targets(self, target: str) -> list[BranchRecord]:
         """The branches `rm` means: of a Pi session id or a unique prefix of one held here (as
         `share` takes them), else a branch hash or unique prefix; a prefix of both is refused."""
@@ -1370,12 +1386,15 @@ class Library:
 
     def space(self) -> dict[str, int]:
         """`status`: the store's bytes and what `gc` would reclaim now (an estimate, computed
-        again only when the records or the turns changed: it walks every kept turn)."""
+        again only when the records or the turns changed: it walks every kept turn); both in
+        the measures of `gc`'s report (space.GCReport)."""
         with self._lock:
+            if self.store.failure is None:  # as `gc` counts them: in the pack, not raw in the head WAL
+                self.store.pack_pending()
             key = (self.sessions.generation, self.store.turn_count, len(self.sessions.all_versions()))
             if self._reclaimable is None or self._reclaimable[0] != key:
                 self._reclaimable = (key, space.reclaimable_bytes(self.sessions, self.store))
-            return {"store_bytes": space.store_bytes(self.paths.store),
+            return {"store_bytes": space.store_bytes(self.store),
                     "reclaimable_bytes": self._reclaimable[1]}
 
 

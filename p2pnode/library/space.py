@@ -22,6 +22,7 @@ from typing import Any
 from p2pnode.library.sessions import SessionStore
 from store.api import Store
 from store.files.headwal import is_wal_file
+from store.layout import BLOB_OVERHEAD
 
 GC_THRESHOLD_BYTES = 64 << 20
 """The running node collects in the background when at least this much is reclaimable, or
@@ -55,8 +56,14 @@ class GCReport:
     branches: list[str]
     versions: list[str]
     bytes_freed: int
+    """What the store's GC cut from its pack: the records of the blobs it dropped (what
+    `status` estimates as reclaimable)."""
     store_bytes_before: int
+    """store_bytes when GC began, the blobs left in the head WAL packed first (as `status`
+    counts them)."""
     store_bytes_after: int
+    """store_bytes when it ended: before, less bytes_freed, plus what rewriting the blob index
+    whole and the head table added or took (a few bytes a blob)."""
     skipped: str | None = None
     """Why GC did not run (a fetch held a transfer lease); nothing was changed then."""
     staging_bytes_freed: int = 0
@@ -82,9 +89,10 @@ def garbage(sessions: SessionStore) -> Garbage:
 
 
 def reclaimable_bytes(sessions: SessionStore, store: Store) -> int:
-    """Stored bytes of blobs no kept record reaches: what `gc` would free now, an estimate
-    (blobs put in the last hour that no turn uses yet count, though GC keeps them, and the
-    pack's record headers do not).  Walks every kept turn once, reads each dead blob once."""
+    """The pack records (stored bytes and BLOB_OVERHEAD) of blobs no kept record reaches: what
+    `gc` would free now, in GCReport.bytes_freed's measure; an estimate (blobs put in the last
+    hour that no turn uses yet count, though GC keeps them).  Walks every kept turn once,
+    reads each dead blob once."""
     drop = garbage(sessions)
     gone = set(drop.branches) | set(drop.versions)
     heads = [r.head for r in sessions.branches() if r.branch not in gone]
@@ -97,7 +105,8 @@ def reclaimable_bytes(sessions: SessionStore, store: Store) -> int:
             turn = store.get_turn(tid)
             live.add(turn.payload_hash)
             tid = turn.parent_turn_id
-    return sum(len(store.get_stored_blob(h).stored) for h in store.blob_hashes() if h not in live)
+    return sum(BLOB_OVERHEAD + len(store.get_stored_blob(h).stored)
+               for h in store.blob_hashes() if h not in live)
 
 
 def sweep_fetching(directory: Path, grace_seconds: float) -> int:
@@ -125,11 +134,14 @@ def sweep_fetching(directory: Path, grace_seconds: float) -> int:
     return freed
 
 
-def store_bytes(root: Path) -> int:
-    """Bytes of the store's data files: not its head WAL, 1-2 MiB of journal that comes and
-    goes with checkpoints (a GC that freed a little would show the store grown)."""
-    return sum(e.stat().st_size for e in os.scandir(root)
-               if e.is_file(follow_symlinks=False) and not is_wal_file(e.name))
+def store_bytes(store: Store) -> int:
+    """Bytes of the store's data files, its blob index counted with the entries it keeps in
+    memory until it is next written whole (a GC writes it: else a GC that freed a little would
+    show the store grown); not its head WAL, 1-2 MiB of journal that comes and goes with
+    checkpoints."""
+    files = sum(e.stat().st_size for e in os.scandir(store.root)
+                if e.is_file(follow_symlinks=False) and not is_wal_file(e.name))
+    return files + store.unwritten_index_bytes
 
 
 def worth_collecting(reclaimable: int, total: int) -> bool:

@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -311,6 +311,15 @@ class Follows:
     def status(self) -> list[dict[str, Any]]:
         return self.follows.status()
 
+    async def stop_holding(self, branches: Collection[str]) -> list[str]:
+        """`p2pnode rm` of what a follow fetched (or asked for): the follow ends first, else it
+        would fetch the session again, whole, at its next version.  The keys of those ended."""
+        ended = [f.key for f in self.follows if _follows_one_of(f.saved(), branches)]
+        for key in ended:
+            await self.follows.remove(key)
+            log.info("follow %s: ended, `p2pnode rm` removed what it fetched", key[:16])
+        return ended
+
     def _event(self, f: Follow, kind: str, **fields: Any) -> None:
         self._seq += 1
         f.events.append(dict(fields, seq=self._seq, kind=kind, time=time.time(), key=f.key))
@@ -423,30 +432,38 @@ class Follows:
         for address in await self._peers(f):
             limits = dataclasses.replace(wire.DEFAULT_LIMITS,
                                          slow_reader_timeout=wire.DEFAULT_LIMITS.catalog_wait + 10)
-            link = PeerLink(address, self.node.identity, self.node.trust, limits)
+            connections = Connections()
+            link = PeerLink(address, self.node.identity, self.node.trust, limits, connections)
             try:
-                await self._poll(f, link)
+                await self._poll(f, link, connections)
             except Exception as exc:  # this peer is gone or refuses: the next one
                 failures.append(f"{address}: {exc or type(exc).__name__}")
             finally:
-                await link.close()
+                await connections.close()
         raise PeerUnavailable("; ".join(failures) or "no peer answered")
 
-    async def _poll(self, f: Follow, link: PeerLink) -> None:
+    async def _poll(self, f: Follow, link: PeerLink, connections: Connections) -> None:
+        """The first catalog as `fetch` reads one (a peer that hangs up on each handshake does
+        not trust this node: Refused, saying what its user must run), then long polls on the
+        same connection."""
         generation: int | None = None
         loop = asyncio.get_running_loop()
         last = -MIN_POLL_INTERVAL
         while True:
             await asyncio.sleep(max(0.0, last + MIN_POLL_INTERVAL - loop.time()))
             last = loop.time()
-            path = wire.PATH_CATALOG + ("" if generation is None else f"?wait={generation}")
             try:
-                body = await asyncio.wait_for(link.get_small(path, link.limits.max_catalog_bytes, "catalog"),
-                                              POLL_TIMEOUT)
+                if generation is None:
+                    node = self.node
+                    first = get_catalog(link.addr, node.identity, node.trust, link.limits, connections)
+                    catalog = await asyncio.wait_for(first, POLL_TIMEOUT)
+                else:
+                    path = f"{wire.PATH_CATALOG}?wait={generation}"
+                    body = link.get_small(path, link.limits.max_catalog_bytes, "catalog")
+                    catalog = wire.decode_catalog(await asyncio.wait_for(body, POLL_TIMEOUT), link.limits)
             except TimeoutError:
                 raise PeerUnavailable(f"peer {link.addr}: its catalog was not in within {POLL_TIMEOUT:g} s") \
                     from None
-            catalog = wire.decode_catalog(body, link.limits)
             offered = {e.branch for e in catalog.branches}
             newest = newest_entry(catalog.branches, f.branch if f.branch in offered else f.session or f.key)
             if newest is None:
@@ -485,6 +502,17 @@ class Follows:
         log.info("follow %s: version %s (%d lines, +%d) from %s", f.key[:16], entry.branch[:16], info.lines,
                  info.lines - before, address)
         self.node.announce_soon()  # the catalog's generation moved (the fetched branch is not offered)
+
+
+def _follows_one_of(saved: dict[str, Any], branches: Collection[str]) -> bool:
+    return saved.get("key") in branches or saved.get("branch") in branches
+
+
+def unfollow_saved(home: Path, branches: Collection[str]) -> list[str]:
+    """Follows.stop_holding with no node running: those follows are dropped from follows.json
+    (a node started later would take them up).  The keys of those dropped."""
+    saved = PersistedTasks[Follow](home / FOLLOWS_FILE, lambda f: asyncio.sleep(0))
+    return [str(e.get("key")) for e in saved.drop_saved(lambda e: _follows_one_of(e, branches))]
 
 
 def lan_peers(node: Node) -> list[PeerAddress]:

@@ -64,14 +64,18 @@ def offline_status(paths: NodePaths, lib: Library) -> dict[str, Any]:
 
 def peers_view(trusted: Iterable[TrustedPeer], status: dict[str, Any] | None) -> list[dict[str, Any]]:
     """`p2pnode peers`: the trusted peers, with where and whether a running node (its status,
-    None if none runs) sees them, then the untrusted nodes it sees."""
-    peers = [dict(p.as_dict(), trusted=True, addresses=[], port=None, online=None) for p in trusted]
+    None if none runs) sees them, then the untrusted nodes it sees.  Every row has the same
+    keys, null where nothing is known (no node running: where, whether online, whether it
+    trusts this node back)."""
+    unknown: dict[str, Any] = {"addresses": [], "port": None, "online": None, "trusts_us": None,
+                               "reached": None}
+    peers = [dict(p.as_dict(), trusted=True, **unknown) for p in trusted]
     if status:
         seen = {p["node_id"]: p for p in status["peers"]}
         for p in peers:
             if (s := seen.pop(p["id"], None)) is not None:
                 p.update(addresses=s["addresses"], port=s["port"], online=s["online"],
                          trusts_us=s.get("trusts_us"), reached=s.get("reached"))
-        peers += [{"id": s["node_id"], "name": None, "trusted": False, "addresses": s["addresses"],
-                   "port": s["port"], "online": None} for s in seen.values() if not s["trusted"]]
+        peers += [{"id": s["node_id"], "name": None, "added_at": None, "trusted": False, **unknown,
+                   "addresses": s["addresses"], "port": s["port"]} for s in seen.values() if not s["trusted"]]
     return peers

@@ -47,6 +47,15 @@ class PersistedTasks(Generic[T]):
             return []
         return [e for e in saved if isinstance(e, dict)] if isinstance(saved, list) else []
 
+    def drop_saved(self, gone: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """With no node running (nothing begun here): remove the saved entries `gone` picks
+        from the file, so that a node started later does not take them up; they are returned."""
+        saved = self.load()
+        dropped = [e for e in saved if gone(e)]
+        if dropped:
+            atomic_write(self.file, json.dumps([e for e in saved if not gone(e)]).encode())
+        return dropped
+
     def begin(self, key: str, item: T) -> None:
         self.items[key] = item
         item.task = asyncio.ensure_future(self._run(item))

@@ -6,7 +6,8 @@ move).
 Control endpoints (POST, JSON; see daemon.py; with "stream": true, NDJSON: node/answers.py, as
 the CLI asks: a GC of a big store, or one waiting for a share, takes longer than one reply's 30 s):
     /v1/gc {}                  -> GCReport.as_dict()   (skipped while a fetch holds a lease)
-    /v1/rm {"target"}          -> {"removed": [BranchInfo.as_dict()...], "gc": GCReport.as_dict()}
+    /v1/rm {"target"}          -> {"removed": [BranchInfo.as_dict()...], "unfollowed": [key...],
+                                   "gc": GCReport.as_dict()}
 """
 from __future__ import annotations
 
@@ -37,7 +38,12 @@ def routes(node: Node) -> dict[str, Route]:
         target = body.get("target")
         if not isinstance(target, str) or not target:
             raise InvalidInput("control: 'target' must be a branch hash, prefix or session id")
-        return await _answer(body, lambda: remove_and_collect(node.lib, target))
+        loop = asyncio.get_running_loop()
+
+        def unfollow(branches: list[str]) -> list[str]:  # from rm's thread: the follows run on the loop
+            return asyncio.run_coroutine_threadsafe(node.follows.stop_holding(branches), loop).result()
+
+        return await _answer(body, lambda: remove_and_collect(node.lib, target, unfollow))
 
     return {"gc": gc, "rm": rm}
 
@@ -53,11 +59,14 @@ async def _as_is(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def remove_and_collect(lib: Library, target: str) -> dict[str, Any]:
-    """`p2pnode rm`: forget the target, then run GC for its bytes (skipped during a fetch:
-    the background GC gets them later)."""
+def remove_and_collect(lib: Library, target: str,
+                       unfollow: Callable[[list[str]], list[str]]) -> dict[str, Any]:
+    """`p2pnode rm`: end the follows of what goes (`unfollow(branches)`, the keys of those
+    ended: node/follow.py), forget the target, then run GC for its bytes (skipped during a
+    fetch: the background GC gets them later)."""
+    unfollowed = unfollow(lib.removal(target))
     removed = lib.remove(target)
-    return {"removed": [i.as_dict() for i in removed], "gc": lib.gc().as_dict()}
+    return {"removed": [i.as_dict() for i in removed], "unfollowed": unfollowed, "gc": lib.gc().as_dict()}
 
 
 def announce_on_change(node: Node) -> None:

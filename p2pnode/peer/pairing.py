@@ -300,6 +300,8 @@ class Waiter:
             raise CodeExpired(f"the pairing code expired ({CODE_TTL:g} s without a pairing): "
                               "run `p2pnode pair` again")
         try:
+            if self.state is State.FINISHING and self.peer and self.peer.node_id == self.me.node_id:
+                raise SelfPairing()  # whatever the joiner says now: it refused our confirm, or it lies
             return self._receive(decode(line))
         except BaseException:
             if self.attempted:
@@ -328,8 +330,9 @@ class Waiter:
             _expect(msg, "confirm")
             joiner = _party(msg)
             _verify(msg, self._keys.joiner_confirm(joiner))
-            if joiner.node_id == self.me.node_id:
-                raise SelfPairing()
+            # this node's own id (its own code typed here): confirmed all the same, so that the
+            # joiner learns it from an authenticated message 4 and says so itself (exit 4, not a
+            # refusal); the next message then ends the exchange here, never trusting itself
             self.peer = joiner
             self.state = State.FINISHING
             mac = self._keys.waiter_confirm(joiner, self.me)

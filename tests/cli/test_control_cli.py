@@ -95,6 +95,37 @@ def test_log_lines_say_who_got_what() -> None:
     served = {"time": 0, "event": "served", "peer": "N" * 56, "peer_name": "bob", "kind": "batch",
               "branches": ["cd" * 32], "bytes": 10, "complete": False}
     assert f"to bob {'N' * 56}, 10 bytes" in log_line(served) and "cut off" in log_line(served)
+    # a share's peers by the name each is trusted by here; one no longer trusted by its whole id
+    to = dict(shared, to=["B" * 63, "C" * 63])
+    assert f"to bob, {'C' * 63}" in log_line(to, {"B" * 63: "bob"})
+
+
+def test_log_names_a_shares_peers_as_trusted_here(nodes) -> None:
+    a, b, _ = nodes
+    a.run("share", "01a1ff93-69ef", "--to", "bob")
+    assert "  to bob" in a.run("log").stdout and b.id[:16] not in a.run("log").stdout
+
+
+def test_unshare_of_a_branch_not_offered_says_so_and_logs_nothing(nodes) -> None:
+    a, _, _ = nodes
+    branch = a.run("share", "01a1ff93-69ef").stdout.split()[0]
+    for _ in (1, 2):
+        a.run("unshare", branch)
+    again = a.run("unshare", branch, "--json")
+    assert json.loads(again.stdout)["was_offered"] is False
+    text = a.run("unshare", branch)
+    assert text.stdout.startswith(f"not offered: {branch} (unshared already)")
+    assert [e["event"] for e in json.loads(a.run("log", "--json").stdout)] == ["shared", "unshared"]
+
+
+def test_peers_json_has_one_schema_with_and_without_a_node(nodes) -> None:
+    a, b, c = nodes
+    keys = {"id", "name", "added_at", "trusted", "addresses", "port", "online", "trusts_us", "reached"}
+    offline = json.loads(a.run("peers", "--json").stdout)
+    assert [set(p) for p in offline] == [keys, keys] and {p["trusts_us"] for p in offline} == {None}
+    with a.node_running():
+        online = json.loads(a.run("peers", "--json").stdout)
+    assert [set(p) for p in online] == [keys, keys]
 
 
 async def test_unshare_from_the_command_line_stops_a_running_nodes_transfer(nodes) -> None:

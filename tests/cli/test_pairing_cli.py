@@ -105,6 +105,18 @@ def test_a_wrong_code_fails_on_both_sides_and_nobody_trusts(pair_of: tuple[Node,
     assert trusted(alice) == {} and trusted(bob) == {}
 
 
+def test_joining_ones_own_code_is_invalid_input_on_both_sides(pair_of: tuple[Node, Node]):
+    """A node that types the code it shows: exit 4 on both sides ("a node trusting itself"),
+    not a refusal for the joiner; nobody trusts anybody."""
+    alice, _ = pair_of
+    with waiting(alice) as (proc, code, port):
+        joined = alice.run("pair", code, "--from", f"127.0.0.1:{port}", check=False)
+        out, err = proc.communicate(timeout=30)
+    assert joined.returncode == 4 and "own code" in joined.stderr, joined.stderr
+    assert proc.returncode == 4 and "own code" in err and "Traceback" not in err, err
+    assert trusted(alice) == {}
+
+
 def test_a_typo_in_the_code_is_refused_before_anything_is_sent(pair_of: tuple[Node, Node]):
     alice, bob = pair_of
     with waiting(alice) as (proc, code, port):

@@ -352,3 +352,37 @@ def test_a_follow_of_a_version_held_here_reports_nothing_new(tmp_path: Path, cor
                 "the follow's first version", lambda: any(f["branch"] for f in status(b)["following"])))
         [version] = [e for e in map(json.loads, out.splitlines()) if e["kind"] == "version"]
         assert (version["new_lines"], version["turns"], version["lines"]) == (0, 0, shared["lines"]), err
+
+
+def test_rm_of_a_followed_session_stops_its_follow(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """`rm` of what a follow fetched ends that follow (said on stdout), else its next version
+    would be fetched again, whole: in the running node, and in follows.json with no node."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        shared = json.loads(a.run("share", str(session), "--json").stdout)
+        with a.serving() as port, b.node_running():
+            b.run("follow", shared["branch"], "--from", f"{a.id}@127.0.0.1:{port}", "--detach")
+            wait_for("the first version on B", placed(b, session.read_bytes()))
+            removed = b.run("rm", shared["header"]["id"])
+            assert f"stopped following {shared['branch']}" in removed.stdout
+            assert status(b)["following"] == [] and b.run("ls", "--all", "--json").stdout.strip() == "[]"
+            b.run("fetch", shared["branch"], "--from", f"127.0.0.1:{port}")
+            b.run("follow", shared["branch"], "--from", f"{a.id}@127.0.0.1:{port}", "--detach")
+        assert [f["key"] for f in json.loads((b.home / "follows.json").read_text())] == [shared["branch"]]
+        removed = json.loads(b.run("rm", shared["branch"], "--json").stdout)  # no node runs now
+        assert removed["unfollowed"] == [shared["branch"]]
+        assert json.loads((b.home / "follows.json").read_text()) == []
+
+
+def test_a_follow_whose_peer_stopped_trusting_this_node_says_so(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """After `untrust` on the sharing side, the follower's state says what `fetch` says: that
+    peer does not trust this node, and the command its user must run."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        shared = json.loads(a.run("share", str(session), "--json").stdout)
+        with a.serving() as port, b.node_running():
+            b.run("follow", shared["branch"], "--from", f"{a.id}@127.0.0.1:{port}", "--detach")
+            wait_for("the first version on B", placed(b, session.read_bytes()))
+            a.run("untrust", b.id)  # the serving process re-reads trust.json and closes B's connection
+            state = wait_for("the follow to say why it waits", lambda: next(
+                (f["state"] for f in status(b)["following"] if "does not trust" in f["state"]), None))
+            assert f"ask them to run: p2pnode trust {b.id}" in state
+            assert "closed the connection before answering" not in state

@@ -189,10 +189,20 @@ def test_a_tampered_ok_leaves_the_waiter_untrusting():
 
 
 def test_a_node_cannot_pair_with_itself():
+    """The waiter confirms all the same, so that the joiner tells it from an authenticated
+    message (SelfPairing, exit 4, not the waiter's unauthenticated error); the waiter then
+    ends with SelfPairing whatever comes next, an `ok` included, trusting nobody."""
     joiner, waiter = Joiner(CODE, ALICE), Waiter(CODE, ALICE, now=0.0)
     confirm = joiner.receive(waiter.receive(joiner.start(), 1.0).send or b"").send or b""
+    theirs = waiter.receive(confirm, 1.0).send or b""
+    with pytest.raises(SelfPairing) as err:
+        joiner.receive(theirs)
+    assert err.value.exit_code == 4 and joiner.peer is None
+    assert joiner._keys is not None  # a joiner that lies: it sends the ok all the same
+    ok = encode({"type": "ok", "mac": base64.b64encode(joiner._keys.joiner_ok(ALICE, ALICE)).decode()})
     with pytest.raises(SelfPairing):
-        waiter.receive(confirm, 1.0)
+        waiter.receive(ok, 1.0)
+    assert waiter.state is State.BURNED
 
 
 @pytest.mark.parametrize("line", [b"x" * 3000 + b"\n", b'{"type":"pake"}', b"\xff\n", b'"pake"\n',
