@@ -524,6 +524,10 @@ class SessionStore:
         turns = self.store.chain(self.version(src).head)
         return [turns[-1], *turns[:-1]]
 
+    def first_line(self, src: str) -> bytes:
+        """A version's first line (its head turn's payload, checked against its hash): O(1)."""
+        return self.payloads(src, [self.store.get_turn(self.version(src).head)])[0]
+
     def line_hashes(self, src: str) -> list[bytes]:
         """The BLAKE3 of each line of a version, in file order (the header first)."""
         return [t.payload_hash for t in self.line_turns(src)]

@@ -23,7 +23,7 @@ from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import hash_file
-from p2pnode.pi.placement import place_session
+from p2pnode.pi.placement import header_moved, pi_readable, place_session
 
 
 def pi_0731_finds(session_dir: Path) -> Path | None:
@@ -155,6 +155,21 @@ def test_a_header_after_skipped_lines_is_placed_first(tmp_path: Path, corpus_new
     cwd = result.header["cwd"]
     assert pi_0731_finds(placed.parent) == placed == pi_152_finds(placed.parent, cwd)
     assert not place_session(tmp_path / "b", data, result.src).written  # the same, placed again
+
+
+def test_the_header_first_form_of_a_grown_version_extends_the_older_ones() -> None:
+    """What lets a later version of a session placed header first replace the placed file: a
+    version whose bytes extend an older one's has its header at the same line, so its header-first
+    form extends the older one's, wherever the older one ends (after the header, inside a line,
+    or inside the header line itself, whose newline the header-first form adds)."""
+    header = b'{"type":"session","version":3,"id":"s-1","timestamp":"t","cwd":"/w"}\n'
+    body = b'{"type":"message","id":"1"}\nnot json\n\n{"type":"message","id":"2"}\n'
+    for before in (b"\n", b"{broken\n", b"\r\n\n{x\n"):
+        grown = before + header + body
+        assert header_moved(before.splitlines(keepends=True)[0])
+        for cut in range(len(before) + len(header) - 1, len(grown) + 1):
+            assert pi_readable(grown).startswith(pi_readable(grown[:cut])), (before, cut)
+    assert not header_moved(header) and pi_readable(header + body) == header + body
 
 
 def test_the_clis_pi_dirs_count_with_a_running_node(tmp_path: Path, corpus_new_dir: Path) -> None:
