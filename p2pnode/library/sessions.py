@@ -578,6 +578,10 @@ class SessionStore:
         importer = _Importer(self.store, str(path), grown=grown, like=like)
         try:
             result = scan(grown.prefix if grown else None, importer)
+            if importer.header_line is None and importer.grown is None and result.left_out:
+                raise InvalidHeader(f"{path}: no Pi session header among its complete lines: its last "
+                                    f"{result.left_out} bytes end without a newline (a line Pi is still "
+                                    "writing: it is shared once it ends in one)")
             importer.finish()
         except BaseException:
             importer.discard()
