@@ -73,12 +73,13 @@ class Node:
             proc.wait(timeout=10)
 
     @contextlib.contextmanager
-    def node_running(self) -> Iterator[subprocess.Popen[bytes]]:
+    def node_running(self, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
         """`p2pnode serve` (no mDNS, loopback, any port) until its control socket is there
-        (bounded: 10 s); stopped (SIGTERM) at the end."""
+        (bounded: 10 s); stopped (SIGTERM) at the end.  Its log (stderr) is appended to `log`."""
         serve = ["serve", "--no-mdns", "--host", "127.0.0.1", "--port", "0"]
-        proc = subprocess.Popen([PY, "-m", "p2pnode", *serve], env=self.env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(log or os.devnull, "ab") as err:
+            proc = subprocess.Popen([PY, "-m", "p2pnode", *serve], env=self.env,
+                                    stdout=subprocess.DEVNULL, stderr=err)
         try:
             sock = NodePaths(self.home).control_socket
             for _ in range(100):

@@ -48,7 +48,7 @@ from p2pnode.cli.render import (
     shown,
 )
 from p2pnode.cli.space import add_space_commands
-from p2pnode.errors import KINDS, InvalidInput, NotFound, P2PNodeError, from_store
+from p2pnode.errors import CALLERS_PATH_ERRNOS, KINDS, InvalidInput, NotFound, P2PNodeError, from_store
 from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
 from p2pnode.paths import NodePaths
@@ -613,8 +613,7 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
         text = f"{(exc.strerror or str(exc) or 'system error').lower()}: {_os_error_subject(exc, args)}"
         if isinstance(exc, FileNotFoundError):
             return NotFound(text)
-        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError | IsADirectoryError) \
-                or exc.errno == errno.EROFS:
+        if exc.errno in CALLERS_PATH_ERRNOS or exc.errno in (errno.EEXIST, errno.EROFS):
             return InvalidInput(text)  # a path given that cannot be used: another file, or not ours
         return P2PNodeError(text)
     hint = f" (run with {DEBUG_ENV}=1 for the traceback)" if os.environ.get(DEBUG_ENV) != "1" else ""

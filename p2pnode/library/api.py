@@ -1012,6 +1012,12 @@ class Library:
         """The stored version (size, lines, where its last line starts, header, titles)."""
         return self.sessions.version(src_hex)
 
+    def first_line(self, src_hex: str) -> bytes:
+        """A stored version's first line (where Pi's header is, unless lines Pi skips come
+        before it), without walking its other lines."""
+        with self._lock:
+            return self.sessions.first_line(src_hex)
+
     def line(self, line_hash: bytes) -> bytes:
         """One line's bytes from the store, re-hashed (NotFound if the store lacks it)."""
         if not self.store.has_blob(line_hash):

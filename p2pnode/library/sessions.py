@@ -532,6 +532,10 @@ class SessionStore:
         turns = self.store.chain(self.version(src).head)
         return [turns[-1], *turns[:-1]]
 
+    def first_line(self, src: str) -> bytes:
+        """A version's first line (its head turn's payload, checked against its hash): O(1)."""
+        return self.payloads(src, [self.store.get_turn(self.version(src).head)])[0]
+
     def line_hashes(self, src: str) -> list[bytes]:
         """The BLAKE3 of each line of a version, in file order (the header first)."""
         return [t.payload_hash for t in self.line_turns(src)]
@@ -585,6 +589,10 @@ class SessionStore:
         importer = _Importer(self.store, str(path), grown=grown, like=like)
         try:
             result = scan(grown.prefix if grown else None, importer)
+            if importer.header_line is None and importer.grown is None and result.left_out:
+                raise InvalidHeader(f"{path}: no Pi session header among its complete lines: its last "
+                                    f"{result.left_out} bytes end without a newline (a line Pi is still "
+                                    "writing: it is shared once it ends in one)")
             importer.finish()
         except BaseException:
             importer.discard()

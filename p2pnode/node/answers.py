@@ -12,25 +12,20 @@ Also the mapping of a failure to the CLI's message and exit code, for one reply 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from p2pnode.errors import InvalidInput, P2PNodeError, from_store
+from p2pnode.errors import CALLERS_PATH_ERRNOS, InvalidInput, P2PNodeError, from_store
 from p2pnode.node.transfers import EVENT_INTERVAL
 
 log = logging.getLogger("p2pnode.node")
 T = TypeVar("T")
 
-CALLERS_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
-                       errno.EACCES, errno.EPERM}
-"""OSErrors that a path the caller named causes (a share of a 10,000-character name, or of a
-file its user may not read, was a 500 and a traceback): bad input, answered 400 with exit 4
-and the path, as the CLI reports it without a node (the node runs as the same user)."""
-
-
 def callers_path_error(exc: OSError) -> InvalidInput | None:
+    """A path the caller named that the system refuses (CALLERS_PATH_ERRNOS): answered 400
+    with exit 4 and the path, as the CLI reports it without a node (the node runs as the same
+    user)."""
     if exc.errno not in CALLERS_PATH_ERRNOS:
         return None
     names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)

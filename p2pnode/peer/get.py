@@ -78,6 +78,7 @@ from p2pnode.pi.placement import (
     PlacementConflict,
     SessionFile,
     appendable,
+    header_moved,
     target_path,
 )
 from p2pnode.pi.session import SessionHeader
@@ -256,6 +257,11 @@ class _Prefix:
     hashing: Future[blake3.blake3] | None = None
     """The placed file of `base` being hashed on a thread of its own while the new lines come
     (the getter's Held has no hasher then): checked against `base` when taken, `_Stream._held_hash`."""
+    walked: list[LineRef] | None = None
+    """The held lines' refs when the getter walks them again, read back from the store (it
+    has no Held then): `base` was placed with its header moved first (placement.header_moved),
+    so the new version's placed bytes are not the held ones followed by the new ones, and
+    their hash is not the session's; the file is written whole and replaces the placed one."""
 
 
 HELD = LineRef(bytes(32), 0)
@@ -455,12 +461,13 @@ class _Stream:
     def _open_out(self, lib: FetchTarget) -> Output:
         """The temp file, once the header is known.  An incremental fetch appends to the older
         version's file if that is still exactly what this node placed (only the new bytes go
-        to the temp file); else the held lines are written first, from the store."""
+        to the temp file); else the held lines are written first, from the store (unless the
+        getter walks them: `_Prefix.walked`)."""
         assert self.place is not None and self.getter.header is not None
         place = self.place
         file = SessionFile.create(place.agent_dir, self.getter.header, self.getter.src, place.session_dir,
                                   staging=lib.paths.fetching)
-        if self.prefix is None:
+        if self.prefix is None or self.prefix.walked is not None:
             return Output(file)
         prefix = self.prefix
         to = appendable(file.target, PlacedFiles(lib.paths.placed), prefix.base, prefix.base_size,
@@ -561,7 +568,7 @@ class _Fetch:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
                     continue
                 prefix = found
-                manifest = [HELD] * found.lines + got.lines
+                manifest = (found.walked if found.walked is not None else [HELD] * found.lines) + got.lines
             else:
                 manifest = got
                 missing = await self._missing(manifest)
@@ -708,24 +715,29 @@ def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
 
 
 def _start_after(lib: FetchTarget, after: wire.ManifestAfter,
-                 place: Placing | None) -> tuple[Held, _Prefix, list[LineRef]]:
+                 place: Placing | None) -> tuple[Held | None, _Prefix, list[LineRef]]:
     """An incremental fetch's start and the new lines the store lacks: one opening of the store."""
     return *_held_prefix(lib, after, place), _missing_in(lib, after.lines)
 
 
-def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None) -> tuple[Held, _Prefix]:
+def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter,
+                 place: Placing | None) -> tuple[Held | None, _Prefix]:
     """Where an incremental fetch starts: the held version's first lines (those the peer said
     the new version begins with: the hash of the whole proves it), their size (from the
     version's record when they are all its lines or all but its last: no turn is read) and
     their hash state: the node's live one; else (a one-shot process) the file this node
     placed, if its stat says it is still that version whole (hashed on a thread of its own
     while the new lines come: `_Prefix.hashing`), else the lines re-read from the store
-    (decompressed: the slowest)."""
+    (decompressed: the slowest).  No Held for a version placed with its header moved first:
+    the getter walks its lines again (`_Prefix.walked`)."""
     base = after.base.hex()
     version = lib.version(base)
     if after.first > version.lines:
         raise ManifestLied(f"line manifest after {base}: starts after line {after.first} of a version of "
                            f"{version.lines} lines")
+    if header_moved(lib.first_line(base)):
+        walked = lib.line_manifest(base)[:after.first]
+        return None, _Prefix(base, version.size, after.first, sum(r.length for r in walked), walked=walked)
     refs: list[LineRef] | None = None
     if after.first == version.lines:
         size = version.size

@@ -39,7 +39,14 @@ from pathlib import Path
 from p2pnode.errors import Conflict
 from p2pnode.library.manifest import PlacedFile, PlacedFiles
 from p2pnode.pi.hashing import CHUNK, hash_file, hash_prefix, new_hasher
-from p2pnode.pi.session import HostileHeader, SessionHeader, header_index, parse_header, placed_names
+from p2pnode.pi.session import (
+    HostileHeader,
+    SessionHeader,
+    header_index,
+    is_header_candidate,
+    parse_header,
+    placed_names,
+)
 from sysio.files import fsync_dir
 from sysio.flush import flush_data, write_at
 
@@ -80,6 +87,13 @@ def pi_readable(data: bytes) -> bytes:
         return data
     header = lines[first] if lines[first].endswith(b"\n") else lines[first] + b"\n"
     return header + b"".join(lines[:first] + lines[first + 1:])
+
+
+def header_moved(first_line: bytes) -> bool:
+    """Whether a session whose first line is `first_line` is placed with its header moved
+    first (pi_readable): then its placed bytes are not its own, and a later version's
+    placed bytes (which extend them) are not its held bytes followed by the new ones."""
+    return not is_header_candidate(first_line)
 
 
 def session_path(agent_dir: Path, data: bytes, session_dir: Path | None = None) -> Path:

@@ -135,8 +135,12 @@ def header_index(lines: Sequence[bytes], where: str) -> int:
             parse_header(line.rstrip(b"\n"), where)
             return i
         offset += len(line)
-    if not any(line.strip() for line in lines):
+    if not lines:
         raise InvalidHeader(f"{where} is empty")
+    if not any(line.strip() for line in lines):  # a file of blank lines, or a first MiB of them
+        scanned = f" in its first {HEADER_SCAN_BYTES} bytes (pi 1.5.2 looks for the header no further)" \
+            if offset >= HEADER_SCAN_BYTES else ""
+        raise InvalidHeader(f"{where} has only blank lines{scanned}: no Pi session header")
     parse_header(lines[0].rstrip(b"\n"), where)  # raises what is wrong with the first line
     raise InvalidHeader(f"{where}: no Pi session header in the first {HEADER_SCAN_BYTES} bytes")
 

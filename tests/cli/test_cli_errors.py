@@ -366,7 +366,9 @@ def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_pa
     cases = [(StoreFull("/h/store", "No space left on device", errnos.ENOSPC), 1, "make room"),
              (CorruptRecord("turns.log", 320, "turn record CRC mismatch"), 5, "turns.log at offset 320"),
              (UnknownBlob(b"\x01" * 32), 5, "fsck"),
-             (OSError(errnos.EROFS, "Read-only file system", "/h/store/LOCK"), 4, "/h/store/LOCK")]
+             (OSError(errnos.EROFS, "Read-only file system", "/h/store/LOCK"), 4, "/h/store/LOCK"),
+             (OSError(errnos.ENAMETOOLONG, "File name too long", "/deep/eee"), 4, "too long: /deep/eee"),
+             (OSError(errnos.ELOOP, "Too many levels of symbolic links", "/h/a"), 4, "symbolic links: /h/a")]
     for exc, code, text in cases:
         error = cli._as_node_error(exc, args)
         assert error.exit_code == code and text in str(error) and "unexpected" not in str(error), (exc, error)

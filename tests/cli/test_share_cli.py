@@ -97,12 +97,24 @@ def test_share_by_id_prefix_and_latest_of_cwd(env: dict[str, str], tmp_path: Pat
 
 
 def test_bad_input_exit_codes_and_nothing_changes(env: dict[str, str], tmp_path: Path) -> None:
+    header = b'{"type":"session","version":3,"id":"h1","timestamp":"t","cwd":"/w"}'
     cases = {"missing": (3, "does not exist"), "empty": (4, "is empty"),
-             "not-a-header": (4, "Pi session header"), "directory": (4, "is a directory")}
+             "not-a-header": (4, "Pi session header"), "directory": (4, "is a directory"),
+             "blank-lines": (4, "has only blank lines in its first 1048576 bytes"),
+             "unended-header": (4, f"no Pi session header among its complete lines: its last {len(header)} "
+                                   "bytes end without a newline"),
+             "unended-after-blank": (4, f"its last {len(header)} bytes end without a newline")}
+    # "is empty" for the first two, "no Pi session header in its first 1048576 bytes" for the last
     for kind, (code, message) in cases.items():
         target = tmp_path / f"{kind}.jsonl"
         if kind == "empty":
             target.write_bytes(b"")
+        elif kind == "blank-lines":
+            target.write_bytes(b"\n" * (1 << 20) + header + b"\n")
+        elif kind == "unended-header":
+            target.write_bytes(header)
+        elif kind == "unended-after-blank":
+            target.write_bytes(b"\n" + header)
         elif kind == "not-a-header":
             target.write_bytes(b"hello\n")
         elif kind == "directory":

@@ -386,3 +386,41 @@ def test_a_follow_whose_peer_stopped_trusting_this_node_says_so(tmp_path: Path, 
                 (f["state"] for f in status(b)["following"] if "does not trust" in f["state"]), None))
             assert f"ask them to run: p2pnode trust {b.id}" in state
             assert "closed the connection before answering" not in state
+
+
+def test_a_session_placed_header_first_is_kept_current(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """A session whose header follows a blank line is placed header first (FORMAT.md); each later
+    version updates that file, to its own header-first form: fetched one-shot, fetched through
+    the node, and followed (each was a conflict, exit 7, the placed file being the older form)."""
+    def header_first() -> bytes:
+        blank, header, rest = session.read_bytes().split(b"\n", 2)
+        return header + b"\n" + blank + b"\n" + rest
+
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        session.write_bytes(b"\n" + session.read_bytes())
+        with a.node_running():
+            a.run("share", str(session), "--live")
+            a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
+            session_id = json.loads(a.run("ls", "--json").stdout)[0]["header"]["id"]
+            b.run("fetch", session_id, "--from", a_addr)  # one-shot
+            [file] = b.agent.rglob("*.jsonl")
+            assert file.read_bytes() == header_first() != session.read_bytes()
+            grow(session, "one-shot")
+            wait_for("the live share of the grown file", lambda: json.loads(
+                a.run("ls", "--json").stdout)[0]["size"] == session.stat().st_size)
+            got = b.run("fetch", session_id, "--from", a_addr, "--json", check=False)
+            assert got.returncode == 0 and json.loads(got.stdout)["written"], got.stderr
+            assert file.read_bytes() == header_first()
+            with b.node_running():
+                grow(session, "node")
+                wait_for("the live share of the grown file", lambda: json.loads(
+                    a.run("ls", "--json").stdout)[0]["size"] == session.stat().st_size)
+                got = b.run("fetch", session_id, "--from", a_addr, "--json", check=False)
+                assert got.returncode == 0 and json.loads(got.stdout)["written"], got.stderr
+                assert file.read_bytes() == header_first()
+                b.run("follow", session_id, "--from", a_addr, "--detach")
+                for tag in ("follow-1", "follow-2"):
+                    grow(session, tag)
+                    wait_for(f"version {tag} on B", lambda: file.read_bytes() == header_first())
+                assert [f["state"] for f in status(b)["following"]] == ["following"]
+                assert list(b.agent.rglob("*.jsonl")) == [file]

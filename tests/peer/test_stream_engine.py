@@ -418,3 +418,38 @@ async def test_a_whole_session_is_served_as_the_store_reads_it(
                 assert r.status == 206 and await r.read() == data[start:end + 1]
         async with s.get(url, headers={"Range": "bytes=-3"}) as r:
             assert r.status == 206 and await r.read() == data[-3:]
+
+
+def _header_first(data: bytes) -> bytes:
+    """The moved-header form FORMAT.md documents: the header line, then the lines before it."""
+    lines = data.splitlines(keepends=True)
+    return lines[2] + lines[0] + lines[1] + b"".join(lines[3:])
+
+
+@pytest.mark.parametrize("one_shot", [False, True], ids=["node", "one-shot"])
+async def test_later_versions_of_a_session_placed_header_first_update_its_file(
+        duo: Duo, one_shot: bool) -> None:
+    """A session whose header follows a blank and a malformed line is placed header first; each
+    later version (fetched from the one held, with the node's hash state or, one-shot, without)
+    replaces that file with its own header-first form, which extends the placed one: no
+    conflict, even when the placed file was deleted meanwhile or a version is skipped."""
+    path = duo.write(b"\n{broken\n" + pi_session(500_000, seed=21))
+    v1 = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert v1.written and duo.placed.read_bytes() == _header_first(path.read_bytes())
+    for step in range(4):
+        if one_shot:
+            LIVE.clear()
+        if step == 2:
+            duo.placed.unlink()
+        _grow(path, seed=22 + step)
+        if step != 3:  # the last one fetches two versions grown at once
+            got = await duo.fetch(duo.sharer.share(str(path)).branch)
+            assert got.conflict is None and got.written, got.conflict
+            assert 0 < got.lines_fetched < got.lines_total
+            assert duo.placed.read_bytes() == _header_first(path.read_bytes())
+    got = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert got.conflict is None and got.written
+    assert duo.placed.read_bytes() == _header_first(path.read_bytes())
+    placed = json.loads(duo.fetcher.paths.placed.read_text())[str(duo.placed)]
+    assert placed["size"] == len(path.read_bytes()) and placed["blake3"] == hash_file(duo.placed)
+    assert not (await duo.fetch(got.branch)).written  # held and placed: nothing to do

@@ -8,6 +8,7 @@ for the header within the first 1 MiB); tests/pi/test_real_pi.py runs the real `
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from p2pnode.paths import NodePaths, PiDirs
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import hash_file
-from p2pnode.pi.placement import place_session
+from p2pnode.pi.placement import header_moved, pi_readable, place_session
 
 
 def pi_0731_finds(session_dir: Path) -> Path | None:
@@ -155,6 +156,52 @@ def test_a_header_after_skipped_lines_is_placed_first(tmp_path: Path, corpus_new
     cwd = result.header["cwd"]
     assert pi_0731_finds(placed.parent) == placed == pi_152_finds(placed.parent, cwd)
     assert not place_session(tmp_path / "b", data, result.src).written  # the same, placed again
+
+
+def test_a_placed_path_too_long_for_the_system_is_bad_input(tmp_path: Path) -> None:
+    """A fetch into a PI_CODING_AGENT_DIR so deep that the placed path is over PATH_MAX: exit 4
+    with the path, one line, one-shot and through the node (exit 1, "the node failed" and a
+    traceback in the node's log; one-shot, exit 1); the session is stored all the same."""
+    a, b = Node(tmp_path, "a"), Node(tmp_path, "b")
+    for x, y in ((a, b), (b, a)):
+        TrustStore(NodePaths(x.home).trust).trust(y.id)
+    header = {"type": "session", "version": 3, "id": "long-1", "timestamp": "2026-11-28T10:00:22.000Z",
+              "cwd": "/" + "a" * 249}
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(json.dumps(header).encode() + b'\n{"type":"message","id":"1","parentId":null}\n')
+    branch = a.run("share", str(path)).stdout.split()[0]
+    deep = tmp_path.joinpath(*["e" * 200] * (4000 // 201))
+    deep.mkdir(parents=True)
+    deep_env = dict(b.env, PI_CODING_AGENT_DIR=str(deep))
+    log = tmp_path / "b-node.log"
+    with a.serving() as port:
+        for through_node in (False, True):
+            with contextlib.ExitStack() as stack:
+                if through_node:
+                    stack.enter_context(b.node_running(log))
+                proc = subprocess.run([sys.executable, "-m", "p2pnode", "fetch", branch, "--from",
+                                       f"127.0.0.1:{port}"], env=deep_env, capture_output=True, text=True,
+                                      timeout=60)
+            assert proc.returncode == 4, (through_node, proc.stderr)
+            assert proc.stderr.startswith(f"p2pnode: file name too long: {tmp_path}/eeee"), proc.stderr
+            assert len(proc.stderr.splitlines()) == 1
+    assert "Traceback" not in log.read_text()
+    assert [r["branch"] for r in json.loads(b.run("ls", "--all", "--json").stdout)] == [branch]
+
+
+def test_the_header_first_form_of_a_grown_version_extends_the_older_ones() -> None:
+    """What lets a later version of a session placed header first replace the placed file: a
+    version whose bytes extend an older one's has its header at the same line, so its header-first
+    form extends the older one's, wherever the older one ends (after the header, inside a line,
+    or inside the header line itself, whose newline the header-first form adds)."""
+    header = b'{"type":"session","version":3,"id":"s-1","timestamp":"t","cwd":"/w"}\n'
+    body = b'{"type":"message","id":"1"}\nnot json\n\n{"type":"message","id":"2"}\n'
+    for before in (b"\n", b"{broken\n", b"\r\n\n{x\n"):
+        grown = before + header + body
+        assert header_moved(before.splitlines(keepends=True)[0])
+        for cut in range(len(before) + len(header) - 1, len(grown) + 1):
+            assert pi_readable(grown).startswith(pi_readable(grown[:cut])), (before, cut)
+    assert not header_moved(header) and pi_readable(header + body) == header + body
 
 
 def test_the_clis_pi_dirs_count_with_a_running_node(tmp_path: Path, corpus_new_dir: Path) -> None:

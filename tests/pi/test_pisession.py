@@ -155,7 +155,11 @@ def test_header_after_blank_and_malformed_lines(tmp_path: Path) -> None:
     lines = path.read_bytes().splitlines(keepends=True)
     assert pisession.header_index(lines, "t") == 4 and pisession.find_header(lines, "t").id == "late"
     path.write_bytes(b"\n" * (pisession.HEADER_SCAN_BYTES + 1) + header_line())
-    with pytest.raises(InvalidHeader, match="empty"):
+    scanned = f"only blank lines in its first {pisession.HEADER_SCAN_BYTES} bytes "
+    with pytest.raises(InvalidHeader, match=scanned + r"\(pi 1.5.2 looks for the header no further\)"):
+        pisession.read_header(path)  # (it was "is empty")
+    path.write_bytes(b"\n\r\n  \n")
+    with pytest.raises(InvalidHeader, match="has only blank lines: no Pi session header"):
         pisession.read_header(path)
     path.write_bytes(b"junk\n" * 300_000 + header_line())
     with pytest.raises(InvalidHeader, match="not a JSON"):
