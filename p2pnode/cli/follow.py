@@ -97,10 +97,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
         print(f"following {shown(key)} in the node (`p2pnode status` shows it; "
               f"`p2pnode follow --stop {shown(key)}` ends it)")
         return 0
-    print(f"p2pnode: following {shown(key)}; Ctrl-C stops", file=sys.stderr)
     for signum in (signal.SIGTERM, signal.SIGHUP):  # a command killed with SIGKILL: the node
         signal.signal(signum, _told)  # ends the follow after follow.ATTACHED_GRACE
-    try:
+    try:  # from the line that says Ctrl-C stops, a Ctrl-C is this command's to handle
+        print(f"p2pnode: following {shown(key)}; Ctrl-C stops", file=sys.stderr)
         return _print_events(paths, key, reply["epoch"], args.json)
     except (KeyboardInterrupt, _Told) as stop:
         if reply.get("attached", True):
