@@ -70,8 +70,9 @@ def test_share_prints_the_branch_and_the_read_commands_agree(env: dict[str, str]
     cat_json = json.loads(run(env, "cat", branch, "--json").stdout)
     assert "".join(cat_json["lines"]).encode() == path.read_bytes()
 
-    assert json.loads(run(env, "unshare", branch, "--json").stdout) == {"branch": branch, "offered": False,
-                                                                   "versions": [], "withheld": []}
+    assert json.loads(run(env, "unshare", branch, "--json").stdout) == {
+        "branch": branch, "offered": False, "was_offered": True, "withdrawn": "unshared", "versions": [],
+        "withheld": []}
     everything = {b["branch"]: b for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
     assert everything[branch]["offered"] is False and len(everything) == 4  # unshared, not deleted
 
