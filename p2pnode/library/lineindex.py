@@ -10,7 +10,7 @@ happened to the index since (its src is their hash), so a stale claim can only c
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, KeysView, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from p2pnode.library.sessions import Version
 
@@ -31,10 +31,6 @@ class LineIndex:
         """The versions indexed, each with all its lines claimed (by it or what it grew from)."""
         self.grown_from: dict[str, str] = {}
         """src -> the indexed version it grew from, whose lines it did not claim again."""
-
-    @property
-    def srcs(self) -> KeysView[str]:
-        return self._versions.keys()
 
     def holders(self, digest: bytes) -> frozenset[str]:
         return self._holders.get(digest, frozenset())

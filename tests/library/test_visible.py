@@ -45,7 +45,7 @@ def _from_nothing(lib: Library, peer: str | None) -> dict[str, str]:
 
 
 def _indexed_lines(lib: Library) -> set[bytes]:
-    return {h for src in lib._lines.srcs for h in lib.sessions.line_hashes(src)}
+    return {h for src in lib._lines._versions for h in lib.sessions.line_hashes(src)}
 
 
 def _walks(lib: Library, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
