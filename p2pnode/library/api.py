@@ -11,6 +11,7 @@ what the node serves, never the live file that Pi keeps appending to.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import blake3
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library import access, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
+from p2pnode.library.lineindex import LineIndex
 from p2pnode.library.manifest import Manifest
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
@@ -148,23 +150,14 @@ class Unshared:
 
 @dataclass(frozen=True, slots=True)
 class _Visible:
-    """What one peer may be served at a catalog generation (Library._visible): hash hex ->
-    (kind, branch), from the walks of the servable branches offered to it (`roots`) through
-    their servable ancestors (all of `servable`'s, at that generation)."""
+    """What one peer may be served at a catalog generation (Library._visible): its sidecars
+    and sessions by hash hex -> (kind, the branch that makes it visible), and `versions`: the
+    versions whose lines it may have (the visible ones and those they grew from, in the line
+    index) -> such a branch.  The lines themselves are in Library._lines, once for all peers."""
 
     generation: int
-    kinds: dict[str, tuple[str, str]]
-    servable: frozenset[str]
-    roots: frozenset[str]
-
-    def extends_to(self, servable: frozenset[str], roots: list[str]) -> bool:
-        """Whether the map of a later generation is this one's plus the walks of its new roots:
-        nothing servable then has stopped being so, no root has stopped being one, and every
-        branch servable only now is a root (else an old walk that stopped before it would now
-        go on through it, or it would be reached only as an ancestor).  A share then costs its
-        own lines, not every offered session's."""
-        return (self.servable <= servable and self.roots <= set(roots)
-                and servable - self.servable <= set(roots))
+    objects: dict[str, tuple[str, str]]
+    versions: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,9 +311,10 @@ class Library:
         which forget versions and delete every context the state does not name (an import's,
         until it is recorded).  Taken before `_lock`."""
         self._access: dict[str | None, _Visible] = {}
+        """Per peer (None: any trusted peer): what it may be served at a generation."""
+        self._lines = LineIndex()
+        """The lines of the versions peers may be served, and which versions hold each."""
         self._served: tuple[tuple[int, int], frozenset[str], frozenset[str]] | None = None
-        """Per peer (None: any trusted peer): the generation and what it may be served, by hash
-        (kind, the branch that makes it visible)."""
         self._next_expiry: int | None = 0
         """When the next offered branch expires (0: not yet computed)."""
         self._listeners: list[Callable[[], None]] = []
@@ -885,7 +879,7 @@ class Library:
     def catalog(self, peer: str | None = None) -> Catalog:
         """The offered branches `peer` may fetch (None: those offered to every trusted peer)."""
         with self._lock:
-            visible = self._visible(peer)
+            visible = self._visible(peer).objects
             return Catalog(self.sessions.generation, [i for i in self.branches() if i.branch in visible])
 
     def sidecar_bytes(self, branch_hex: str) -> bytes:
@@ -956,13 +950,18 @@ class Library:
         self._manifests[src_hex] = refs
         return refs
 
-    def _known_line_hashes(self, src_hex: str) -> Iterable[bytes]:
-        """A version's line hashes for `_visible`: from its cached manifest, or one made from
-        its `previous`'s (cached: the provider asks for it next), else from its turns (not
-        cached: many offered versions must not flush the manifests being served)."""
+    def _line_hashes_after(self, src_hex: str, skip: int) -> Iterable[bytes]:
+        """A version's line hashes after its first `skip`, for the line index (`_visible`): from
+        its cached manifest, or one made from its `previous`'s (cached: the provider asks for it
+        next), else from its turns (not cached: many offered versions must not flush the
+        manifests being served), walked back from its head when `skip` is not 0 (O(the rest))."""
         with self._lock:
             refs = self._cached_manifest(src_hex)
-            return (r.hash for r in refs) if refs is not None else self.sessions.line_hashes(src_hex)
+            if refs is not None:
+                return (r.hash for r in itertools.islice(refs, skip, None))
+            if skip:
+                return self.sessions.last_line_hashes(src_hex, self.sessions.version(src_hex).lines - skip)
+            return self.sessions.line_hashes(src_hex)
 
     def _grown_manifest(self, src_hex: str) -> list[LineRef] | None:
         """The manifest of a version whose `previous` (its bytes a prefix of this one's) ends
@@ -1056,8 +1055,27 @@ class Library:
         """"sidecar", "session" or "line" if `peer` (a node id; None: any trusted peer) may be
         served the hash now, else None: peers get nothing else.  The one check the provider
         makes per request (library/access.py has the rule)."""
-        entry = self._visible(peer).get(hash_hex)
+        entry = self._reached(self._visible(peer), hash_hex)
         return entry[0] if entry else None
+
+    def _reached(self, visible: _Visible, hash_hex: str) -> tuple[str, str] | None:
+        """(kind, the branch that makes it visible) of a hash in `visible`, else None: a
+        sidecar or session by its entry, a line by a version holding it (the line index).
+        Without the lock: the index only ever says of a version what its bytes hold, so one
+        changed meanwhile for a later generation can withhold a line from this one, never show one."""
+        entry = visible.objects.get(hash_hex)
+        if entry is not None or len(hash_hex) != 64:
+            return entry
+        try:
+            digest = bytes.fromhex(hash_hex)
+        except ValueError:
+            return None
+        holders = self._lines.holders(digest)
+        if holders and digest.hex() == hash_hex:  # our text form only, as for the other entries
+            for src in holders:
+                if (branch := visible.versions.get(src)) is not None:
+                    return "line", branch
+        return None
 
     def _servability(self, now: int) -> tuple[frozenset[str], frozenset[str]]:
         """(servable, whole): the branches offered, unexpired and clean (or shared with
@@ -1082,11 +1100,13 @@ class Library:
         self._served = (key, frozenset(servable), frozenset(whole))
         return self._served[1], self._served[2]
 
-    def _visible(self, peer: str | None) -> dict[str, tuple[str, str]]:
+    def _visible(self, peer: str | None) -> _Visible:
         """What `peer` may be served: the branches offered to it whose whole lineage is servable
         (_servability), with their ancestors; the walk stops at a branch that is not servable
         itself (unshared, expired, or fetched and never shared here): a branch whose parent a
-        peer chose cannot make an unshared one visible."""
+        peer chose cannot make an unshared one visible.  Made per peer from the branch records
+        alone: the lines are looked up in the line index, which follows the versions of the
+        whole lineages (`_lines.update`: a share walks its own new lines, once for all peers)."""
         with self._lock:
             now = access.now_ms()
             if self._next_expiry is not None and now >= self._next_expiry:
@@ -1094,28 +1114,31 @@ class Library:
             generation = self.sessions.generation
             cached = self._access.get(peer)
             if cached is not None and cached.generation == generation:
-                return cached.kinds
+                return cached
             self.scan_unrecorded()  # branches offered before scans were recorded: once
             servable, whole = self._servability(now)
-            roots = [r.branch for r in self.sessions.branches()
-                     if r.branch in whole and (r.to is None or peer in r.to)]
-            kinds: dict[str, tuple[str, str]] = {}
-            todo = roots
-            if cached is not None and cached.extends_to(servable, roots):
-                todo = [b for b in roots if b not in cached.roots]
-                kinds = dict(cached.kinds) if todo else cached.kinds  # a copy: the old one may be in use
-            for first in todo:
-                branch: str | None = first
-                while branch is not None and branch not in kinds and branch in servable:
+            self._lines.update({r.src: self.sessions.version(r.src) for r in self.sessions.branches()
+                                if r.branch in whole}, self._line_hashes_after, self.sessions.has_version)
+            objects: dict[str, tuple[str, str]] = {}
+            versions: dict[str, str] = {}
+            for root in self.sessions.branches():
+                if root.branch not in whole or (root.to is not None and peer not in root.to):
+                    continue
+                branch: str | None = root.branch
+                while branch is not None and branch not in objects and branch in servable:
                     record = self.sessions.branch(branch)
-                    kinds[branch] = ("sidecar", branch)
-                    if record.src not in kinds:
-                        for line_hash in self._known_line_hashes(record.src):
-                            kinds.setdefault(line_hash.hex(), ("line", branch))
-                        kinds[record.src] = ("session", branch)
+                    objects[branch] = ("sidecar", branch)
+                    if record.src not in versions:
+                        objects[record.src] = ("session", branch)
+                        versions[record.src] = branch
                     branch = record.parent
-            self._access[peer] = _Visible(generation, kinds, frozenset(servable), frozenset(roots))
-            return kinds
+            for src, branch in list(versions.items()):  # their lines are those they grew from too
+                older = self._lines.grown_from.get(src)
+                while older is not None and older not in versions:
+                    versions[older] = branch
+                    older = self._lines.grown_from.get(older)
+            self._access[peer] = _Visible(generation, objects, versions)
+            return self._access[peer]
 
     # --- fetched versions ---
 
@@ -1269,8 +1292,9 @@ class Library:
         with self._lock:
             for a in answers:
                 visible = self._visible(a.peer)
-                branches = {visible[h][1] for h in a.hashes if h in visible}
-                branches |= {r.branch for h in a.hashes if h not in visible for r in self.sessions.branches()
+                reached = {h: entry for h in a.hashes if (entry := self._reached(visible, h)) is not None}
+                branches = {entry[1] for entry in reached.values()}
+                branches |= {r.branch for h in a.hashes if h not in reached for r in self.sessions.branches()
                              if h in (r.branch, r.src)}
                 events.append(("served", {"peer": a.peer, "peer_name": a.name, "kind": a.kind,
                                           "branches": sorted(branches), "bytes": a.nbytes,
