@@ -8,7 +8,10 @@ hooks live in tests/skips.py (a plugin of its own, so that they can be tested).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +27,18 @@ from skips import (  # noqa: F401  (the hooks: pytest finds them in this module)
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "pi-corpus-0.73.1"  # real files written by pi 0.73.1 (@mariozechner/pi-coding-agent)
 CORPUS_NEW = DATA / "pi-corpus-1.5.2"  # real files written by pi 1.5.2 (@earendil-works/pi-coding-agent)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def socket_dir_removed() -> Iterator[None]:
+    """The suite leaves no `p2pnode-<uid>` socket dir in the temp dir that it made (a node whose
+    home is too long for its sockets puts them there, and leaves the dir for the next one)."""
+    path = Path(tempfile.gettempdir()) / f"p2pnode-{os.getuid()}"
+    existed = path.exists()
+    yield
+    if not existed:
+        with contextlib.suppress(OSError):  # not empty: a node still runs (not this suite's)
+            path.rmdir()
 
 
 @pytest.fixture(scope="session")
