@@ -14,14 +14,16 @@ import sys
 from collections.abc import Sequence
 
 
-def run_fsck(path: str | os.PathLike[str], args: argparse.Namespace, repaired: Sequence[str] = ()) -> int:
+def run_fsck(path: str | os.PathLike[str], args: argparse.Namespace, repaired: Sequence[str] = (),
+             errors: Sequence[str] = ()) -> int:
     """Check the store at path as args say (--full, --repair, --json) and print the report:
-    exit 0 when clean, 1 when not; StoreLocked when another process holds it.  `repaired`:
-    what the store's user repaired first (listed before the store's own repairs)."""
+    exit 0 when clean, 1 when not; StoreLocked when another process holds it.  `repaired`,
+    `errors`: what the store's user repaired first, and found it could not (listed first)."""
     from store.fsck import fsck
 
     report = fsck(path, full=args.full, repair=args.repair)
     report.repaired[:0] = repaired
+    report.errors[:0] = errors
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1
 

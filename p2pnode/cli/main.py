@@ -76,36 +76,51 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if not any(paths.store.iterdir()):  # made empty by node_paths
         raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
     try:
-        return run_fsck(paths.store, args, _drop_unreadable(paths) if args.repair else [])
+        repaired, errors = _repair_sessions(paths) if args.repair else ([], [])
+        return run_fsck(paths.store, args, repaired, errors)
     except StoreLocked:  # a node starting or stopping, a share or fetch: not damage (exit 1)
         raise store_in_use(paths, "check the store") from None
 
 
-def _drop_unreadable(paths: NodePaths) -> list[str]:
-    """`fsck --repair`'s first step: the sessions whose store records cannot be read are
-    forgotten (Library.drop_unreadable), one line each saying how to get them back.  A library
-    that does not open is the store check's to report."""
+def _repair_sessions(paths: NodePaths) -> tuple[list[str], list[str]]:
+    """`fsck --repair`'s first steps: sessions.json rebuilt from the store if it is lost or
+    unreadable (Library.rebuild_state), then the sessions whose store records cannot be read
+    forgotten (Library.drop_unreadable); one line each saying what was done and how to get
+    back what was lost; and what could not be repaired (a library that still does not open)."""
     from p2pnode.library.api import Library
+    from p2pnode.library.sessions import StateUnreadable
     from store.errors import StoreError, StoreLocked
 
+    said = []
     try:
-        with Library.open(paths) as library:
+        try:
+            library = Library.open(paths)
+        except StateUnreadable as exc:
+            found, kept = Library.rebuild_state(paths)
+            said += [f"{paths.home / 'sessions.json'} rebuilt from the store ({exc.what}): "
+                     f"{len(found.branches)} branch(es), none offered (share them again to offer them)"
+                     + (f"; the old file kept as {kept}" if kept else "")]
+            said += [f"not rebuilt: {problem}" for problem in found.problems]
+            library = Library.open(paths)
+        with library:
             dropped = library.drop_unreadable()
     except StoreLocked:
         raise
     except (P2PNodeError, StoreError, OSError, ValueError) as exc:
-        return [f"sessions not checked: the library did not open ({exc})"]
-    return [f"dropped branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.why}; "
-            + (f"share {d.path} again to store it anew" if d.path else "fetch it again")
-            if d.branch else f"dropped session version {d.src[:16]} (no branch held): {d.why}"
-            for d in dropped]
+        return said, [f"sessions not checked: {exc}"]
+    said += [f"dropped branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.why}; "
+             + (f"share {d.path} again to store it anew" if d.path else "fetch it again")
+             if d.branch else f"dropped session version {d.src[:16]} (no branch held): {d.why}"
+             for d in dropped]
+    return said, []
 
 
 def add_store_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fsck", help="check the node's store (CRCs, index, heads, depths)")
     p.add_argument("--full", action="store_true", help="also re-hash every blob")
     p.add_argument("--repair", action="store_true",
-                   help="forget sessions whose records cannot be read, cut torn tails, rebuild the index")
+                   help="rebuild a lost sessions.json, forget what cannot be read, cut torn tails, "
+                        "rebuild the index")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fsck)
 

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import blake3
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
-from p2pnode.library import access, space
+from p2pnode.library import access, rebuild, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.library.lineindex import LineIndex
 from p2pnode.library.manifest import Manifest
@@ -341,6 +341,21 @@ class Library:
         except BaseException:
             store.close()
             raise
+
+    @staticmethod
+    def rebuild_state(paths: NodePaths) -> tuple[rebuild.Rebuilt, Path | None]:
+        """`fsck --repair` when sessions.json is lost or unreadable (the library does not open:
+        StateCorrupt): its records made anew from the store (library/rebuild.py), the old file
+        kept beside it as `sessions.json.damaged` (returned; None if there was none)."""
+        state = paths.home / "sessions.json"
+        with Store.open(paths.store, StoreConfig(zstd_level=ZSTD_LEVEL)) as store:
+            found = rebuild.rebuild(store)
+            kept = None
+            if state.exists():
+                kept = state.with_name(state.name + ".damaged")
+                os.replace(state, kept)
+            SessionStore.write_anew(state, found.versions, found.branches)
+        return found, kept
 
     @classmethod
     def open_unless(cls, paths: NodePaths, agent_dir: Path | None = None, *, wait: float,

@@ -81,7 +81,17 @@ STATE_VERSION = 1
 
 
 class StateCorrupt(P2PNodeError):
-    """sessions.json cannot be read; it is left untouched for inspection."""
+    """sessions.json cannot be used; it is left untouched for inspection."""
+
+
+class StateUnreadable(StateCorrupt):
+    """sessions.json is missing beside a store with sessions, or not what it should be:
+    `fsck --repair` may rebuild it from the store (not so a file of another state version)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}; `p2pnode fsck --repair` rebuilds it from the store (its branches come "
+                         "back not offered: share them again)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,19 +420,29 @@ def _stored_header(importer: _Importer, where: str) -> SessionHeader:
     raise InvalidHeader(f"{where}: no Pi session header in its first {HEADER_SCAN_BYTES} bytes")
 
 
+def _write_state(path: Path, state: _State) -> None:
+    doc = {
+        "version": STATE_VERSION,
+        "generation": state.generation,
+        "sessions": {k: asdict(v) for k, v in state.sessions.items()},
+        "branches": {k: asdict(v) for k, v in state.branches.items()},
+    }
+    with locked(path.with_name(path.name + ".lock")):
+        atomic_write(path, json.dumps(doc, separators=(",", ":")).encode())
+
+
 class SessionStore:
     """Versions, branches and the catalog generation, over a Store and a state file."""
 
     def __init__(self, store: Store, state_path: Path) -> None:
         self.store = store
         self.state_path = state_path
-        self._lock_path = state_path.with_name(state_path.name + ".lock")
         loaded = self._load()
         if loaded is None:  # a new home: the file is written before any import can begin
             if ours := self._our_contexts(set()):
-                raise StateCorrupt(f"{state_path} is missing, but the store beside it holds {len(ours)} "
-                                   "session record(s) it names: nothing was changed; put the file back (a "
-                                   f"backup of the node home), or move {store.root} aside to start empty")
+                raise StateUnreadable(f"{state_path} is missing, but the store beside it holds {len(ours)} "
+                                      "session record(s) it names: nothing was changed; put the file back (a "
+                                      "backup of the node home)")
             self._state = _State()
             self._save()
         else:
@@ -459,7 +479,7 @@ class SessionStore:
         except FileNotFoundError:
             return None
         except ValueError as exc:
-            raise StateCorrupt(f"{self.state_path} is not valid JSON ({exc})") from None
+            raise StateUnreadable(f"{self.state_path} is not valid JSON ({exc})") from None
         try:
             if raw["version"] != STATE_VERSION:
                 raise StateCorrupt(f"{self.state_path} has version {raw['version']}, not {STATE_VERSION}")
@@ -469,18 +489,16 @@ class SessionStore:
                 branches={k: BranchRecord(**v) for k, v in raw["branches"].items()},
             )
         except (KeyError, TypeError) as exc:
-            raise StateCorrupt(f"{self.state_path} lacks or mistypes a field ({exc})") from None
+            raise StateUnreadable(f"{self.state_path} lacks or mistypes a field ({exc})") from None
 
     def _save(self) -> None:
-        state = self._state
-        doc = {
-            "version": STATE_VERSION,
-            "generation": state.generation,
-            "sessions": {k: asdict(v) for k, v in state.sessions.items()},
-            "branches": {k: asdict(v) for k, v in state.branches.items()},
-        }
-        with locked(self._lock_path):
-            atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode())
+        _write_state(self.state_path, self._state)
+
+    @staticmethod
+    def write_anew(state_path: Path, versions: Sequence[Version], branches: Sequence[BranchRecord]) -> None:
+        """A state file of these records alone, in place of whatever was there (`fsck --repair`
+        rebuilding a lost or unreadable one from the store: library/rebuild.py)."""
+        _write_state(state_path, _State(1, {v.src: v for v in versions}, {b.branch: b for b in branches}))
 
     # --- reads ---
 

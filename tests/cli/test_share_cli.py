@@ -282,3 +282,57 @@ def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_resto
     for branch in hit:
         assert run(env, "cat", branch).stdout == files[branch].read_bytes()
     assert run(env, "fsck", "--full").returncode == 0
+
+
+@pytest.mark.parametrize("damage", ["cut short", "deleted", "a list", "a field mistyped"])
+def test_a_lost_or_unreadable_sessions_json_is_rebuilt_from_the_store_by_fsck_repair(
+        env: dict[str, str], tmp_path: Path, damage: str) -> None:
+    """Every command refuses the home (exit 1, naming the file and `fsck --repair`, nothing
+    changed); `fsck --repair` rebuilds the records from the store: the same versions (sizes,
+    lines, headers, titles, the link between a grown version and its older one), the same
+    branches and lineage, none offered; the unreadable file is kept beside it; sharing again
+    offers each with its old branch hash."""
+    beta = agent_of(env) / "sessions" / BETA
+    grown = tmp_path / "grown.jsonl"
+    grown.write_bytes((beta / B5).read_bytes())
+    first = json.loads(run(env, "share", str(grown), "--json").stdout)
+    with open(grown, "ab") as f:
+        f.write(b'{"type":"custom","id":"ffff0001","parentId":null,"timestamp":"t","data":1}\n')
+    second = json.loads(run(env, "share", str(grown), "--json").stdout)
+    home = Path(env["P2PNODE_HOME"])
+    state = home / "sessions.json"
+    before = json.loads(state.read_bytes())
+    listed = json.loads(run(env, "ls", "--all", "--json").stdout)
+    if damage == "cut short":
+        state.write_bytes(state.read_bytes()[:100])
+    elif damage == "deleted":
+        state.unlink()
+    elif damage == "a list":
+        state.write_text("[]")
+    else:
+        doc = json.loads(state.read_bytes())
+        doc["branches"][second["branch"]]["bogus"] = 1
+        state.write_text(json.dumps(doc))
+    damaged = state.read_bytes() if state.exists() else None
+
+    refused = run(env, "ls", check=False)
+    assert refused.returncode == 1 and "fsck --repair" in refused.stderr.decode()
+    assert (state.read_bytes() if state.exists() else None) == damaged  # nothing changed
+
+    repair = run(env, "fsck", "--repair")
+    out = repair.stdout.decode()
+    assert "rebuilt from the store" in out and f"{len(before['branches'])} branch(es)" in out
+    if damaged is not None:
+        assert (home / "sessions.json.damaged").read_bytes() == damaged
+    run(env, "ls")  # opens the library: links the grown version to its older one again
+    after = json.loads(state.read_bytes())
+    assert after["sessions"] == before["sessions"]
+    assert {b: (r["src"], r["parent"], r["head"], r["offered"]) for b, r in after["branches"].items()} == {
+        b: (r["src"], r["parent"], r["head"], False) for b, r in before["branches"].items()}
+    relisted = json.loads(run(env, "ls", "--all", "--json").stdout)
+    keys = ("branch", "src", "parent", "size", "lines", "title", "version", "versions")
+    assert sorted([b[k] for k in keys] for b in relisted) == sorted([b[k] for k in keys] for b in listed)
+
+    assert json.loads(run(env, "share", str(grown), "--json").stdout)["branch"] == second["branch"]
+    assert run(env, "cat", first["branch"]).stdout == (beta / B5).read_bytes()
+    assert run(env, "fsck", "--full").returncode == 0
