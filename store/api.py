@@ -286,10 +286,10 @@ class Store:
         """Double-checked insert: the blob is stored once however many writers race.  Returns
         the BlobRecord to copy into the WAL (b'' when the pack has it durably or it is too big
         to copy; then the pack is synced before the WAL)."""
-        loc = self._pack.locate(p.hash)
+        loc = self._stored_at(p)
         if loc is None:
             with self._shards[p.hash[0] & 63]:
-                loc = self._pack.locate(p.hash)
+                loc = self._stored_at(p)
                 if loc is None:
                     waiting = self._pending.get(p.hash)
                     if waiting is not None:  # left raw by another append: this WAL record copies it too
@@ -309,6 +309,12 @@ class Store:
             return b""
         return self._copy_or_sync(self._pack.read_record(loc))
 
+    def _stored_at(self, p: packer.Prepared) -> BlobLocation | None:
+        """Where the pack has p's blob: only what was appended since, when p was prepared as
+        not stored (BlobPack.locate_since)."""
+        return (self._pack.locate(p.hash) if p.absent_from is None
+                else self._pack.locate_since(p.hash, p.absent_from))
+
     def _ensure_blobs(self, prepared: Sequence[packer.Prepared]) -> list[bytes]:
         """_ensure_blob of each, with the new compressed blobs written to the pack in one write
         (one syscall per batch, not per line) under their shard locks, taken in shard order (no
@@ -317,7 +323,7 @@ class Store:
         first (one fdatasync more), where copies would fill the 1 MiB WAL every few batches
         and each time stall the writers for a checkpoint."""
         fresh = [p for p in prepared
-                 if p.stored is not None and not p.deferred and self._pack.locate(p.hash) is None]
+                 if p.stored is not None and not p.deferred and self._stored_at(p) is None]
         if len(fresh) < 2:
             return [self._ensure_blob(p) for p in prepared]
         written: dict[bytes, bytes] = {}
@@ -326,7 +332,7 @@ class Store:
                 held.enter_context(self._shards[shard])
             for p in fresh:
                 new = p.hash not in written and p.hash not in self._pending
-                if new and self._pack.locate(p.hash) is None:
+                if new and self._stored_at(p) is None:
                     assert p.stored is not None
                     written[p.hash] = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
             self._pack.append_many(list(written.values()))

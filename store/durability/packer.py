@@ -13,7 +13,7 @@ prepare threads, and put_blob, which has no WAL record, always compresses first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import zstandard
@@ -26,6 +26,7 @@ from store.types import TurnBlobRef
 
 if TYPE_CHECKING:
     from store.api import Store
+    from store.files.blobindex import BlobIndex
 
 PROBE = 64 << 10  # a payload larger than 2 * PROBE is first probed with its first PROBE bytes
 PENDING_MAX = 8 << 20  # raw bytes of new blobs that may wait to be compressed into the pack
@@ -41,6 +42,8 @@ class Prepared:
     stored: bytes | None = None
     deferred: bool = False
     """Raw for now: the WAL carries it and the packer compresses it later."""
+    absent_from: BlobIndex | None = field(default=None, compare=False)
+    """The pack's index when the payload was found not stored (BlobPack.locate_since)."""
 
 
 def prepare(store: Store, payload: bytes | TurnBlobRef, defer: bool = False) -> Prepared:
@@ -75,6 +78,7 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
     the other Python threads of a busy process (an import's reader and writer) do not hold
     each line's compression back at every hand-back of the GIL."""
     cctx = compressor(store.config.zstd_level)
+    index = store._pack.index  # before the lookups: a fold meanwhile makes the writer look again
     out: list[Prepared | None] = []
     todo: list[tuple[int, bytes]] = []  # (index in out, hash) of each payload compressed below
     raw: list[bytes | bytearray | memoryview] = []  # zstandard's stubs want this list type
@@ -89,7 +93,7 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
         if store._pack.locate(h) is not None or h in store._pending:
             out.append(Prepared(h, n))
         elif _incompressible(cctx, item):
-            out.append(Prepared(h, n, CODEC_RAW, bytes(item)))
+            out.append(Prepared(h, n, CODEC_RAW, bytes(item), absent_from=index))
         else:
             todo.append((len(out), h))
             raw.append(bytes(item))
@@ -99,8 +103,8 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
         for k, (i, h) in enumerate(todo):
             payload, frame = raw[k], packed[k]
             n = len(payload)
-            out[i] = (Prepared(h, n, CODEC_ZSTD, frame.tobytes()) if len(frame) < n
-                      else Prepared(h, n, CODEC_RAW, bytes(payload)))  # zstd did not shrink it
+            out[i] = (Prepared(h, n, CODEC_ZSTD, frame.tobytes(), absent_from=index) if len(frame) < n
+                      else Prepared(h, n, CODEC_RAW, bytes(payload), absent_from=index))  # not shrunk
     return cast(list[Prepared], out)  # every None was filled just above
 
 

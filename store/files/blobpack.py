@@ -240,6 +240,22 @@ class BlobPack:
             return None
         return self._index.locate(h)
 
+    @property
+    def index(self) -> BlobIndex:
+        """The index now (replaced whole at each fold): what locate_since is given back."""
+        return self._index
+
+    def locate_since(self, h: bytes, index: BlobIndex) -> BlobLocation | None:
+        """`locate(h)` of a blob the pack did not have when `index` was its index (the caller
+        looked then, and appends of h hold h's lock): while it still is, only the records
+        appended since are looked at, not the index's binary search (a share's new lines,
+        looked up again by the writer).  The tail is read first: a fold swaps the index in
+        before it clears the tail."""
+        loc = self._tail.get(h)
+        if loc is None and index is not self._index:
+            return self.locate(h)
+        return loc
+
     def locate_many(self, hashes: Sequence[bytes]) -> list[BlobLocation | None]:
         """`locate` of each hash; many at once by one pass over the index (BlobIndex.locate_many)."""
         out = []

@@ -69,3 +69,26 @@ def test_a_blob_collected_between_prepare_and_append_is_stored_again(tmp_path: P
     with Store.open(path) as s:
         assert s.get_blob(orphan) == payloads[1]
     assert fsck(path, full=True).ok
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_batch_prepared_before_others_stored_its_blobs_stores_each_once(tmp_path: Path, fold: bool) -> None:
+    """The writer looks a prepared batch's new blobs up again only among the records appended
+    since (BlobPack.locate_since), and in the whole index once a fold replaced the one they were
+    prepared against: a blob another append stored meanwhile is never written twice."""
+    from store.files.blobpack import scan_pack
+
+    payloads = _batch(random.Random(10))
+    path = tmp_path / "s"
+    with Store.open(path) as s:
+        inputs = [TurnInput(p) for p in payloads]
+        ready = s.prepare_turns(inputs)
+        assert all(p.absent_from is not None for p in ready if p.stored is not None)
+        s.append_turns(s.create_context().context_id, inputs[::2])  # half of them stored meanwhile
+        if fold:
+            s._pack.write_index()  # the fold a checkpoint makes past INDEX_TAIL_MAX
+        turns = s.append_turns(s.create_context().context_id, inputs, prepared=ready)
+        assert s.payloads(turns) == payloads
+    hashes = [record.hash for _, record in scan_pack((path / "blobs.pack").read_bytes()).records]
+    assert len(hashes) == len(set(hashes)) == len(set(payloads))
+    assert fsck(path, full=True).ok
