@@ -137,6 +137,25 @@ class PeerPool:
                     await self._network_error(peer, error)
         raise self.failure(what, not_offered)
 
+    def holders(self) -> list[PeerLink]:
+        """The peers a session's lines are shared out among: of a node announced at several
+        addresses (some stale, or forged by another host on the LAN), only the one that proved
+        itself in this fetch (its TLS handshake accepted it as that node); each of the others
+        would cost the fetch its connect or stall deadline.  Every address of a node not
+        reached yet, and every address given without a node id, stays."""
+        live = [p for p in self.peers if not p.dropped]
+        proven = {p.addr.node_id for p in live if p.addr.node_id and p.proven}
+        out: list[PeerLink] = []
+        taken: set[str] = set()
+        for p in live:
+            node = p.addr.node_id
+            if node in proven:
+                if not p.proven or node in taken:
+                    continue
+                taken.add(node)
+            out.append(p)
+        return out
+
     def served(self) -> dict[str, dict[str, int]]:
         """Per peer not dropped, and per dropped peer that delivered lines before: how many
         lines it delivered first, and their raw bytes (with dropped(): every peer's fate)."""
@@ -275,7 +294,7 @@ class Share:
         self.pool, self.what, self.in_flight = pool, what, in_flight
         self.groups = [Group({r.hash: r for r in g}) for g in groups if g]
         self.where = {h: g for g in self.groups for h in g.left}
-        self.holders = {p: Holder(p) for p in pool.peers if not p.dropped}
+        self.holders = {p: Holder(p) for p in pool.holders()}
         self._cancelled: set[asyncio.Future[None]] = set()
         """Requests cancelled on purpose (a group won elsewhere, a holder dropped): no failure."""
 

@@ -44,6 +44,9 @@ class PeerLink:
         """Network errors that were the peer hanging up on a TLS session we had accepted."""
         self.accepted: bytes | None = None
         """The fingerprint of the last server this side accepted in a handshake (tls.client_context)."""
+        self.proven = False
+        """A handshake in this fetch accepted the server here (pinned to the node the address
+        names, if it names one): PeerPool.holders prefers such an address of a node."""
         self.bytes_received = 0
         self.lines_served = 0
         self.bytes_served = 0
@@ -51,6 +54,7 @@ class PeerLink:
 
     def _accepted(self, fingerprint: bytes) -> None:
         self.accepted = fingerprint
+        self.proven = True
 
     async def close(self) -> None:
         if self._owned:  # else its Connections' owner closes the session

@@ -194,6 +194,26 @@ async def test_cut_trickling_and_lying_holders_leave_the_rest_to_the_honest_one(
     assert sum(s["bytes"] for s in result.served.values()) == sum(len(ln) for ln in set(world.lines()))
 
 
+async def test_a_node_that_answered_is_asked_at_that_address_only(world: World) -> None:
+    """A node announced at two addresses, one of them a tarpit (a stale or forged mDNS record:
+    it takes connections and never answers): once the real one answered the sidecar, the
+    lines are asked there alone; the tarpit is never connected to (it would have cost the fetch
+    its stall deadline)."""
+    import socket
+
+    real = await world.serve(0)
+    with socket.socket() as tarpit:
+        tarpit.bind(("127.0.0.1", 0))
+        tarpit.listen(8)
+        tarpit.setblocking(False)
+        forged = PeerAddress(real.node_id, "127.0.0.1", tarpit.getsockname()[1])
+        result = await world.fetch([real, forged])
+        assert placed(world, result) == world.data
+        assert result.served[str(forged)]["lines"] == 0 and str(forged) not in result.dropped_peers
+        with pytest.raises(BlockingIOError):
+            tarpit.accept()  # nothing connected
+
+
 async def test_two_healthy_holders_both_serve_a_share(world: World) -> None:
     a, b = await world.serve(0), await world.serve(1)
     result = await world.fetch([a, b])
