@@ -990,8 +990,9 @@ class Library:
         tail = self.sessions.last_line_hashes(src_hex, version.lines - len(older))
         return older + [LineRef(h, n) for h, n in zip(tail, self.store.raw_lengths(tail), strict=True)]
 
-    def line_manifest_after(self, src_hex: str, held: Sequence[str]) -> tuple[str, int] | None:
-        """(base, first): of the versions `held` that this node offers, the one of the same
+    def line_manifest_after(self, src_hex: str, held: Sequence[str],
+                            peer: str | None = None) -> tuple[str, int] | None:
+        """(base, first): of the versions `held` that this node offers `peer`, the one of the same
         session whose lines up to its last newline (`first` of them) are the first lines of
         `src_hex`, the longest; None if there is none.  By turns where the two versions share
         them (O(new lines)), else by line hashes (turn records only)."""
@@ -1000,7 +1001,7 @@ class Library:
             hashes: list[bytes] = []
             best: tuple[str, int] | None = None
             for base in held:
-                if base == src_hex or self.offered_object(base) != "session":
+                if base == src_hex or self.offered_object(base, peer) != "session":
                     continue
                 version = self.sessions.version(base)
                 first = version.lines - (version.last_line_start < version.size)
@@ -1033,9 +1034,8 @@ class Library:
             return self.sessions.first_line(src_hex)
 
     def line(self, line_hash: bytes) -> bytes:
-        """One line's bytes from the store, re-hashed (NotFound if the store lacks it)."""
-        if not self.store.has_blob(line_hash):
-            raise NotFound(f"line {line_hash.hex()} is not in this node's store")
+        """One line's bytes from the store, re-hashed; VerificationFailed if the store lacks it
+        or its copy is damaged (asked only for a line of a version held here: its loss is damage)."""
         return self.sessions.blob(line_hash, f"line {line_hash.hex()}")
 
     def lines(self, hashes: Sequence[bytes]) -> list[bytes]:

@@ -267,7 +267,8 @@ class PeerServer:
         except (web.HTTPNotFound, web.HTTPMethodNotAllowed):  # no such route, or not with this
             return _not_found()  # method: the same answer as a hash that does not exist
         except DAMAGED as exc:  # this node's copy fails its checks: not served, the peer asks others
-            self._log_damage(request.path, exc)
+            match = request.match_info
+            self._log_damage(match.get("hash") or match.get("src") or request.path, exc)
             if request.writer.output_size:  # the answer began: cut it (the fetcher verifies what came)
                 transport.abort()
                 return web.Response()  # never sent: the connection is gone
@@ -282,7 +283,8 @@ class PeerServer:
                 self._transports[fp].discard(transport)
 
     def _log_damage(self, what: str, exc: BaseException) -> None:
-        """One warning per damaged object per node run (a fetcher may ask again and again)."""
+        """One warning per damaged object (by its hash, however asked) per node run: a fetcher
+        may ask again and again."""
         if what in self._damage_logged:
             log.debug("not serving %s: this node's copy is damaged: %s", what, exc)
             return
@@ -472,7 +474,7 @@ class PeerServer:
                 held = wire.decode_after_query(request.query["after"])
             except wire.WireError as exc:
                 raise web.HTTPBadRequest(text=f"{exc}\n") from None
-            found = await self._call(self.lib.line_manifest_after, src, held)
+            found = await self._call(self.lib.line_manifest_after, src, held, peer)
         refs = await self._call(self.lib.line_manifest, src)
         if found is not None:
             base, first = found
@@ -604,7 +606,7 @@ class PeerServer:
             try:
                 blob = self.lib.stored_line(h)
             except DAMAGED as exc:  # left out, as a line not served is: the fetcher asks other holders
-                self._log_damage(f"line {h.hex()}", exc)
+                self._log_damage(h.hex(), exc)
                 continue
             parts += (stream.frame_parts(blob) if stream is not None
                       else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))

@@ -160,6 +160,9 @@ def test_versions_of_a_session_are_unshared_and_narrowed_together(lib: Library, 
     v3 = lib.share(str(path), to=[ALICE])
     assert lib.offered_object(v3.src, BOB) is None and lib.offered_object(v2.src, BOB) is None
     assert lib.offered_object(v2.src, ALICE) == "session" and lib.branch(v2.branch).to == [ALICE]
+    # a version shared --to a peer is the base of its growth's short manifest for that peer alone
+    assert lib.line_manifest_after(v3.src, [v2.src], ALICE) == (v2.src, lib.version(v2.src).lines)
+    assert lib.line_manifest_after(v3.src, [v2.src], BOB) is None
     assert lib.unshare(v3.branch).versions == [v2.branch]  # v1 was unshared already: no event again
     assert [e["branch"] for e in events(lib, "unshared")][2:] == [v3.branch, v2.branch]
 

@@ -321,6 +321,7 @@ async def test_a_copy_found_damaged_before_the_answer_is_a_503_the_fetcher_names
     from p2pnode.peer.downloader import PeerPool
 
     shared = world.lib.share(str(world.agent / A6))
+    last = world.lib.line_manifest(shared.src)[-1].hash  # in the half of the pack cut off below
     world.lib.close()
     pack = world.lib.paths.store / "blobs.pack"
     pack.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])
@@ -331,6 +332,10 @@ async def test_a_copy_found_damaged_before_the_answer_is_a_503_the_fetcher_names
         async with session(world, "alice") as s:
             status, _, body = await answer(s, "GET", f"https://127.0.0.1:{server.port}"
                                            + wire.PATH_LINES.format(src=shared.src))
+        assert (status, body) == (503, provider.DAMAGED_BODY)
+        async with session(world, "alice") as s:  # a line asked for as an object: the same
+            status, _, body = await answer(s, "GET", f"https://127.0.0.1:{server.port}"
+                                           + wire.PATH_OBJECT.format(hash=last.hex()))
         assert (status, body) == (503, provider.DAMAGED_BODY)
         ident = load_or_create_identity(world.tmp / "alice-id")
         pool = PeerPool([PeerAddress(None, "127.0.0.1", server.port)], ident,
