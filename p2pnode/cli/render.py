@@ -169,8 +169,9 @@ def print_unshared(answer: Mapping[str, Any]) -> None:
     if answer["versions"]:
         print(f"  and {len(answer['versions'])} other version(s) of its session")
     for w in answer["withheld"]:
-        print(f"p2pnode: warning: {short(w['branch'])} ({one_line(w['title'], 50)}) descends from it and is "
-              "no longer served (its lineage is not): share this again to serve it", file=sys.stderr)
+        titled = f" ({one_line(w['title'], 50)})" if w["title"] else ""
+        print(f"p2pnode: warning: {short(w['branch'])}{titled} descends from it and is no longer served "
+              "(its lineage is not): share this again to serve it", file=sys.stderr)
 
 
 def print_versions(info: BranchInfo, versions: list[BranchInfo],

@@ -41,3 +41,13 @@ def test_status_and_peers_list_a_few_untrusted_nodes_and_every_trusted_one(
         assert all(f"N{i} " in out for i in range(500, 503))  # every trusted one
         assert sum(f"N{i} " in out for i in range(500)) == SHOWN_UNTRUSTED
         assert f"and {500 - SHOWN_UNTRUSTED} more untrusted" in out
+
+
+def test_unshare_names_each_withheld_fork_by_its_title_if_any(capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pnode.cli.render import print_unshared
+
+    print_unshared({"branch": "a" * 64, "versions": [], "withheld": [
+        {"branch": "b" * 64, "title": "fix the parser"}, {"branch": "c" * 64, "title": None}]})
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"p2pnode: warning: {'b' * 16} (fix the parser) descends from it")
+    assert err[1].startswith(f"p2pnode: warning: {'c' * 16} descends from it")
