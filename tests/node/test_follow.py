@@ -405,19 +405,18 @@ def test_a_session_placed_header_first_is_kept_current(tmp_path: Path, corpus_ne
             b.run("fetch", session_id, "--from", a_addr)  # one-shot
             [file] = b.agent.rglob("*.jsonl")
             assert file.read_bytes() == header_first() != session.read_bytes()
-            grow(session, "one-shot")
-            wait_for("the live share of the grown file", lambda: json.loads(
-                a.run("ls", "--json").stdout)[0]["size"] == session.stat().st_size)
-            got = b.run("fetch", session_id, "--from", a_addr, "--json", check=False)
-            assert got.returncode == 0 and json.loads(got.stdout)["written"], got.stderr
-            assert file.read_bytes() == header_first()
-            with b.node_running():
-                grow(session, "node")
+
+            def grown_and_fetched(tag: str) -> None:
+                grow(session, tag)
                 wait_for("the live share of the grown file", lambda: json.loads(
                     a.run("ls", "--json").stdout)[0]["size"] == session.stat().st_size)
                 got = b.run("fetch", session_id, "--from", a_addr, "--json", check=False)
                 assert got.returncode == 0 and json.loads(got.stdout)["written"], got.stderr
                 assert file.read_bytes() == header_first()
+
+            grown_and_fetched("one-shot")
+            with b.node_running():
+                grown_and_fetched("node")
                 b.run("follow", session_id, "--from", a_addr, "--detach")
                 for tag in ("follow-1", "follow-2"):
                     grow(session, tag)
