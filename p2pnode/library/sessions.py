@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import types
+import typing
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,7 @@ from p2pnode.pi.session import (
     parse_header,
     titles_after,
 )
+from p2pnode.pi.sidecar import is_hash_hex
 from store import Prepared
 from store.api import Store
 from store.errors import CorruptRecord, StoreError, UnknownBlob, UnknownTurn
@@ -420,6 +423,46 @@ def _stored_header(importer: _Importer, where: str) -> SessionHeader:
     raise InvalidHeader(f"{where}: no Pi session header in its first {HEADER_SCAN_BYTES} bytes")
 
 
+def _state_problem(raw: Any) -> str | None:
+    """What makes a parsed state file unusable (a bit flipped in a key, a record of the wrong
+    shape, a branch of a version not recorded), or None: every field of every record has its
+    type, each record is filed under its own hash, and each branch's version is there."""
+    if not (isinstance(raw, dict) and isinstance(raw.get("generation"), int)
+            and isinstance(raw.get("sessions"), dict) and isinstance(raw.get("branches"), dict)):
+        return "is not an object of a generation, sessions and branches"
+    for kind, key, records in ((Version, "src", raw["sessions"]), (BranchRecord, "branch", raw["branches"])):
+        what = "version" if kind is Version else "branch"
+        hints = typing.get_type_hints(kind)
+        needed = {f.name for f in fields(kind) if f.default is MISSING}
+        for name, record in records.items():
+            if not isinstance(record, dict) or record.get(key) != name or not is_hash_hex(name):
+                return f"has a {what} record that is not filed under its own {key}: {name!r}"
+            if not needed <= record.keys() <= hints.keys():
+                return f"has a {what} record {name} with fields {sorted(record)}"
+            if wrong := [f for f, value in record.items() if not _typed(value, hints[f])]:
+                return f"has a {what} record {name} whose {wrong[0]} is {record[wrong[0]]!r}"
+    for name, branch in raw["branches"].items():
+        if branch["src"] not in raw["sessions"]:
+            return f"has branch {name} of version {branch['src']}, which it does not record"
+    return None
+
+
+def _typed(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a record field's annotation (str, int, bool, dict, a list of
+    str, or None in a union)."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return any(_typed(value, arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if typing.get_origin(hint) is list:
+        return isinstance(value, list) and all(_typed(v, typing.get_args(hint)[0]) for v in value)
+    if typing.get_origin(hint) is dict:
+        return isinstance(value, dict)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
 def _write_state(path: Path, state: _State) -> None:
     doc = {
         "version": STATE_VERSION,
@@ -480,16 +523,15 @@ class SessionStore:
             return None
         except ValueError as exc:
             raise StateUnreadable(f"{self.state_path} is not valid JSON ({exc})") from None
-        try:
-            if raw["version"] != STATE_VERSION:
-                raise StateCorrupt(f"{self.state_path} has version {raw['version']}, not {STATE_VERSION}")
-            return _State(
-                generation=raw["generation"],
-                sessions={k: Version(**v) for k, v in raw["sessions"].items()},
-                branches={k: BranchRecord(**v) for k, v in raw["branches"].items()},
-            )
-        except (KeyError, TypeError) as exc:
-            raise StateUnreadable(f"{self.state_path} lacks or mistypes a field ({exc})") from None
+        if isinstance(raw, dict) and "version" in raw and raw["version"] != STATE_VERSION:
+            raise StateCorrupt(f"{self.state_path} has version {raw['version']!r}, not {STATE_VERSION}")
+        if (wrong := _state_problem(raw)) is not None:
+            raise StateUnreadable(f"{self.state_path} {wrong}")
+        return _State(
+            generation=raw["generation"],
+            sessions={k: Version(**v) for k, v in raw["sessions"].items()},
+            branches={k: BranchRecord(**v) for k, v in raw["branches"].items()},
+        )
 
     def _save(self) -> None:
         _write_state(self.state_path, self._state)

@@ -284,7 +284,8 @@ def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_resto
     assert run(env, "fsck", "--full").returncode == 0
 
 
-@pytest.mark.parametrize("damage", ["cut short", "deleted", "a list", "a field mistyped"])
+@pytest.mark.parametrize("damage", ["cut short", "deleted", "a list", "a field mistyped", "a key flipped",
+                                    "a version dropped", "a header null", "sessions a list"])
 def test_a_lost_or_unreadable_sessions_json_is_rebuilt_from_the_store_by_fsck_repair(
         env: dict[str, str], tmp_path: Path, damage: str) -> None:
     """Every command refuses the home (exit 1, naming the file and `fsck --repair`, nothing
@@ -309,9 +310,18 @@ def test_a_lost_or_unreadable_sessions_json_is_rebuilt_from_the_store_by_fsck_re
         state.unlink()
     elif damage == "a list":
         state.write_text("[]")
-    else:
+    else:  # valid JSON, wrong inside: a bit flipped in a key, a record lost, a field of another type
         doc = json.loads(state.read_bytes())
-        doc["branches"][second["branch"]]["bogus"] = 1
+        if damage == "a field mistyped":
+            doc["branches"][second["branch"]]["head"] = "x"
+        elif damage == "a key flipped":
+            doc["sessions"]["0" + first["src"][1:]] = doc["sessions"].pop(first["src"])
+        elif damage == "a version dropped":
+            del doc["sessions"][second["src"]]
+        elif damage == "a header null":
+            doc["sessions"][first["src"]]["header"] = None
+        else:
+            doc["sessions"] = list(doc["sessions"].values())
         state.write_text(json.dumps(doc))
     damaged = state.read_bytes() if state.exists() else None
 
