@@ -43,7 +43,7 @@ from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
-from store.errors import StoreLocked, UnknownBlob
+from store.errors import CorruptRecord, StoreLocked, UnknownBlob
 from sysio.files import atomic_write, fsync_dir
 from sysio.flush import flush_data
 from sysio.locks import exclusive_if_free
@@ -645,7 +645,13 @@ class Library:
             version = self.sessions.version(cached.blake3)
             self._restore_lost(path, version)
         else:
-            version, warnings = self._import(path, header, like, progress)
+            try:
+                version, warnings, held = self._import(path, header, like, progress)
+            except (CorruptRecord, UnknownBlob) as exc:  # the version it grew from lost lines here
+                log.info("%s: the version it grew from cannot be read back (%s); stored in full", path, exc)
+                version, warnings, held = self._import(path, header, like, progress, from_older=False)
+            if held:  # hashed again (its stat changed), the same bytes: the lines the store lost
+                self._restore_lost(path, version)
         left_out = path.stat().st_size - version.size
         if left_out > 0:
             warnings.append(f"{path}: shared its complete lines ({version.size} bytes); the {left_out} bytes "
@@ -682,13 +688,18 @@ class Library:
         return self._info(record, str(path.absolute()))
 
     def _import(self, path: Path, header: pisession.SessionHeader, like: str | None,
-                progress: Callable[[int, int], object] | None) -> tuple[Version, list[str]]:
-        """Store the file, reusing an older version it grew from, or its parent's lines."""
+                progress: Callable[[int, int], object] | None,
+                from_older: bool = True) -> tuple[Version, list[str], bool]:
+        """Store the file, reusing an older version it grew from (unless not `from_older`:
+        every line read and stored again, those the store has already not twice), or its
+        parent's lines; whether the same bytes were held already."""
         size = path.stat().st_size
         known = self.hasher.known(path)
         with self._lock:
-            if known is not None and known.size <= size and self.sessions.has_version(known.blake3):
-                base: Version | None = self.sessions.version(known.blake3)
+            if not from_older:
+                base: Version | None = None
+            elif known is not None and known.size <= size and self.sessions.has_version(known.blake3):
+                base = self.sessions.version(known.blake3)
             else:
                 base = self.sessions.latest_version_of(header.id, size)
 
@@ -705,7 +716,7 @@ class Library:
             log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
         if fed.vouched:
             self._fed[result.version.src] = (fed, base, path)
-        return result.version, result.warnings
+        return result.version, result.warnings, result.held
 
     def unshare(self, branch_hex: str) -> Unshared:
         """Stop offering a branch to peers, at once (transfers of it stop: `add_listener`), with

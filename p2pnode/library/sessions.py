@@ -157,6 +157,8 @@ class ImportResult:
     warnings: list[str]
     """Lines that are not JSON (they are stored verbatim all the same)."""
     scan: Scan
+    held: bool = False
+    """The same bytes were held already (nothing recorded)."""
 
 
 @dataclass
@@ -661,7 +663,7 @@ class SessionStore:
         with guard:
             if prefix.blake3 in self._state.sessions:  # the same bytes already held (e.g. a copy)
                 importer.discard()
-                return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result)
+                return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result, held=True)
             try:
                 header = _stored_header(importer, str(path))
             except InvalidHeader:

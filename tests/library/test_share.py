@@ -381,12 +381,14 @@ def test_a_damaged_store_never_serves_wrong_bytes(agent: Path, tmp_path: Path) -
         lib.session_bytes(result.src)
 
 
-@pytest.mark.parametrize("damage", ["bit flipped, then fsck --repair", "pack cut short"])
+@pytest.mark.parametrize("touched", [False, True], ids=["as it was", "touched"])
+@pytest.mark.parametrize("damage", ["bit flipped, then fsck --repair", "pack cut short", "pack emptied"])
 def test_sharing_the_file_again_restores_lines_the_store_lost(agent: Path, tmp_path: Path,
-                                                              damage: str) -> None:
-    """A line fsck reports damaged (and `--repair` drops), or lost with a pack cut short, is put
-    back by sharing the file again (each line checked against its hash), where that share had
-    reported success and left the branch unreadable."""
+                                                              damage: str, touched: bool) -> None:
+    """A line fsck reports damaged (and `--repair` drops), or lost with a pack cut short or
+    emptied, is put back by sharing the file again (each line checked against its hash), where
+    that share had reported success and left the branch unreadable; also when the file's stat
+    changed (touched, copied, restored from a backup: it is hashed again, its bytes the same)."""
     from store.fsck import fsck
 
     paths = NodePaths(tmp_path / "node")
@@ -400,7 +402,9 @@ def test_sharing_the_file_again_restores_lines_the_store_lost(agent: Path, tmp_p
         pack.write_bytes(bytes(data))
         assert fsck(paths.store, repair=True).repaired
     else:
-        pack.write_bytes(bytes(data[: len(data) // 2]))
+        pack.write_bytes(bytes(data[: len(data) // 2 if damage == "pack cut short" else 0]))
+    if touched:
+        os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
     with Library.open(paths, agent_dir=agent) as lib:
         with pytest.raises(VerificationFailed):
             lib.session_bytes(result.src)
