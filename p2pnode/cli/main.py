@@ -109,7 +109,8 @@ def _repair_sessions(paths: NodePaths) -> tuple[list[str], list[str]]:
     except (P2PNodeError, StoreError, OSError, ValueError) as exc:
         return said, [f"sessions not checked: {exc}"]
     said += [f"dropped branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.why}; "
-             + (f"share {d.path} again to store it anew" if d.path else "fetch it again")
+             + (f"share {d.path} again to store it anew" if d.shared_here and d.path
+                else f"fetch {d.branch[:16]} again")
              if d.branch else f"dropped session version {d.src[:16]} (no branch held): {d.why}"
              for d in dropped]
     return said, []

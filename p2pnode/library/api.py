@@ -170,7 +170,10 @@ class Dropped:
     branch: str | None = None
     title: str | None = None
     path: str | None = None
-    """Where the file was shared from or placed (share it again to store it anew)."""
+    """Where the file was shared from or placed."""
+    shared_here: bool = False
+    """Shared from this node (share `path` again to get it back), not only fetched (fetch
+    `branch` again: sharing the placed file would offer it, and it may hold a later version)."""
 
 
 def _check_placeable(path: Path, header: pisession.SessionHeader) -> None:
@@ -1387,22 +1390,30 @@ class Library:
             records = self.sessions.branches()
             bad = self.store.unreadable_chains([v.head for v in versions] + [r.head for r in records])
             lost = {v.src: f"its turns cannot be read ({bad[v.head]})" for v in versions if v.head in bad}
+            # a branch's sidecar turn heads the context its version's turns are in (the first
+            # branch of a version takes the version's context): the version goes with it
+            contexts = {v.src: v.context for v in versions}
+            lost |= {r.src: f"its turns cannot be read ({bad[r.head]})" for r in records
+                     if r.head in bad and r.src not in lost and contexts[r.src] == r.context}
             why = {r.branch: lost.get(r.src) or f"its turns cannot be read ({bad[r.head]})"
                    for r in records if r.head in bad or r.src in lost}
             while more := {r.branch: f"its parent {r.parent} was dropped" for r in records
                            if r.branch not in why and r.parent in why}:
                 why.update(more)  # a branch held here has its parent held (as `rm` keeps it)
-            dropped = [Dropped(r.src, why[r.branch], r.branch, info.title, info.path)
+            dropped = [Dropped(r.src, why[r.branch], r.branch, info.title, info.path,
+                               shared_here=r.offered or r.withdrawn is not None)
                        for r in records if r.branch in why for info in [self._info(r)]]
             dropped += [Dropped(src, reason) for src, reason in lost.items()
                         if all(d.src != src for d in dropped)]
             if not dropped:
                 return []
+            # logged first: a repair killed after forgetting them must still have said what went
+            self.audit.append_many([("dropped", {"branch": d.branch, "title": d.title, "why": d.why})
+                                    for d in dropped if d.branch])
             self.sessions.forget(sorted(d.branch for d in dropped if d.branch), sorted(lost))
             for d in dropped:
                 if d.branch:
                     self.manifest.remove(d.branch)
-                    self.audit.append("dropped", branch=d.branch, title=d.title, why=d.why)
             self._changed()
             return dropped
 

@@ -232,13 +232,15 @@ def test_share_killed_mid_import_recovers(env: dict[str, str], tmp_path: Path) -
         assert {h.context_id for h in lib.store.list_contexts() if h.head_turn_id} <= named
 
 
+@pytest.mark.parametrize("where", ["a body line", "a sidecar"])
 def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_restores_it(
-        env: dict[str, str]) -> None:
+        env: dict[str, str], where: str) -> None:
     """README, "A damaged store": one turns.log record flipped where no WAL copy can repair it.
     `cat` of what goes through it and `gc` fail closed (exit 5); `fsck --repair` forgets exactly
     the branches whose turns go through it (forks that reuse the parent's turns too) and says
     how to get each back; then the store is clean (a warning names the dead record), `gc` works,
-    and sharing the files again stores them byte for byte."""
+    and sharing the files again stores them byte for byte.  A branch's own sidecar turn heads
+    its version's context: the version goes too (else that context stayed, headed by it)."""
     beta = agent_of(env) / "sessions" / BETA
     alpha = next((agent_of(env) / "sessions" / "--tmp-pi-harness-work-alpha--").glob("*173a-7744*.jsonl"))
     shared = json.loads(run(env, "share", str(beta / B5), "--json").stdout)
@@ -246,7 +248,8 @@ def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_resto
     root = shared["ancestors"][0]
     paths = NodePaths(Path(env["P2PNODE_HOME"]))
     with Library.open(paths) as lib:
-        damaged = lib.sessions.line_turns(root["src"])[1].turn_id  # a body line of the lineage's root
+        damaged = (lib.sessions.line_turns(root["src"])[1].turn_id if where == "a body line"  # the root's
+                   else lib.sessions.branch(shared["branch"]).head)  # the newest fork's branch turn
         hit = {b.branch for b in lib.branches(include_unshared=True)
                if damaged in {t.turn_id for t in lib.store.chain(lib.sessions.branch(b.branch).head)}}
         while more := {b.branch for b in lib.branches(include_unshared=True) if b.parent in hit} - hit:
@@ -254,21 +257,22 @@ def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_resto
         files = {b.branch: Path(b.path) for b in lib.branches(include_unshared=True) if b.path}
         lib.store.checkpoint()
         lib.store.checkpoint()  # neither WAL generation kept holds the record now
-    assert root["branch"] in hit and other not in hit
+    assert (root["branch"] in hit if where == "a body line" else hit == {shared["branch"]}) and other not in hit
     with open(paths.store / "turns.log", "r+b") as f:
         f.seek((damaged - 1) * 80 + 40)
         f.write(b"\x00\xff")
 
     before = run(env, "fsck", check=False)
     assert before.returncode == 1 and "cannot be read" in before.stdout.decode()
-    assert run(env, "cat", root["branch"], check=False).returncode == 5
+    if where == "a body line":
+        assert run(env, "cat", root["branch"], check=False).returncode == 5
     assert run(env, "gc", check=False).returncode == 5
 
     repair = run(env, "fsck", "--repair", check=False)
     out = repair.stdout.decode()
     assert repair.returncode == 0, out
     assert {b for b in hit if f"dropped branch {b[:16]}" in out} == hit and other[:16] not in out
-    assert f"share {files[root['branch']]} again" in out
+    assert f"share {files[shared['branch']]} again" in out
     after = run(env, "fsck")
     assert "no head reaches it" in after.stdout.decode()
     listed = {b["branch"] for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
