@@ -257,7 +257,8 @@ def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_resto
         files = {b.branch: Path(b.path) for b in lib.branches(include_unshared=True) if b.path}
         lib.store.checkpoint()
         lib.store.checkpoint()  # neither WAL generation kept holds the record now
-    assert (root["branch"] in hit if where == "a body line" else hit == {shared["branch"]}) and other not in hit
+    assert root["branch"] in hit if where == "a body line" else hit == {shared["branch"]}
+    assert other not in hit
     with open(paths.store / "turns.log", "r+b") as f:
         f.seek((damaged - 1) * 80 + 40)
         f.write(b"\x00\xff")
