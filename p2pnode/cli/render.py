@@ -122,7 +122,10 @@ def print_status(status: dict[str, Any]) -> None:
               f"  {p['name'] or ''}")
     if more:
         print(f"  ... and {more} more untrusted (`--json` lists them all)")
-    if status.get("store_bytes") is not None:
+    if status.get("store_damage"):
+        print(f"store      {status['store_bytes']} bytes, DAMAGED: {shown(status['store_damage'])} "
+              "(`p2pnode fsck`, then, with no node running, `p2pnode fsck --repair`)")
+    elif status.get("store_bytes") is not None:
         print(f"store      {status['store_bytes']} bytes, about {status['reclaimable_bytes']} reclaimable "
               "(`p2pnode gc`)")
     if status.get("store_failure"):

@@ -43,7 +43,7 @@ from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
-from store.errors import CorruptRecord, StoreLocked, UnknownBlob
+from store.errors import CorruptRecord, StoreLocked, UnknownBlob, UnknownTurn
 from sysio.files import atomic_write, fsync_dir
 from sysio.flush import flush_data
 from sysio.locks import exclusive_if_free
@@ -983,14 +983,21 @@ class Library:
         """A version's line hashes after its first `skip`, for the line index (`_visible`): from
         its cached manifest, or one made from its `previous`'s (cached: the provider asks for it
         next), else from its turns (not cached: many offered versions must not flush the
-        manifests being served), walked back from its head when `skip` is not 0 (O(the rest))."""
+        manifests being served), walked back from its head when `skip` is not 0 (O(the rest)).
+        None of a version whose turns cannot be read (a damaged record `fsck --repair` drops):
+        its lines are not served, and the rest of the catalog is."""
         with self._lock:
-            refs = self._cached_manifest(src_hex)
-            if refs is not None:
-                return (r.hash for r in itertools.islice(refs, skip, None))
-            if skip:
-                return self.sessions.last_line_hashes(src_hex, self.sessions.version(src_hex).lines - skip)
-            return self.sessions.line_hashes(src_hex)
+            try:
+                refs = self._cached_manifest(src_hex)
+                if refs is not None:
+                    return (r.hash for r in itertools.islice(refs, skip, None))
+                version = self.sessions.version(src_hex)
+                return (self.sessions.last_line_hashes(src_hex, version.lines - skip) if skip
+                        else self.sessions.line_hashes(src_hex))
+            except (CorruptRecord, UnknownTurn) as exc:
+                log.warning("not serving the lines of version %s: its turns cannot be read (%s; "
+                            "`p2pnode fsck`)", src_hex, exc)
+                return ()
 
     def _grown_manifest(self, src_hex: str) -> list[LineRef] | None:
         """The manifest of a version whose `previous` (its bytes a prefix of this one's) ends
@@ -1451,18 +1458,24 @@ class Library:
             raise NotFound(f"no branch of Pi session {text} is held here")
         return [self.sessions.branch(self.resolve_branch(text))]
 
-    def space(self) -> dict[str, int]:
+    def space(self) -> space.SpaceReport:
         """`status`: the store's bytes and what `gc` would reclaim now (an estimate, computed
         again only when the records or the turns changed: it walks every kept turn); both in
-        the measures of `gc`'s report (space.GCReport)."""
+        the measures of `gc`'s report (space.GCReport).  A turn record that walk cannot read
+        makes the estimate None and is said in `store_damage` (`status` shows it; `gc` refuses)."""
         with self._lock:
             if self.store.failure is None:  # as `gc` counts them: in the pack, not raw in the head WAL
                 self.store.pack_pending()
             key = (self.sessions.generation, self.store.turn_count, len(self.sessions.all_versions()))
+            damage = None
             if self._reclaimable is None or self._reclaimable[0] != key:
-                self._reclaimable = (key, space.reclaimable_bytes(self.sessions, self.store))
-            return {"store_bytes": space.store_bytes(self.store),
-                    "reclaimable_bytes": self._reclaimable[1]}
+                try:
+                    self._reclaimable = (key, space.reclaimable_bytes(self.sessions, self.store))
+                except (CorruptRecord, UnknownTurn) as exc:
+                    damage = str(exc)
+            reclaimable = self._reclaimable[1] if self._reclaimable and not damage else None
+            return {"store_bytes": space.store_bytes(self.store), "reclaimable_bytes": reclaimable,
+                    "store_damage": damage}
 
 
 class TransferLeases:

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from p2pnode.library.sessions import SessionStore
 from store.api import Store
@@ -142,6 +142,15 @@ def store_bytes(store: Store) -> int:
     files = sum(e.stat().st_size for e in os.scandir(store.root)
                 if e.is_file(follow_symlinks=False) and not is_wal_file(e.name))
     return files + store.unwritten_index_bytes
+
+
+class SpaceReport(TypedDict):
+    """Library.space: what `status` shows of the store."""
+
+    store_bytes: int
+    reclaimable_bytes: int | None
+    """None when a turn record the estimate walks cannot be read (`store_damage` says which)."""
+    store_damage: str | None
 
 
 def worth_collecting(reclaimable: int, total: int) -> bool:

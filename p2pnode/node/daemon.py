@@ -57,7 +57,7 @@ from typing import Any
 from aiohttp import web
 
 from p2pnode.discovery.mdns import Discovery, Peer, listen_addresses
-from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused
+from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused, from_store
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.node import upkeep
 from p2pnode.node.answers import known_error, streamed
@@ -79,6 +79,7 @@ from p2pnode.peer.trust import TrustStore
 from p2pnode.peer.wire import DEFAULT_LIMITS
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import is_hash_hex
+from store.errors import StoreError
 from store.service.server import StoreServer
 from sysio.memory import one_arena
 
@@ -372,8 +373,12 @@ class Node:
                     size += len(run)
                     for at in range(0, len(run), CAT_EVENT):
                         yield {"event": "data", "b64": base64.b64encode(run[at:at + CAT_EVENT]).decode()}
-            except P2PNodeError as exc:
-                yield {"event": "error", "message": str(exc), "exit_code": exc.exit_code}
+            except (P2PNodeError, StoreError) as exc:  # a damaged record: as `cat` without a node says
+                error = exc if isinstance(exc, P2PNodeError) else from_store(exc, "the node's store",
+                                                                              "cat again")
+                if error is None:
+                    raise
+                yield {"event": "error", "message": str(error), "exit_code": error.exit_code}
                 return
             yield {"event": "result", "result": {"src": src, "size": size}}
 

@@ -10,6 +10,7 @@ from p2pnode.paths import NodePaths
 
 if TYPE_CHECKING:
     from p2pnode.library.api import BranchInfo, Catalog, Library
+    from p2pnode.library.space import SpaceReport
     from p2pnode.peer.trust import TrustedPeer
 
 
@@ -22,7 +23,7 @@ def trusted_peer(peer: TrustedPeer, online: bool | None) -> dict[str, Any]:
 def build_status(*, node_id: str | None, running: bool, home: str, catalog: Catalog,
                  branches: Iterable[BranchInfo], peers: list[dict[str, Any]],
                  addresses: list[str] | None = None, port: int | None = None, mdns: bool = False,
-                 transfers: list[dict[str, Any]] | None = None, space: dict[str, int] | None = None,
+                 transfers: list[dict[str, Any]] | None = None, space: SpaceReport | None = None,
                  following: list[dict[str, Any]] | None = None, live: list[dict[str, Any]] | None = None,
                  announced: list[str] | None = None, store_failure: str | None = None) -> dict[str, Any]:
     """`addresses`: where the peer port answers (what tickets carry); `announced`: what mDNS
@@ -41,8 +42,9 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
                    for b in branches],
         "peers": peers,
         "transfers": transfers or [],
-        "store_bytes": (space or {}).get("store_bytes"),
-        "reclaimable_bytes": (space or {}).get("reclaimable_bytes"),
+        "store_bytes": space["store_bytes"] if space else None,
+        "reclaimable_bytes": space["reclaimable_bytes"] if space else None,
+        "store_damage": space["store_damage"] if space else None,
         "store_failure": store_failure,
         "following": following or [],
         "live": live or [],

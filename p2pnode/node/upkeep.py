@@ -110,8 +110,9 @@ async def background_gc(lib: Library, serving: Callable[[float], bool] = lambda 
         wait = every
         try:
             sizes = await asyncio.to_thread(lib.space)
-            if not space.worth_collecting(sizes["reclaimable_bytes"], sizes["store_bytes"]):
-                continue
+            reclaimable = sizes["reclaimable_bytes"]
+            if reclaimable is None or not space.worth_collecting(reclaimable, sizes["store_bytes"]):
+                continue  # nothing worth it, or a damaged store (`status` says so; gc would refuse)
             if serving(quiet):
                 log.debug("background gc: put off while peers are served")
                 wait = min(every, quiet)

@@ -267,6 +267,7 @@ def test_a_damaged_turn_record_is_dropped_by_fsck_repair_and_sharing_again_resto
     assert before.returncode == 1 and "cannot be read" in before.stdout.decode()
     if where == "a body line":
         assert run(env, "cat", root["branch"], check=False).returncode == 5
+        assert "DAMAGED: turns.log at offset" in run(env, "status").stdout.decode()  # says so, exit 0
     assert run(env, "gc", check=False).returncode == 5
 
     repair = run(env, "fsck", "--repair", check=False)

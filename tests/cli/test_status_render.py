@@ -14,7 +14,8 @@ from p2pnode.node.status import build_status
 def test_status_says_when_the_store_refuses_writes(capsys: pytest.CaptureFixture[str],
                                                    failure: str | None) -> None:
     status = build_status(node_id="N", running=True, home="/h", catalog=Catalog(1, []), branches=[], peers=[],
-                          space={"store_bytes": 10, "reclaimable_bytes": 0}, store_failure=failure)
+                          space={"store_bytes": 10, "reclaimable_bytes": 0, "store_damage": None},
+                          store_failure=failure)
     assert status["store_failure"] == failure
     print_status(status)
     out = capsys.readouterr().out
