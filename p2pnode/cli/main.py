@@ -91,16 +91,18 @@ def _repair_sessions(paths: NodePaths) -> tuple[list[str], list[str]]:
     from p2pnode.library.sessions import StateUnreadable
     from store.errors import StoreError, StoreLocked
 
-    said = []
+    said = [f"{path} was unreadable: moved to {kept}; it starts empty"
+            for path, kept in Library.repair_indexes(paths)]
     try:
         try:
             library = Library.open(paths)
         except StateUnreadable as exc:
             found, kept = Library.rebuild_state(paths)
-            said += [f"{paths.home / 'sessions.json'} rebuilt from the store ({exc.what}): "
+            said += [f"{paths.home / 'sessions.json'} rebuilt from the store (it {exc.reason}): "
                      f"{len(found.branches)} branch(es), none offered (share them again to offer them)"
                      + (f"; the old file kept as {kept}" if kept else "")]
-            said += [f"not rebuilt: {problem}" for problem in found.problems]
+            said += [f"not rebuilt: branch {b[:16]} ({why}): share its file again, or fetch {b[:16]} again"
+                     if b else f"not rebuilt: {why}" for b, why in found.lost]
             library = Library.open(paths)
         with library:
             dropped = library.drop_unreadable()

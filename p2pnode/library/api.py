@@ -29,7 +29,7 @@ from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
 from p2pnode.library import access, rebuild, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.library.lineindex import LineIndex
-from p2pnode.library.manifest import Manifest
+from p2pnode.library.manifest import Manifest, ManifestCorrupt, PlacedFiles
 from p2pnode.library.sessions import BranchRecord, SessionStore, Version
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
 from p2pnode.paths import NodePaths, PiDirs, session_dir
@@ -174,6 +174,16 @@ class Dropped:
     shared_here: bool = False
     """Shared from this node (share `path` again to get it back), not only fetched (fetch
     `branch` again: sharing the placed file would offer it, and it may hold a later version)."""
+
+
+def _kept_aside(path: Path) -> Path:
+    """Move an unreadable file to `<name>.damaged` (or `.damaged.N`: an earlier one is kept)."""
+    kept = path.with_name(path.name + ".damaged")
+    n = 1
+    while kept.exists():
+        kept, n = path.with_name(f"{path.name}.damaged.{n}"), n + 1
+    os.replace(path, kept)
+    return kept
 
 
 def _check_placeable(path: Path, header: pisession.SessionHeader) -> None:
@@ -346,17 +356,32 @@ class Library:
             raise
 
     @staticmethod
+    def repair_indexes(paths: NodePaths) -> list[tuple[Path, Path]]:
+        """`fsck --repair`: each unreadable JSON index of local files (manifest.json: where
+        branches were shared from or placed; placed.json: what fetches placed) moved aside,
+        (the file, where it went); they start empty: `ls` shows no path for a branch until it is
+        shared again, and a later version is not placed over a file this node no longer knows it
+        placed (a conflict, exit 7, not an overwrite)."""
+        moved = []
+        for index in (Manifest(paths.manifest), PlacedFiles(paths.placed)):
+            try:
+                index.load()
+            except ManifestCorrupt:
+                moved.append((index.path, _kept_aside(index.path)))
+        return moved
+
+    @staticmethod
     def rebuild_state(paths: NodePaths) -> tuple[rebuild.Rebuilt, Path | None]:
         """`fsck --repair` when sessions.json is lost or unreadable (the library does not open:
-        StateCorrupt): its records made anew from the store (library/rebuild.py), the old file
-        kept beside it as `sessions.json.damaged` (returned; None if there was none)."""
+        StateUnreadable): its records made anew from the store (library/rebuild.py), the old
+        file kept beside it (returned; None if there was none), a `dropped` event for each
+        branch the store could not give back."""
         state = paths.home / "sessions.json"
         with Store.open(paths.store, StoreConfig(zstd_level=ZSTD_LEVEL)) as store:
             found = rebuild.rebuild(store)
-            kept = None
-            if state.exists():
-                kept = state.with_name(state.name + ".damaged")
-                os.replace(state, kept)
+            events = [("dropped", {"branch": b, "title": None, "why": why}) for b, why in found.lost if b]
+            AuditLog(paths.home / "audit.log").append_many(events)
+            kept = _kept_aside(state) if state.exists() else None
             SessionStore.write_anew(state, found.versions, found.branches)
         return found, kept
 

@@ -45,9 +45,11 @@ class _JsonIndex(Generic[V]):
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as exc:
-            raise ManifestCorrupt(f"{self.path} is not JSON ({type(exc).__name__}); move it aside") from None
+            raise ManifestCorrupt(f"{self.path} is not JSON ({type(exc).__name__}); move it aside "
+                                  "(`p2pnode fsck --repair` does)") from None
         if not isinstance(data, dict) or not all(self._valid(k, v) for k, v in data.items()):
-            raise ManifestCorrupt(f"{self.path} does not hold what it should; move it aside")
+            raise ManifestCorrupt(f"{self.path} does not hold what it should; move it aside "
+                                  "(`p2pnode fsck --repair` does)")
         return data
 
     def _update(self, change: Callable[[dict[str, V]], object]) -> None:

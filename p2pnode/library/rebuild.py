@@ -29,25 +29,26 @@ LINES_READ = 256
 
 @dataclass(frozen=True)
 class Rebuilt:
-    """What the store gave back, and what it could not (one sentence each)."""
+    """What the store gave back, and what it could not: (the branch, if its sidecar could be
+    read; why) of each."""
 
     versions: list[Version]
     branches: list[BranchRecord]
-    problems: list[str]
+    lost: list[tuple[str | None, str]]
 
 
 def rebuild(store: Store) -> Rebuilt:
     """The version and branch records of every sidecar the store's contexts end with."""
     headers: dict[int, int] = {}  # header turn -> the context it heads (a version's own)
     sidecars: list[tuple[int, Turn]] = []
-    problems: list[str] = []
+    lost: list[tuple[str | None, str]] = []
     for head in store.list_contexts():
         if not head.head_turn_id:
             continue
         try:
             turn = store.get_turn(head.head_turn_id)
         except StoreError as exc:
-            problems.append(f"context {head.context_id}: {exc}")
+            lost.append((None, f"context {head.context_id}: {exc}"))
             continue
         if turn.type_tag == TAG_HEADER:
             headers[turn.turn_id] = head.context_id
@@ -57,6 +58,7 @@ def rebuild(store: Store) -> Rebuilt:
     branches: list[BranchRecord] = []
     now = int(time.time() * 1000)
     for context, turn in sidecars:
+        branch = None
         try:
             sidecar = store.get_blob(turn.payload_hash, verify=True)
             branch = blake3_hex(sidecar)
@@ -65,11 +67,11 @@ def rebuild(store: Store) -> Rebuilt:
                 versions[parsed.src] = _version(store, parsed.src, turn.parent_turn_id,
                                                 headers.get(turn.parent_turn_id, context))
         except (StoreError, P2PNodeError) as exc:
-            problems.append(f"the branch of context {context} (sidecar turn {turn.turn_id}): {exc}")
+            lost.append((branch, f"context {context} (sidecar turn {turn.turn_id}): {exc}"))
             continue
         branches.append(BranchRecord(branch, parsed.src, parsed.parent, context, turn.turn_id,
                                      offered=False, shared_at=now))
-    return Rebuilt(list(versions.values()), branches, problems)
+    return Rebuilt(list(versions.values()), branches, lost)
 
 
 def _version(store: Store, src: str, header_turn: int, context: int) -> Version:

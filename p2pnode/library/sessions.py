@@ -91,10 +91,10 @@ class StateUnreadable(StateCorrupt):
     """sessions.json is missing beside a store with sessions, or not what it should be:
     `fsck --repair` may rebuild it from the store (not so a file of another state version)."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
-        super().__init__(f"{what}; `p2pnode fsck --repair` rebuilds it from the store (its branches come "
-                         "back not offered: share them again)")
+    def __init__(self, path: Path, reason: str, advice: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{path} {reason}{advice}; `p2pnode fsck --repair` rebuilds it from the store (its "
+                         "branches come back not offered: share them again)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,9 +485,9 @@ class SessionStore:
         loaded = self._load()
         if loaded is None:  # a new home: the file is written before any import can begin
             if ours := self._our_contexts(set()):
-                raise StateUnreadable(f"{state_path} is missing, but the store beside it holds {len(ours)} "
-                                      "session record(s) it names: nothing was changed; put the file back (a "
-                                      "backup of the node home)")
+                raise StateUnreadable(state_path, "is missing", f", but the store beside it holds "
+                                      f"{len(ours)} session record(s) it names: nothing was changed; put the "
+                                      "file back (a backup of the node home)")
             self._state = _State()
             self._save()
         else:
@@ -524,11 +524,11 @@ class SessionStore:
         except FileNotFoundError:
             return None
         except ValueError as exc:
-            raise StateUnreadable(f"{self.state_path} is not valid JSON ({exc})") from None
+            raise StateUnreadable(self.state_path, f"is not valid JSON ({exc})") from None
         if isinstance(raw, dict) and "version" in raw and raw["version"] != STATE_VERSION:
             raise StateCorrupt(f"{self.state_path} has version {raw['version']!r}, not {STATE_VERSION}")
         if (wrong := _state_problem(raw)) is not None:
-            raise StateUnreadable(f"{self.state_path} {wrong}")
+            raise StateUnreadable(self.state_path, wrong)
         return _State(
             generation=raw["generation"],
             sessions={k: Version(**v) for k, v in raw["sessions"].items()},

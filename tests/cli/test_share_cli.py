@@ -352,3 +352,44 @@ def test_a_lost_or_unreadable_sessions_json_is_rebuilt_from_the_store_by_fsck_re
     assert json.loads(run(env, "share", str(grown), "--json").stdout)["branch"] == second["branch"]
     assert run(env, "cat", first["branch"]).stdout == (beta / B5).read_bytes()
     assert run(env, "fsck", "--full").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "placed.json"])
+def test_an_unreadable_index_of_local_files_is_moved_aside_by_fsck_repair(env: dict[str, str],
+                                                                          name: str) -> None:
+    """manifest.json (where branches came from) and placed.json (what fetches placed) hold
+    nothing the store cannot do without: unreadable, they stop the commands that read them
+    (exit 4, naming `fsck --repair`), which moves them aside to start empty."""
+    path = agent_of(env) / "sessions" / BETA / B5
+    branch = run(env, "share", str(path)).stdout.decode().strip()
+    index = Path(env["P2PNODE_HOME"]) / name
+    index.write_text("[1, 2")
+    if name == "manifest.json":
+        refused = run(env, "ls", check=False)
+        assert refused.returncode == 4 and "fsck --repair" in refused.stderr.decode()
+    repair = run(env, "fsck", "--repair")
+    assert f"{index} was unreadable: moved to {index}.damaged" in repair.stdout.decode()
+    assert (index.parent / f"{name}.damaged").read_text() == "[1, 2"
+    assert run(env, "cat", branch).stdout == path.read_bytes() and run(env, "ls").returncode == 0
+
+
+def test_a_rebuild_names_each_branch_the_store_cannot_give_back(env: dict[str, str]) -> None:
+    """sessions.json unreadable and a line of one session lost from the pack: the rebuild
+    gives back the rest and names that branch (its hash, what to do), logged as dropped."""
+    alpha = next((agent_of(env) / "sessions" / "--tmp-pi-harness-work-alpha--").glob("*173a-7744*.jsonl"))
+    lost = run(env, "share", str(alpha)).stdout.decode().strip()
+    kept = run(env, "share", str(agent_of(env) / "sessions" / BETA / B5)).stdout.decode().strip()
+    home = Path(env["P2PNODE_HOME"])
+    with Library.open(NodePaths(home)) as lib:
+        image = max(lib.line_manifest(lib.branch(lost).src), key=lambda r: r.length).hash
+    pack = home / "store" / "blobs.pack"
+    data = bytearray(pack.read_bytes())
+    data[data.index(image) + 200] ^= 0x40  # inside the image line's record, past its header
+    pack.write_bytes(bytes(data))
+    (home / "sessions.json").write_text("{")
+    out = run(env, "fsck", "--repair", check=False).stdout.decode()
+    assert f"not rebuilt: branch {lost[:16]}" in out and f"fetch {lost[:16]} again" in out
+    listed = {b["branch"] for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
+    assert kept in listed and lost not in listed
+    events = [json.loads(line) for line in (home / "audit.log").read_text().splitlines()]
+    assert [e["branch"] for e in events if e["event"] == "dropped"] == [lost]
