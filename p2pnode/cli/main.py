@@ -83,39 +83,25 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 
 def _repair_sessions(paths: NodePaths) -> tuple[list[str], list[str]]:
-    """`fsck --repair`'s first steps: sessions.json rebuilt from the store if it is lost or
-    unreadable (Library.rebuild_state), then the sessions whose store records cannot be read
-    forgotten (Library.drop_unreadable); one line each saying what was done and how to get
-    back what was lost; and what could not be repaired (a library that still does not open)."""
+    """`fsck --repair`'s steps above the store (Library.repair) as the report's lines: what
+    was done, each with how to get back what was lost; and what could not be done."""
     from p2pnode.library.api import Library
-    from p2pnode.library.sessions import StateUnreadable
-    from store.errors import StoreError, StoreLocked
 
-    said = [f"{path} was unreadable: moved to {kept}; it starts empty"
-            for path, kept in Library.repair_indexes(paths)]
-    try:
-        try:
-            library = Library.open(paths)
-        except StateUnreadable as exc:
-            found, kept = Library.rebuild_state(paths)
-            said += [f"{paths.home / 'sessions.json'} rebuilt from the store (it {exc.reason}): "
-                     f"{len(found.branches)} branch(es), none offered (share them again to offer them)"
-                     + (f"; the old file kept as {kept}" if kept else "")]
-            said += [f"not rebuilt: branch {b[:16]} ({why}): share its file again, or fetch {b[:16]} again"
-                     if b else f"not rebuilt: {why}" for b, why in found.lost]
-            library = Library.open(paths)
-        with library:
-            dropped = library.drop_unreadable()
-    except StoreLocked:
-        raise
-    except (P2PNodeError, StoreError, OSError, ValueError) as exc:
-        return said, [f"sessions not checked: {exc}"]
+    done = Library.repair(paths)
+    said = [f"{path} was unreadable: moved to {kept}; it starts empty" for path, kept in done.moved]
+    if done.rebuilt is not None:
+        reason, found, kept = done.rebuilt
+        said += [f"{paths.home / 'sessions.json'} rebuilt from the store (it {reason}): "
+                 f"{len(found.branches)} branch(es), none offered (share them again to offer them)"
+                 + (f"; the old file kept as {kept}" if kept else "")]
+        said += [f"not rebuilt: branch {b[:16]} ({why}): share its file again, or fetch {b[:16]} again"
+                 if b else f"not rebuilt: {why}" for b, why in found.lost]
     said += [f"dropped branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.why}; "
              + (f"share {d.path} again to store it anew" if d.shared_here and d.path
                 else f"fetch {d.branch[:16]} again")
              if d.branch else f"dropped session version {d.src[:16]} (no branch held): {d.why}"
-             for d in dropped]
-    return said, []
+             for d in done.dropped]
+    return said, [f"sessions not checked: {done.unchecked}"] if done.unchecked else []
 
 
 def add_store_commands(sub: argparse._SubParsersAction) -> None:

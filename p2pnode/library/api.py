@@ -25,12 +25,12 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.library import access, rebuild, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.library.lineindex import LineIndex
 from p2pnode.library.manifest import Manifest, ManifestCorrupt, PlacedFiles
-from p2pnode.library.sessions import BranchRecord, SessionStore, Version
+from p2pnode.library.sessions import BranchRecord, SessionStore, StateUnreadable, Version
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
@@ -43,7 +43,7 @@ from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
-from store.errors import CorruptRecord, StoreLocked, UnknownBlob, UnknownTurn
+from store.errors import CorruptRecord, StoreError, StoreLocked, UnknownBlob, UnknownTurn
 from sysio.files import atomic_write, fsync_dir
 from sysio.flush import flush_data
 from sysio.locks import exclusive_if_free
@@ -174,6 +174,20 @@ class Dropped:
     shared_here: bool = False
     """Shared from this node (share `path` again to get it back), not only fetched (fetch
     `branch` again: sharing the placed file would offer it, and it may hold a later version)."""
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What `fsck --repair` did above the store (Library.repair)."""
+
+    moved: list[tuple[Path, Path]]
+    """Unreadable indexes of local files: (the file, where it was moved)."""
+    rebuilt: tuple[str, rebuild.Rebuilt, Path | None] | None
+    """sessions.json rebuilt: (what was wrong with it, what the store gave back, where the old
+    file went); None when it was readable."""
+    dropped: list[Dropped]
+    unchecked: str | None = None
+    """Why the sessions could not be checked (a library that still does not open)."""
 
 
 def _kept_aside(path: Path) -> Path:
@@ -355,13 +369,35 @@ class Library:
             store.close()
             raise
 
+    @classmethod
+    def repair(cls, paths: NodePaths) -> Repair:
+        """`fsck --repair`'s steps above the store, each safe to run again after a crash: the
+        unreadable indexes of local files moved aside (`_repair_indexes`), sessions.json
+        rebuilt from the store if it is lost or unreadable (`_rebuild_state`), then the
+        sessions whose turns cannot be read forgotten (`drop_unreadable`).  StoreLocked when
+        another process holds the store."""
+        moved = cls._repair_indexes(paths)
+        rebuilt = None
+        try:
+            try:
+                library = cls.open(paths)
+            except StateUnreadable as exc:
+                rebuilt = (exc.reason, *cls._rebuild_state(paths))
+                library = cls.open(paths)
+            with library:
+                return Repair(moved, rebuilt, library.drop_unreadable())
+        except StoreLocked:
+            raise
+        except (P2PNodeError, StoreError, OSError, ValueError) as exc:
+            return Repair(moved, rebuilt, [], unchecked=str(exc))
+
     @staticmethod
-    def repair_indexes(paths: NodePaths) -> list[tuple[Path, Path]]:
-        """`fsck --repair`: each unreadable JSON index of local files (manifest.json: where
-        branches were shared from or placed; placed.json: what fetches placed) moved aside,
-        (the file, where it went); they start empty: `ls` shows no path for a branch until it is
-        shared again, and a later version is not placed over a file this node no longer knows it
-        placed (a conflict, exit 7, not an overwrite)."""
+    def _repair_indexes(paths: NodePaths) -> list[tuple[Path, Path]]:
+        """Each unreadable JSON index of local files (manifest.json: where branches were shared
+        from or placed; placed.json: what fetches placed) moved aside: (the file, where it
+        went).  They start empty: `ls` shows no path for a branch until it is shared again, and
+        a later version is not placed over a file this node no longer knows it placed (a
+        conflict, exit 7, not an overwrite)."""
         moved = []
         for index in (Manifest(paths.manifest), PlacedFiles(paths.placed)):
             try:
@@ -371,11 +407,10 @@ class Library:
         return moved
 
     @staticmethod
-    def rebuild_state(paths: NodePaths) -> tuple[rebuild.Rebuilt, Path | None]:
-        """`fsck --repair` when sessions.json is lost or unreadable (the library does not open:
-        StateUnreadable): its records made anew from the store (library/rebuild.py), the old
-        file kept beside it (returned; None if there was none), a `dropped` event for each
-        branch the store could not give back."""
+    def _rebuild_state(paths: NodePaths) -> tuple[rebuild.Rebuilt, Path | None]:
+        """sessions.json's records made anew from the store (library/rebuild.py), the old file
+        kept beside it (returned; None if there was none), a `dropped` event for each branch
+        the store could not give back."""
         state = paths.home / "sessions.json"
         with Store.open(paths.store, StoreConfig(zstd_level=ZSTD_LEVEL)) as store:
             found = rebuild.rebuild(store)
