@@ -1455,14 +1455,15 @@ class Library:
         with self._imports, self._lock:
             versions = self.sessions.all_versions()
             records = self.sessions.branches()
-            bad = self.store.unreadable_chains([v.head for v in versions] + [r.head for r in records])
-            lost = {v.src: f"its turns cannot be read ({bad[v.head]})" for v in versions if v.head in bad}
+            unreadable = self.store.unreadable_chains([v.head for v in versions] + [r.head for r in records])
+            bad = {head: f"its turns cannot be read ({exc})" for head, exc in unreadable.items()}
+            lost = {v.src: bad[v.head] for v in versions if v.head in bad}
             # a branch's sidecar turn heads the context its version's turns are in (the first
             # branch of a version takes the version's context): the version goes with it
             contexts = {v.src: v.context for v in versions}
-            lost |= {r.src: f"its turns cannot be read ({bad[r.head]})" for r in records
+            lost |= {r.src: bad[r.head] for r in records
                      if r.head in bad and r.src not in lost and contexts[r.src] == r.context}
-            why = {r.branch: lost.get(r.src) or f"its turns cannot be read ({bad[r.head]})"
+            why = {r.branch: lost.get(r.src) or bad[r.head]
                    for r in records if r.head in bad or r.src in lost}
             while more := {r.branch: f"its parent {r.parent} was dropped" for r in records
                            if r.branch not in why and r.parent in why}:
