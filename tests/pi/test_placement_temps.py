@@ -161,6 +161,7 @@ def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: P
         os.pwrite(fd, data[: len(data) // 2], offset)
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    # injected: an ordinary user cannot fill a real disk here (the root part fills a real loop device)
     monkeypatch.setattr(placement, "write_at", full_disk)
     with pytest.raises(OSError, match="No space"):
         _staged(tmp_path, header, new, len(old)).append_to(to, len(old), _content(new), placed)

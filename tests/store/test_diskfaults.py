@@ -369,6 +369,7 @@ def test_an_index_not_rewritable_at_open_leaves_reads_working(tmp_path: Path,
     def full(fd: int, data: Any) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
+    # injected: an ordinary user cannot fill a real disk here (the root part fills a real loop device)
     monkeypatch.setattr(os, "write", full)
     with Store.open(tmp_path / "s") as s:
         assert s.payloads([s.get_turn(t) for t in kept]) == [b"kept 0", b"kept 1", b"kept 2"]
