@@ -94,6 +94,7 @@ def _repair_sessions(paths: NodePaths) -> tuple[list[str], list[str]]:
         said += [f"{paths.home / 'sessions.json'} rebuilt from the store (it {reason}): "
                  f"{len(found.branches)} branch(es), none offered (share them again to offer them)"
                  + (f"; the old file kept as {kept}" if kept else "")]
+        said += [f"not rebuilt: branch {b[:16]}, removed earlier (audit log)" for b in found.left_out]
         said += [f"not rebuilt: branch {b[:16]} ({why}): share its file again, or fetch {b[:16]} again"
                  if b else f"not rebuilt: {why}" for b, why in found.lost]
     said += [f"dropped branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.why}; "

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import blake3
 
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
-from p2pnode.library import access, rebuild, space
+from p2pnode.library import access, audit, rebuild, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.library.lineindex import LineIndex
 from p2pnode.library.manifest import Manifest, ManifestCorrupt, PlacedFiles
@@ -412,10 +412,11 @@ class Library:
         kept beside it (returned; None if there was none), a `dropped` event for each branch
         the store could not give back."""
         state = paths.home / "sessions.json"
+        log = AuditLog(paths.home / "audit.log")
         with Store.open(paths.store, StoreConfig(zstd_level=ZSTD_LEVEL)) as store:
-            found = rebuild.rebuild(store)
+            found = rebuild.rebuild(store, audit.forgotten(log.read()))
             events = [("dropped", {"branch": b, "title": None, "why": why}) for b, why in found.lost if b]
-            AuditLog(paths.home / "audit.log").append_many(events)
+            log.append_many(events)
             kept = _kept_aside(state) if state.exists() else None
             SessionStore.write_anew(state, found.versions, found.branches)
         return found, kept

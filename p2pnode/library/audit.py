@@ -96,6 +96,26 @@ class AuditLog:
                     yield entry
 
 
+FORGETTING = frozenset({"removed", "dropped", "gc"})
+"""Events after which the node no longer holds a branch (`gc` names its branches in a list)."""
+
+
+def forgotten(entries: Sequence[dict[str, Any]]) -> set[str]:
+    """The branches whose last event in `entries` (oldest first) forgot them, and that no
+    later share or fetch brought back: what a rebuild from the store must not bring back."""
+    gone: set[str] = set()
+    for e in entries:
+        named = e.get("branches") if e["event"] == "gc" else [e.get("branch")]
+        for branch in named if isinstance(named, list) else []:
+            if not isinstance(branch, str):
+                continue
+            if e["event"] in FORGETTING:
+                gone.add(branch)
+            elif e["event"] in ("shared", "fetched"):
+                gone.discard(branch)
+    return gone
+
+
 def _last_byte(path: Path, size: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(size - 1)

@@ -11,7 +11,7 @@ lines as an import reads them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from p2pnode.errors import P2PNodeError, VerificationFailed
@@ -35,10 +35,14 @@ class Rebuilt:
     versions: list[Version]
     branches: list[BranchRecord]
     lost: list[tuple[str | None, str]]
+    left_out: list[str]
+    """Branches the store still holds that were forgotten before (`forgotten`)."""
 
 
-def rebuild(store: Store) -> Rebuilt:
-    """The version and branch records of every sidecar the store's contexts end with."""
+def rebuild(store: Store, forgotten: Collection[str] = ()) -> Rebuilt:
+    """The version and branch records of every sidecar the store's contexts end with, but
+    those of `forgotten` branches: a branch removed (`rm`, `gc`) whose version another branch
+    keeps leaves its sidecar heading the version's context, and must not come back."""
     headers: dict[int, int] = {}  # header turn -> the context it heads (a version's own)
     sidecars: list[tuple[int, Turn]] = []
     lost: list[tuple[str | None, str]] = []
@@ -56,12 +60,16 @@ def rebuild(store: Store) -> Rebuilt:
             sidecars.append((head.context_id, turn))
     versions: dict[str, Version] = {}
     branches: list[BranchRecord] = []
+    left_out: list[str] = []
     now = int(time.time() * 1000)
     for context, turn in sidecars:
         branch = None
         try:
             sidecar = store.get_blob(turn.payload_hash, verify=True)
             branch = blake3_hex(sidecar)
+            if branch in forgotten:
+                left_out.append(branch)
+                continue
             parsed = parse_sidecar(sidecar, branch)
             if parsed.src not in versions:
                 versions[parsed.src] = _version(store, parsed.src, turn.parent_turn_id,
@@ -71,7 +79,7 @@ def rebuild(store: Store) -> Rebuilt:
             continue
         branches.append(BranchRecord(branch, parsed.src, parsed.parent, context, turn.turn_id,
                                      offered=False, shared_at=now))
-    return Rebuilt(list(versions.values()), branches, lost)
+    return Rebuilt(list(versions.values()), branches, lost, left_out)
 
 
 def _version(store: Store, src: str, header_turn: int, context: int) -> Version:

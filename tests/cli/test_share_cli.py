@@ -373,6 +373,25 @@ def test_an_unreadable_index_of_local_files_is_moved_aside_by_fsck_repair(env: d
     assert run(env, "cat", branch).stdout == path.read_bytes() and run(env, "ls").returncode == 0
 
 
+def test_a_rebuild_does_not_bring_back_a_removed_branch_whose_version_is_kept(env: dict[str, str]) -> None:
+    """Two branches of one version (shared with its lineage, then --no-lineage); the first is
+    removed, so its sidecar still heads the version's context, which the second keeps.  A
+    rebuild of a lost sessions.json reads the audit log and leaves the removed one out (it
+    says so)."""
+    path = agent_of(env) / "sessions" / BETA / B5
+    first = json.loads(run(env, "share", str(path), "--json").stdout)
+    second = json.loads(run(env, "share", str(path), "--no-lineage", "--json").stdout)
+    assert second["src"] == first["src"] and second["branch"] != first["branch"]
+    run(env, "rm", first["branch"])
+    (Path(env["P2PNODE_HOME"]) / "sessions.json").write_text("{")
+    out = run(env, "fsck", "--repair").stdout.decode()
+    assert f"not rebuilt: branch {first['branch'][:16]}, removed earlier" in out
+    listed = {b["branch"] for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
+    assert second["branch"] in listed and first["branch"] not in listed
+    assert run(env, "cat", second["branch"]).stdout == path.read_bytes()
+    assert run(env, "fsck", "--full").returncode == 0
+
+
 def test_a_rebuild_names_each_branch_the_store_cannot_give_back(env: dict[str, str]) -> None:
     """sessions.json unreadable and a line of one session lost from the pack: the rebuild
     gives back the rest and names that branch (its hash, what to do), logged as dropped."""
