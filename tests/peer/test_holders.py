@@ -225,6 +225,33 @@ async def test_two_healthy_holders_both_serve_a_share(world: World) -> None:
     assert sum(s["bytes"] for s in result.served.values()) == sum(len(ln) for ln in set(world.lines()))
 
 
+@pytest.mark.parametrize("damage", ["a line flipped", "the pack cut short"])
+async def test_a_holder_whose_own_copy_is_damaged_leaves_the_fetch_to_a_sound_one(world: World,
+                                                                                damage: str) -> None:
+    """Holder 0's store was damaged on its disk (no peer lied): a bit flipped in one line's
+    record or its pack cut in half: its line manifest is a 503 ("copy is damaged").  Holder 1,
+    another node, is sound: the fetch completes from it, byte-identical, and the result names
+    holder 0 as dropped for its damaged copy."""
+    h = world.holders[0]
+    refs = h.lib.line_manifest(h.lib.branch(world.branch).src)
+    victim = max(refs, key=lambda r: r.length).hash  # the image line
+    h.lib.close()
+    pack = h.lib.paths.store / "blobs.pack"
+    data = bytearray(pack.read_bytes())
+    if damage == "a line flipped":
+        data[data.index(victim) + 1000] ^= 0x40  # inside the record, past its header
+    else:
+        del data[len(data) // 2:]
+    pack.write_bytes(bytes(data))
+    h.lib = Library.open(h.lib.paths, h.lib.agent_dir)
+    damaged, sound = await world.serve(0), await world.serve(1)
+    result = await world.fetch([damaged, sound])
+    assert placed(world, result) == world.data
+    assert str(sound) not in result.dropped_peers and result.served[str(sound)]["lines"] > 0
+    assert result.dropped_peers[str(damaged)] == "its copy is damaged (its user should run `p2pnode fsck`)"
+    assert sum(s["lines"] for s in result.served.values()) == result.lines_fetched == len(set(world.lines()))
+
+
 async def test_a_trickling_holder_is_dropped_at_the_stall_deadline(world: World) -> None:
     """The trickling holder gets its share of groups; it moves far less than `progress_bytes`
     and verifies no line within `stall_timeout`: dropped for that reason (not the 5 s
