@@ -10,7 +10,8 @@ file beside Pi's); this module only decides.  Its states, in order:
 
 Lines that arrive ahead of the cursor wait in a bounded buffer (`ahead_limit` bytes); beyond
 it they are left to the store, where the driver reads them back when the cursor reaches them
-(`from_store`).  Nothing here holds the whole session: at most the buffer, the lines before
+(`from_store`), unless they are next in file order.  Nothing here holds the whole session: at
+most the buffer and one line beyond it, the lines before
 Pi's header (under HEADER_SCAN_BYTES, see `_HeaderScan`) and the one line being handed out.
 """
 from __future__ import annotations
@@ -156,6 +157,11 @@ class SessionGetter:
         self.ahead_bytes = 0
         self.ahead_limit = ahead_limit
         self.cursor = held.lines if held else 0
+        self._next = self.cursor
+        """The first line from the cursor on that `ahead` lacks: a line arriving there is next in
+        file order (the driver's `ready` takes it with the run it came in), kept whatever its
+        size while the buffer is within its limit (a big line after its predecessor in one run
+        was left to the store and read back, decoded and hashed again)."""
         self.size = held.size if held else 0
         self.hasher = held.hasher.copy() if held and held.hasher else new_hasher()
         self.held_hash_due = held is not None and held.hasher is None
@@ -192,9 +198,14 @@ class SessionGetter:
     def arrived(self, line_hash: bytes, raw: bytes) -> None:
         """A verified line from a peer (it is staged in the store by the driver already)."""
         self.outstanding.discard(line_hash)
-        if not self.done and self.refs[self.cursor].hash == line_hash:
+        at = max(self._next, self.cursor)
+        if (at < len(self.refs) and self.refs[at].hash == line_hash
+                and (at == self.cursor or self.ahead_bytes <= self.ahead_limit)):
             self.ahead[line_hash] = raw  # taken by the next ready() at once, whatever its size
             self.ahead_bytes += len(raw)
+            while at < len(self.refs) and self.refs[at].hash in self.ahead:
+                at += 1
+            self._next = at
         elif line_hash not in self.ahead and self.ahead_bytes + len(raw) <= self.ahead_limit:
             self.ahead[line_hash] = raw
             self.ahead_bytes += len(raw)

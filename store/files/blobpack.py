@@ -38,6 +38,8 @@ from sysio.files import TMP_SUFFIX, atomic_write, fsync_dir, open_private
 from sysio.flush import flush_data, write_at
 
 PACK = "blobs.pack"
+WRITE_RUN = 8 << 20
+"""Bytes of records joined into one write by append_many; a bigger record is written alone."""
 FOLD_BLOBS, FOLD_BYTES = 4096, 8 << 20
 """Opening or closing the store folds the tail into blobs.idx once it holds more than FOLD_BLOBS
 blobs or the pack has more than FOLD_BYTES beyond the index.  Below that the next open scans
@@ -313,13 +315,16 @@ class BlobPack:
         return self.append_many([rec])[0]
 
     def append_many(self, recs: list[bytes]) -> list[BlobLocation]:
-        """Append encoded BlobRecords in order with one write (no sync): a share's batch of
-        thousands of lines costs one syscall, not one each.  Nothing is found until all of
-        them are written.  The caller makes sure none is stored yet."""
+        """Append encoded BlobRecords in order, in few writes (no sync): a share's batch of
+        thousands of lines costs a few syscalls, not one each, and a big record is written as
+        it is, not copied into a joined run.  Nothing is found until all of them are written.
+        The caller makes sure none is stored yet."""
         heads = [BLOB_HEADER.unpack_from(rec) for rec in recs]  # ours, just encoded: not checked again
         with self._lock:
-            start = self.end
-            write_at(self._fd, b"".join(recs), start)  # not pre-zeroed: the pack is synced rarely
+            start = off = self.end
+            for run in _runs(recs, WRITE_RUN):  # not pre-zeroed: the pack is synced rarely
+                write_at(self._fd, run, off)
+                off += len(run)
             locs: list[BlobLocation] = []
             off = start
             for rec, (_, _, codec, raw_len, stored_len, h) in zip(recs, heads, strict=True):
@@ -427,6 +432,21 @@ class BlobPack:
         if mm is not None:
             mm.close()
         os.close(self._fd)
+
+
+def _runs(recs: list[bytes], limit: int) -> Iterator[bytes]:
+    """The records in order, consecutive ones joined up to `limit` bytes; one over it alone
+    (as it is: a 256 MiB line's record is not copied)."""
+    run: list[bytes] = []
+    size = 0
+    for rec in recs:
+        if run and size + len(rec) > limit:
+            yield b"".join(run)  # of one record: the record itself
+            run, size = [], 0
+        run.append(rec)
+        size += len(rec)
+    if run:
+        yield b"".join(run)
 
 
 def _all_live_and_packed(entries: list[tuple[int, bytes, BlobLocation]], live: set[bytes], end: int) -> bool:

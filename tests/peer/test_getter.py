@@ -53,6 +53,24 @@ def test_ready_hands_out_the_file_in_joined_parts(newline_at_end: bool) -> None:
     assert hasher.hexdigest() == blake3.blake3(data[:size]).hexdigest()
 
 
+def test_lines_next_in_file_order_are_kept_whatever_their_size() -> None:
+    """A run of lines that continues the cursor (the header, then a line bigger than the
+    buffer's limit) is kept for the next `ready`, not left to the store to be read back;
+    lines beyond a gap still wait within the limit."""
+    header = b'{"type":"session","version":3,"id":"t","timestamp":"2026-11-21T19:00:00.000Z","cwd":"/w"}\n'
+    lines = [header, b"x" * 5000 + b"\n", b"y" * 3000 + b"\n", b"z" * 4000 + b"\n"]
+    refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
+    getter = SessionGetter(blake3.blake3(b"".join(lines)).hexdigest(), refs, [r.hash for r in refs],
+                           ahead_limit=1000)
+    getter.arrived(refs[0].hash, lines[0])
+    getter.arrived(refs[1].hash, lines[1])  # next after the header: kept, though over the limit
+    getter.arrived(refs[3].hash, lines[3])  # after a gap, over the limit: left to the store
+    assert getter.from_store() == []  # the cursor waits on line 3 (outstanding), nothing to read back
+    assert b"".join(getter.ready()) == lines[0] + lines[1]
+    getter.arrived(refs[2].hash, lines[2])
+    assert b"".join(getter.ready()) == lines[2] and getter.from_store() == [refs[3].hash]
+
+
 def test_lines_before_the_header_are_handed_out_after_it() -> None:
     """Pi's header is not the first line: it is handed out first (every Pi reads it there), the
     session's hash stays that of the lines in their order."""

@@ -265,3 +265,33 @@ def test_line_title() -> None:
     assert pisession.line_title(plain) == ("user", "plain")
     assert pisession.line_title(b'{"type":"message","message":{"role":"assistant"}}\n') is None
     assert pisession.line_title(b'{"role":"user" broken') is None
+
+
+def _big(blocks: list[dict[str, Any]], **top: Any) -> bytes:
+    entry = {"type": "message", "id": "3", "message": {"role": "user", "content": blocks}, **top}
+    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+
+
+IMAGE = {"type": "image", "data": "QUJD" * 400_000, "mimeType": "image/png"}
+
+
+@pytest.mark.parametrize("line", [
+    _big([IMAGE, {"type": "text", "text": "what is in this picture?"}]),
+    _big([{"type": "text", "text": 'a "data":"quoted" word'}, IMAGE, IMAGE]),
+    _big([{"type": "image", "data": "Q\\/" * 600_000}, {"type": "text", "text": "escaped data"}]),
+    _big([{"type": "text", "text": "x" * 2_000_000}]),
+    _big([IMAGE], note={"data": "not an image, " * 1000}),
+    json.dumps({"type": "session_info", "name": "named", "data": "QUJD" * 400_000},
+               separators=(",", ":")).encode(),
+], ids=["image then text", "text quoting the key", "escaped data", "long text", "no text", "session name"])
+def test_a_big_lines_title_is_the_one_its_whole_parse_gives(line: bytes,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines over TITLE_PARSE_MAX lose their images' data before the title search parses them:
+    the same title as parsing them whole, the stripped line still JSON."""
+    assert len(line) > pisession.TITLE_PARSE_MAX
+    stripped = pisession._without_image_data(line)
+    json.loads(stripped)
+    assert len(stripped) < len(line) or b"\\" in line or b"QUJD" not in line
+    title = pisession.line_title(line)
+    monkeypatch.setattr(pisession, "TITLE_PARSE_MAX", 1 << 40)
+    assert title == pisession.line_title(line)
