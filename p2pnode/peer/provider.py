@@ -44,7 +44,7 @@ import functools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -64,6 +64,7 @@ from p2pnode.peer.tls import peer_fingerprint, server_context
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.sidecar import is_hash_hex
 from store.errors import CorruptRecord, UnknownBlob
+from sysio.chunks import joined_runs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,8 +74,10 @@ DAMAGED = (CorruptRecord, UnknownBlob, VerificationFailed)
 (FORMAT.md): a damaged copy, not served (and one line in the log, not a traceback)."""
 
 CHUNK = 1 << 20
-Group = tuple[bytes, list[str], int, int, float]
+Group = tuple[list[bytes], list[str], int, int, float]
 """A group of a batch answer, as PeerServer._frames makes it."""
+SEND_PIECE = 1 << 20
+"""Bytes handed to the response at a time (see `_send`)."""
 GROUP_BYTES = 1 << 20
 """Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
 WORKERS = 4
@@ -343,9 +346,14 @@ class PeerServer:
             return None
         return await self._call(self.lib.offered_object, hash_hex, peer)
 
-    async def _send(self, request: web.Request, response: web.StreamResponse, data: Bytes) -> None:
-        """Write with the slow-reader timeout: a peer that stops reading is cut off."""
-        await self._in_time(request, response.write(data))
+    async def _send(self, request: web.Request, response: web.StreamResponse, parts: Sequence[Bytes]) -> None:
+        """Write `parts` with the slow-reader timeout (a peer that stops reading is cut off),
+        small ones joined, in pieces of at most SEND_PIECE bytes: a 256 MiB line is neither
+        copied into a joined answer nor encrypted whole into the TLS buffer at once."""
+        for run in joined_runs(parts, SEND_PIECE):
+            with memoryview(run) as view:
+                for at in range(0, len(view), SEND_PIECE):
+                    await self._in_time(request, response.write(view[at : at + SEND_PIECE]))
 
     async def _finish(self, request: web.Request, response: web.StreamResponse, data: Bytes) -> None:
         """The last bytes of an answer, then wait until the socket took them (slow-reader
@@ -423,7 +431,10 @@ class PeerServer:
                     if request.transport is None or request.transport.is_closing():
                         break  # cut off while the store was read (_recheck, or the peer went)
                     last = after is None
-                    await (self._finish if last else self._send)(request, response, piece)
+                    if last:
+                        await self._finish(request, response, piece)
+                    else:
+                        await self._send(request, response, [piece])
                     sent += len(piece)
                     piece = after
                 else:
@@ -514,14 +525,15 @@ class PeerServer:
                     cpu += group_cpu
                     more = pos < len(hashes)
                     reading = self._read_group(hashes, pos, peer, stream) if more else None  # while we send
+                    size = sum(map(len, frames))
                     sent += len(group)
-                    nbytes += len(frames)
+                    nbytes += size
                     served += group
                     pace.link.waiting()
                     try:
                         await self._send(request, response, frames)
                     finally:
-                        pace.link.moved(len(frames))
+                        pace.link.moved(size)
                 await self._finish(request, response, wire.encode_batch_end(sent))
                 complete = True
                 if stream is not None:
@@ -613,7 +625,7 @@ class PeerServer:
             carried.append(h.hex())
             size += len(blob.stored)
             raw += blob.raw_len
-        return b"".join(parts), carried, pos, raw, time.thread_time() - cpu
+        return parts, carried, pos, raw, time.thread_time() - cpu
 
 
 OPEN_FILES_WANTED = 65536

@@ -12,6 +12,7 @@ import errno
 import mmap
 import os
 import threading
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +35,15 @@ from store.layout import (
     encode_blob,
 )
 from store.types import RecoveryNotes
+from sysio.chunks import joined_runs
 from sysio.files import TMP_SUFFIX, atomic_write, fsync_dir, open_private
 from sysio.flush import flush_data, write_at
 
 PACK = "blobs.pack"
 WRITE_RUN = 8 << 20
 """Bytes of records joined into one write by append_many; a bigger record is written alone."""
+BIG_READ = 8 << 20
+"""A stored blob this big is read apart from its header and CRC (not sliced out of a copy)."""
 FOLD_BLOBS, FOLD_BYTES = 4096, 8 << 20
 """Opening or closing the store folds the tail into blobs.idx once it holds more than FOLD_BLOBS
 blobs or the pack has more than FOLD_BYTES beyond the index.  Below that the next open scans
@@ -279,13 +283,20 @@ class BlobPack:
     def read(self, h: bytes, loc: BlobLocation) -> bytes:
         """The stored bytes of blob h, CRC-checked."""
         n = loc.stored_len + BLOB_HEADER.size + 4
-        rec = os.pread(self._fd, n, loc.offset)
-        hdr = decode_blob_header(rec)
-        if hdr is None or hdr.hash != h or len(rec) != n or hdr.stored_len != loc.stored_len:
+        if loc.stored_len < BIG_READ:
+            rec = os.pread(self._fd, n, loc.offset)
+            head, stored, crc = rec[: BLOB_HEADER.size], rec[BLOB_HEADER.size : -4], rec[-4:]
+        else:  # its bytes read where they go, not sliced out of a copy of the record
+            head = os.pread(self._fd, BLOB_HEADER.size, loc.offset)
+            stored = os.pread(self._fd, loc.stored_len, loc.offset + BLOB_HEADER.size)
+            crc = os.pread(self._fd, 4, loc.offset + BLOB_HEADER.size + loc.stored_len)
+        hdr = decode_blob_header(head)
+        if (hdr is None or hdr.hash != h or len(head) + len(stored) + len(crc) != n
+                or hdr.stored_len != loc.stored_len):
             raise CorruptRecord(PACK, loc.offset, f"the record for blob {h.hex()} is damaged or missing")
-        if not blob_record_ok(rec):
+        if BLOB_CRC.unpack(crc)[0] != zlib.crc32(stored, zlib.crc32(head)):
             raise CorruptRecord(PACK, loc.offset, f"blob {h.hex()} failed its CRC")
-        return rec[BLOB_HEADER.size : -4]
+        return stored
 
     def hashes(self) -> Iterator[bytes]:
         """Every indexed hash (index file, then tail)."""
@@ -322,7 +333,7 @@ class BlobPack:
         heads = [BLOB_HEADER.unpack_from(rec) for rec in recs]  # ours, just encoded: not checked again
         with self._lock:
             start = off = self.end
-            for run in _runs(recs, WRITE_RUN):  # not pre-zeroed: the pack is synced rarely
+            for run in joined_runs(recs, WRITE_RUN):  # not pre-zeroed: the pack is synced rarely
                 write_at(self._fd, run, off)
                 off += len(run)
             locs: list[BlobLocation] = []
@@ -432,21 +443,6 @@ class BlobPack:
         if mm is not None:
             mm.close()
         os.close(self._fd)
-
-
-def _runs(recs: list[bytes], limit: int) -> Iterator[bytes]:
-    """The records in order, consecutive ones joined up to `limit` bytes; one over it alone
-    (as it is: a 256 MiB line's record is not copied)."""
-    run: list[bytes] = []
-    size = 0
-    for rec in recs:
-        if run and size + len(rec) > limit:
-            yield b"".join(run)  # of one record: the record itself
-            run, size = [], 0
-        run.append(rec)
-        size += len(rec)
-    if run:
-        yield b"".join(run)
 
 
 def _all_live_and_packed(entries: list[tuple[int, bytes, BlobLocation]], live: set[bytes], end: int) -> bool:
