@@ -42,6 +42,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
+import struct
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -50,6 +52,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import BranchInfo, Catalog
@@ -76,6 +79,8 @@ DAMAGED = (CorruptRecord, UnknownBlob, VerificationFailed)
 CHUNK = 1 << 20
 Group = tuple[list[bytes], list[str], int, int, float]
 """A group of a batch answer, as PeerServer._frames makes it."""
+LINGER_RESET = struct.pack("ii", 1, 0)
+"""struct linger {on, 0 s}: close() resets the connection (Linux, macOS)."""
 SEND_PIECE = 1 << 20
 """Bytes handed to the response at a time (see `_send`)."""
 GROUP_BYTES = 1 << 20
@@ -199,7 +204,7 @@ class PeerServer:
         for fp in removed:
             for transport in self._transports.pop(fp, set()):
                 log.info("closing a connection of untrusted peer %s", format_node_id(fp))
-                transport.abort()  # type: ignore[attr-defined]
+                _reset(transport)
 
     def _on_access_changed(self) -> None:
         """Library listener (any thread): re-check the responses in flight on the event loop."""
@@ -216,7 +221,7 @@ class PeerServer:
                                           if any(self.lib.offered_object(h, peer) is None for h in hashes)])
         for transport in stale:
             log.info("stopping a transfer: what it carries is no longer offered to the peer")
-            transport.abort()  # type: ignore[attr-defined]
+            _reset(transport)
 
     @contextlib.contextmanager
     def _carrying(self, request: web.Request, peer: str, hashes: list[str]) -> Iterator[None]:
@@ -273,7 +278,7 @@ class PeerServer:
             match = request.match_info
             self._log_damage(match.get("hash") or match.get("src") or request.path, exc)
             if request.writer.output_size:  # the answer began: cut it (the fetcher verifies what came)
-                transport.abort()
+                _reset(transport)
                 return web.Response()  # never sent: the connection is gone
             # 503, not 404: the object is offered to this peer (it was checked first), so
             # saying why leaks nothing, and the fetcher can tell its user
@@ -322,7 +327,7 @@ class PeerServer:
             self._arm(transport)
             return
         log.info("closing a connection without a complete request in %.1f s", self.limits.request_timeout)
-        transport.abort()  # type: ignore[attr-defined]
+        _reset(transport)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The request body within request_timeout: a peer that declares a large Content-Length
@@ -332,11 +337,17 @@ class PeerServer:
         if request.content_length is not None and request.content_length > self.limits.max_batch_request:
             raise _closing(web.HTTPRequestEntityTooLarge(
                 max_size=self.limits.max_batch_request, actual_size=request.content_length))
+        if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+            raise _closing(web.HTTPBadRequest(text="request bodies are not content-encoded\n"))
         try:
             return await asyncio.wait_for(request.read(), self.limits.request_timeout)
         except TimeoutError:
             late = web.HTTPRequestTimeout(text="request body not received in time\n")
             raise _closing(late) from None
+        except web.HTTPRequestEntityTooLarge as too_big:  # a chunked body past the limit
+            raise _closing(too_big) from None
+        except RequestPayloadError as exc:  # a chunked body that breaks its framing
+            raise _closing(web.HTTPBadRequest(text=f"request body unreadable ({exc})\n")) from None
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -370,7 +381,7 @@ class PeerServer:
         except TimeoutError:
             log.info("cutting off a peer that read nothing for %.0f s", self.limits.slow_reader_timeout)
             if request.transport is not None:
-                request.transport.abort()
+                _reset(request.transport)
             raise ConnectionResetError("the peer stopped reading") from None
 
     # -- handlers -----------------------------------------------------------------------
@@ -720,7 +731,7 @@ class _HandshakeGate(asyncio.Protocol):
         full = sum(pending.values()) >= limits.max_handshakes
         if full or pending.get(source, 0) >= limits.max_handshakes_per_source:
             log.info("refusing a connection from %s: too many TLS handshakes pending", source)
-            transport.abort()  # type: ignore[attr-defined]
+            _reset(transport)
             return
         pending[source] += 1
         task = asyncio.ensure_future(self._upgrade(transport, source))
@@ -731,7 +742,7 @@ class _HandshakeGate(asyncio.Protocol):
         self.early += data
         if len(self.early) > self.EARLY_LIMIT:
             log.debug("closing a connection: %d bytes before TLS started", len(self.early))
-            self.transport.abort()  # type: ignore[attr-defined]
+            _reset(self.transport)
 
     async def _upgrade(self, transport: asyncio.BaseTransport, source: str) -> None:
         server = self.server
@@ -749,7 +760,7 @@ class _HandshakeGate(asyncio.Protocol):
         except (OSError, TimeoutError, ConnectionError, asyncio.CancelledError) as exc:
             log.debug("TLS handshake from %s failed: %s", source, exc)
             handshake.cancel()
-            transport.abort()  # type: ignore[attr-defined]
+            _reset(transport)
             return
         finally:
             server._handshaking[source] -= 1
@@ -758,14 +769,14 @@ class _HandshakeGate(asyncio.Protocol):
         if tls is None or tls.is_closing() or server._closing:
             # uvloop can hand back a transport whose handshake failed just after completing (our
             # pin check refused the client): it is closed already, and the app must not see it
-            (tls or transport).abort()  # type: ignore[attr-defined]
+            _reset(tls or transport)
             return
         fp = peer_fingerprint(tls.get_extra_info("ssl_object"))
         if fp is not None:
             mine = server._connections[fp]
             if len(mine) >= server.limits.max_connections_per_peer:
                 log.info("closing a connection of %s: %d open already", format_node_id(fp), len(mine))
-                tls.abort()
+                _reset(tls)
                 return
             mine.add(tls)
             app.fingerprint = fp
@@ -827,6 +838,17 @@ def _http_log() -> logging.Logger:
 
 def _connected(request: web.Request) -> bool:
     return request.transport is not None and not request.transport.is_closing()
+
+
+def _reset(transport: asyncio.BaseTransport) -> None:
+    """Abort the connection with a TCP reset: what the kernel still queues for the peer (MBs
+    of an answer whose peer reads slowly, or whose session was just unshared) is dropped, not
+    sent before a FIN."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+    transport.abort()  # type: ignore[attr-defined]
 
 
 def _closing(answer: web.HTTPException) -> web.HTTPException:

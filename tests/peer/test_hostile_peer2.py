@@ -408,16 +408,32 @@ async def test_a_hung_one_shot_fetch_does_not_hold_the_store(world, tmp_path: Pa
         server.close()
 
 
-async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
-    """Everything the server sends until it closes the connection (fails if it does not)."""
-    got = b""
+class Ended(bytes):
+    """What the server sent before the connection ended; `reset`: it ended with a TCP reset
+    (an abort), not a FIN."""
+
+    reset = False
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> Ended:
+    """Everything the server sends until it closes or aborts the connection (fails if it
+    does neither)."""
+    got, reset = b"", False
     async with asyncio.timeout(seconds):
-        while chunk := await reader.read(65536):
-            got += chunk
-    return got
+        try:
+            while chunk := await reader.read(65536):
+                got += chunk
+        except ConnectionResetError:
+            reset = True
+    ended = Ended(got)
+    ended.reset = reset
+    return ended
 
 
 @pytest.mark.parametrize("attack, answer", [("huge content-length", b"HTTP/1.1 413"),
+                                            ("huge chunked body", b"HTTP/1.1 413"),
+                                            ("broken chunks", b"HTTP/1.0 400"),  # aiohttp's parser
+                                            ("gzip body", b"HTTP/1.1 400"),
                                             ("slow body", b"HTTP/1.1 408"),
                                             ("slowloris", b""), ("silent", b"")])
 async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str, answer: bytes) -> None:  # noqa: F811
@@ -438,6 +454,17 @@ async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str, ans
             declared = 100_000_000 if attack == "huge content-length" else 1000
             writer.write(f"POST /v1/batch HTTP/1.1\r\nHost: p\r\nContent-Length: {declared}\r\n\r\n".encode()
                          + b"\0" * 10)
+        elif attack == "huge chunked body":  # 4097 hashes, one over the limit, then a catalog asked
+            body = b"\0" * (32 * 4097)
+            writer.write(b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+                         + f"GET {wire.PATH_CATALOG} HTTP/1.1\r\nHost: p\r\n\r\n".encode())
+        elif attack == "broken chunks":
+            writer.write(b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"20\r\n" + b"\0" * 32 + b"XX\r\n0\r\n\r\n")
+        elif attack == "gzip body":  # not gzip at all; the protocol has no encoded bodies either way
+            writer.write(b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nContent-Encoding: gzip\r\n"
+                         b"Content-Length: 32\r\n\r\n" + b"\0" * 32)
         elif attack == "slowloris":
             async def trickle_headers() -> None:
                 writer.write(b"GET /v1/catalog HTTP/1.1\r\n")
@@ -453,7 +480,9 @@ async def test_server_cuts_slow_requests(world, tmp_path: Path, attack: str, ans
         got = await _closed_within(reader, BOUND)
         took = time.monotonic() - t0
         assert got.startswith(answer) and (answer or not got)
-        deadline = 0.0 if attack == "huge content-length" else 1.5  # request_timeout
+        assert got.count(b"HTTP/1.1 ") <= 1  # closed after the answer: nothing pipelined behind it served
+        assert got.reset or answer  # a deadline with nothing to answer aborts: a reset, not a FIN
+        deadline = 1.5 if attack in ("slow body", "slowloris", "silent") else 0.0  # request_timeout
         assert took < deadline + provider.LINGER_SECONDS + 1.0  # the body's rest not waited for
     finally:
         if trickling is not None:
