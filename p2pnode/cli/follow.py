@@ -85,7 +85,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     paths = _paths(args)
     if args.stop:
         stopped = _call(paths, "unfollow", {"key": args.target})
-        print(f"stopped following {shown(stopped['key'])}")
+        _said(args, {"kind": "stopped", "key": stopped["key"]}, f"stopped following {shown(stopped['key'])}")
         return 0
     require_node(paths, "follow")
     pi = PiDirs.resolve(os.getcwd(), args.session_dir)
@@ -94,8 +94,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
                                     "attached": not args.detach})
     key = reply["key"]
     if args.detach:
-        print(f"following {shown(key)} in the node (`p2pnode status` shows it; "
-              f"`p2pnode follow --stop {shown(key)}` ends it)")
+        _said(args, {"kind": "detached", "key": key}, f"following {shown(key)} in the node (`p2pnode status` "
+              f"shows it; `p2pnode follow --stop {shown(key)}` ends it)")
         return 0
     for signum in (signal.SIGTERM, signal.SIGHUP):  # a command killed with SIGKILL: the node
         signal.signal(signum, _told)  # ends the follow after follow.ATTACHED_GRACE
@@ -116,6 +116,12 @@ def cmd_follow(args: argparse.Namespace) -> int:
             signal.signal(stop.signum, signal.SIG_DFL)
             os.kill(os.getpid(), stop.signum)
         return 0
+
+
+def _said(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
+    """What `follow --detach`/`--stop` and `live --stop` did: with --json one JSON line, as the
+    events of an attached `follow` are."""
+    print(json.dumps(obj) if args.json else text)
 
 
 def _print_events(paths: NodePaths, key: str, epoch: str, as_json: bool) -> int:
@@ -155,7 +161,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     if args.stop:
         require_node(paths, "live --stop")
         stopped = _call(paths, "unlive", {"path": os.path.abspath(args.stop)})
-        print(f"stopped sharing {shown(stopped['path'])} live")
+        _said(args, {"stopped": stopped["path"]}, f"stopped sharing {shown(stopped['path'])} live")
         return 0
     status = call_node(paths, "status", {}) or {}
     live = status.get("live", [])
@@ -185,9 +191,10 @@ def add_follow_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-dir", help="Pi's --session-dir: place the session flat in this dir")
     p.add_argument("--detach", action="store_true", help="leave the node following it and return")
     p.add_argument("--stop", action="store_true", help="stop following it")
-    p.add_argument("--json", action="store_true", help="one JSON event per line")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON event per line (--detach, --stop: one object, kind detached or stopped)")
     p.set_defaults(func=cmd_follow)
     p = sub.add_parser("live", help="list the sessions shared live (`share --live`), or stop one")
     p.add_argument("--stop", metavar="FILE", help="stop sharing this file live (what is shared stays)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the list; with --stop, {\"stopped\": FILE}")
     p.set_defaults(func=cmd_live)

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import errno
 import gc
+import io
 import json
 import logging
 import os
@@ -48,7 +49,15 @@ from p2pnode.cli.render import (
     shown,
 )
 from p2pnode.cli.space import add_space_commands
-from p2pnode.errors import CALLERS_PATH_ERRNOS, KINDS, InvalidInput, NotFound, P2PNodeError, from_store
+from p2pnode.errors import (
+    CALLERS_PATH_ERRNOS,
+    KINDS,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    P2PNodeError,
+    from_store,
+)
 from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
 from p2pnode.paths import NodePaths
@@ -461,9 +470,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print_fetch(result)
-    if result["conflict"]:
-        print(f"p2pnode: {shown(result['conflict'])}", file=sys.stderr)
-        return 7  # errors.Conflict.exit_code
+    if result["conflict"]:  # stored, not placed: a failure as any other (with --json, its object last)
+        raise Conflict(result["conflict"])
     return 0
 
 
@@ -594,11 +602,52 @@ def run() -> None:
     """The `p2pnode` command: main, then exit at once with its code.  Python's teardown would
     free a big fetch's objects one by one (~0.1 s after a 256 MB fetch); by now every file and
     the store are closed, stdout was flushed (main) and nothing registers atexit work."""
+    _name_stdout_failures()
     code = main()
     with contextlib.suppress(OSError):  # stdout gone: main has reported it already
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+class StdoutFailed(OSError):
+    """A write to stdout failed (`p2pnode cat X > file` on a full disk): the user's redirect
+    target, not the node's home, which an OSError naming no file is otherwise blamed on."""
+
+
+class _Stdout(io.FileIO):
+    """fd 1 whose failed writes are StdoutFailed (a closed pipe stays BrokenPipeError: exit 141).
+    `was_closed`: fd 1 was closed when the command began (`p2pnode ls >&-`); it holds /dev/null
+    now, so that no file the command opens takes its place, and every write fails (EBADF)."""
+
+    def __init__(self, closed: bool) -> None:
+        super().__init__(1, "w", closefd=False)
+        self.was_closed = closed
+
+    def write(self, data: Any, /) -> int:
+        try:
+            if self.was_closed:
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+            return super().write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutFailed(exc.errno, exc.strerror) from exc
+
+
+def _name_stdout_failures() -> None:
+    """sys.stdout over _Stdout, buffered as before (line by line to a terminal)."""
+    old = sys.stdout
+    closed = old is None
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        if devnull != 1:
+            os.dup2(devnull, 1)
+            os.close(devnull)
+    encoding, errors, by_line = ("utf-8", "strict", False) if old is None else \
+        (old.encoding, old.errors, old.line_buffering)
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_Stdout(closed)), encoding=encoding, errors=errors,
+                                  line_buffering=bool(by_line))
 
 
 def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeError:
@@ -614,6 +663,8 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
         return InvalidInput(f"a line of {exc.size} bytes is over the store's limit of {exc.limit} bytes")
     if (known := from_store(exc, "the store", "run it again")) is not None:
         return known
+    if isinstance(exc, StdoutFailed):
+        return P2PNodeError(f"cannot write to standard output: {(exc.strerror or str(exc)).lower()}")
     if isinstance(exc, OSError):
         text = f"{(exc.strerror or str(exc) or 'system error').lower()}: {_os_error_subject(exc, args)}"
         if isinstance(exc, FileNotFoundError):

@@ -82,7 +82,10 @@ def cmd_trust(args: argparse.Namespace) -> int:
     if peer.node_id == load_or_create_identity(paths.identity).node_id:
         raise InvalidInput(f"{peer.node_id} is this node's own id: a node cannot trust itself")
     store = TrustStore(paths.trust)
-    trusted = store.trust(peer.node_id, name=store.free_name(args.name or peer.name, peer.node_id))
+    # a name given here is the user's: taken by another peer, refused (exit 4); the name the peer
+    # announces is made unique, as pairing does
+    name = args.name if args.name is not None else store.free_name(peer.name, peer.node_id)
+    trusted = store.trust(peer.node_id, name=name)
     claim = f" (the name {peer.name!r} is what it announces: check the id with its owner)" \
         if peer.how not in ("", "trusted") and args.node_id != peer.node_id and not args.name else ""
     print(f"trusted {trusted.node_id}{f' ({shown(trusted.name)})' if trusted.name else ''}{shown(claim)}")

@@ -9,6 +9,7 @@ the peer protocol's mutual TLS.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import stat
@@ -241,7 +242,22 @@ async def check_trust(paths: NodePaths, status: dict[str, Any] | None, timeout: 
 
 
 def check_pi(pi: PiDirs, cwd: str) -> Check:
-    """Where Pi started here keeps its sessions is where `share` looks and `fetch` places."""
+    """Where Pi started here keeps its sessions is where `share` looks and `fetch` places; a
+    path the system refuses (a cwd so deep that its session dir's name is too long) is a
+    failed check, not the end of the report."""
+    try:
+        return _check_pi(pi, cwd)
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        if exc.errno == errno.ENAMETOOLONG:
+            return Check("pi", FAIL, f"Pi cannot keep sessions for {cwd}: the name of its session dir is too "
+                         f"long ({why}: {exc.filename})",
+                         "run pi and p2pnode from a shorter path, or give both --session-dir DIR")
+        return Check("pi", FAIL, f"Pi's session dir for {cwd} cannot be read: {why}: {exc.filename}",
+                     "make it readable by this user, or give pi and p2pnode --session-dir DIR")
+
+
+def _check_pi(pi: PiDirs, cwd: str) -> Check:
     from p2pnode.pi.session import session_dir_name
 
     if not pi.agent.is_dir():

@@ -345,6 +345,8 @@ class Follows:
         if offers.is_prefix(key):  # as `fetch` takes one: the branch the peers offer that starts so
             asked = parsed or self.node.trusted_online()
             key, _ = await offers.resolve_prefix(key, asked, self.node.identity, self.node.trust)
+        elif is_session_id(key):  # as `fetch`: the one offered id that starts so (several: NotFound)
+            key = await self._session_id(key, parsed or self.node.trusted_online())
         if not is_session_id(key):
             key = wire.check_hex_hash(key, "branch hash")
         pi = body.get("pi")
@@ -360,6 +362,12 @@ class Follows:
             self.follows.save()
         f.asked = time.monotonic()
         return {"key": key, "epoch": self.epoch, **f.status()}
+
+    async def _session_id(self, text: str, peers: list[PeerAddress]) -> str:
+        """The session id `text` starts among what the peers answering now offer; `text` itself
+        when none does (a session not shared yet is followed from when it is: _poll)."""
+        answers = await offers.ask_catalogs(offers.by_node(peers), self.node.identity, self.node.trust)
+        return _session_id(text, [a.catalog for a in answers if a.catalog is not None])
 
     async def _c_unfollow(self, body: dict[str, Any]) -> dict[str, Any]:
         key = body.get("key")
@@ -465,7 +473,10 @@ class Follows:
                 raise PeerUnavailable(f"peer {link.addr}: its catalog was not in within {POLL_TIMEOUT:g} s") \
                     from None
             offered = {e.branch for e in catalog.branches}
-            newest = newest_entry(catalog.branches, f.branch if f.branch in offered else f.session or f.key)
+            target = f.branch if f.branch in offered else f.session or f.key
+            if f.session is None and target == f.key and is_session_id(target):  # the start of an id
+                target = _session_id(target, [catalog])
+            newest = newest_entry(catalog.branches, target)
             if newest is None:
                 raise NotFound(f"peer {link.addr} does not offer {f.key}")
             if f.state != "following":

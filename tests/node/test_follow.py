@@ -423,3 +423,34 @@ def test_a_session_placed_header_first_is_kept_current(tmp_path: Path, corpus_ne
                     wait_for(f"version {tag} on B", lambda: file.read_bytes() == header_first())
                 assert [f["state"] for f in status(b)["following"]] == ["following"]
                 assert list(b.agent.rglob("*.jsonl")) == [file]
+
+
+def test_a_session_id_prefix_is_followed_and_json_is_one_object_a_line(tmp_path: Path,
+                                                                      corpus_new_dir: Path) -> None:
+    """`follow <start of a session id>` follows that session, as `fetch` takes it (it waited for
+    ever: "does not offer 01a22373-3b77"); with --json, `--detach`, `--stop` and `live --stop`
+    print one JSON object (they printed text)."""
+    def lines(out: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in out.splitlines()]
+
+    with pair(tmp_path, corpus_new_dir) as (a, b, session), a.node_running(), b.node_running():
+        a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
+        session_id = json.loads(session.read_bytes().split(b"\n", 1)[0])["id"]
+        prefix = session_id[:session_id.index("-") + 3]
+        early = lines(b.run("follow", prefix, "--from", a_addr, "--detach", "--json").stdout)
+        assert early == [{"kind": "detached", "key": prefix}]  # not offered yet: resolved when it is
+        a.run("share", str(session), "--live")
+        wait_for("the session followed by a prefix of its id", placed(b, session.read_bytes()))
+        early_stop = b.run("follow", "--stop", prefix, "--json").stdout
+        assert lines(early_stop) == [{"kind": "stopped", "key": prefix}]
+        detached = b.run("follow", prefix, "--from", a_addr, "--detach", "--json").stdout
+        assert lines(detached) == [{"kind": "detached", "key": session_id}]  # offered: resolved at once
+        grow(session, "more")
+        wait_for("its next version", placed(b, session.read_bytes()))
+        stopped = b.run("follow", "--stop", session_id, "--json").stdout
+        assert lines(stopped) == [{"kind": "stopped", "key": session_id}]
+        assert status(b)["following"] == []
+        ended = a.run("live", "--stop", str(session), "--json").stdout
+        assert lines(ended) == [{"stopped": str(session)}]
+        missing = b.run("follow", "--stop", session_id, "--json", check=False)
+        assert missing.returncode == 3 and lines(missing.stdout)[-1]["error"]["exit_code"] == 3
