@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import mmap
 import os
 import threading
 import time
@@ -52,7 +53,7 @@ from store.errors import (
     UnknownTurn,
 )
 from store.files import headwal, snapshot
-from store.files.blobpack import PACK, BlobPack, remove_leftovers
+from store.files.blobpack import PACK, BlobPack, remove_leftovers, scan_pack
 from store.files.patchlog import PatchLog
 from store.files.turnlog import LOG, TurnLog
 from store.gc import Gate, mark
@@ -857,6 +858,21 @@ class Store:
         """Root → turn_id."""
         t = self.get_turn(turn_id)
         return self._walk(t.turn_id, t.depth + 1)
+
+    def damaged_blobs(self) -> dict[bytes, str]:
+        """The blobs whose only record in the pack fails its CRC, each with where (a read of the
+        whole pack, fsck's walk: the records the index covers are not re-checked on open).  A
+        damaged record stays until the same bytes are stored again; this names what it holds."""
+        self._check_open()
+        with open(self.root / PACK, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if not size:
+                return {}
+            with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+                scan = scan_pack(mm)
+        good = {hdr.hash for _, hdr in scan.records}
+        return {hdr.hash: f"its record at offset {off} of {PACK} failed its CRC"
+                for off, hdr in scan.damaged if hdr.hash not in good}
 
     def unreadable_chains(self, turn_ids: Sequence[int]) -> dict[int, StoreError]:
         """Of `turn_ids`, those whose chain (the turn and its ancestors) holds a turn record that

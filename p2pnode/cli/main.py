@@ -111,6 +111,11 @@ def _repair_sessions(paths: NodePaths) -> tuple[list[str], list[str]]:
                 else f"fetch {d.branch[:16]} again")
              if d.branch else f"dropped session version {d.src[:16]} (no branch held): {d.why}"
              for d in done.dropped]
+    said += [f"branch {d.branch[:16]} ({one_line(d.title, 50)}): {d.lines} line(s) in damaged store records "
+             "(kept; `cat` of it exits 5); "
+             + (f"share {d.path} again to store them anew" if d.shared_here and d.path
+                else f"`p2pnode rm {d.branch[:16]}`, then fetch {d.branch[:16]} again")
+             for d in done.damaged]
     return said, [f"sessions not checked: {done.unchecked}"] if done.unchecked else []
 
 

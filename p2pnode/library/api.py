@@ -177,6 +177,20 @@ class Dropped:
 
 
 @dataclass(frozen=True)
+class Damaged:
+    """A branch `fsck --repair` keeps although some of its lines' records in the pack are
+    damaged (its turns read; `cat` of it exits 5 until those lines are stored again)."""
+
+    branch: str
+    lines: int
+    """How many of its distinct lines cannot be read back."""
+    title: str | None
+    path: str | None
+    shared_here: bool
+    """As Dropped's: share `path` again (shared here), else remove and fetch it again."""
+
+
+@dataclass(frozen=True)
 class Repair:
     """What `fsck --repair` did above the store (Library.repair)."""
 
@@ -186,6 +200,8 @@ class Repair:
     """sessions.json rebuilt: (what was wrong with it, what the store gave back, where the old
     file went); None when it was readable."""
     dropped: list[Dropped]
+    damaged: list[Damaged] = field(default_factory=list)
+    """Branches kept whose lines are in damaged pack records (what heals each)."""
     unchecked: str | None = None
     """Why the sessions could not be checked (a library that still does not open)."""
 
@@ -287,9 +303,9 @@ class _ScanningSink:
         through this sink and the caller scans the stored version)."""
         self._scanner: secrets.Scanner | None = None
 
-    def begin(self, appended: bool) -> int:
+    def begin(self, grown: Prefix | None) -> int:
         assert self.inner is not None
-        self.start = self._done = self.inner.begin(appended)
+        self.start = self._done = self.inner.begin(grown)
         self._scanner = secrets.Scanner()
         return self.start
 
@@ -385,7 +401,7 @@ class Library:
                 rebuilt = (exc.reason, *cls._rebuild_state(paths))
                 library = cls.open(paths)
             with library:
-                return Repair(moved, rebuilt, library.drop_unreadable())
+                return Repair(moved, rebuilt, library.drop_unreadable(), library.damaged_lines())
         except StoreLocked:
             raise
         except (P2PNodeError, StoreError, OSError, ValueError) as exc:
@@ -760,26 +776,25 @@ class Library:
         size = path.stat().st_size
         known = self.hasher.known(path)
         with self._lock:
-            if not from_older:
-                base: Version | None = None
-            elif known is not None and known.size <= size and self.sessions.has_version(known.blake3):
-                base = self.sessions.version(known.blake3)
-            else:
-                base = self.sessions.latest_version_of(header.id, size)
+            older: list[Version] = []
+            if from_older:
+                older = self.sessions.older_versions_of(header.id, size)
+                if known is not None and known.size <= size and self.sessions.has_version(known.blake3):
+                    older.append(self.sessions.version(known.blake3))  # this path's last, whatever its header
 
         fed = _ScanningSink(progress, size)
 
-        def scan(prefix: Prefix | None, sink: Sink) -> Scan:
+        def scan(prefixes: Sequence[Prefix], sink: Sink) -> Scan:
             fed.inner = sink
-            return self.hasher.scan(path, prefix=prefix, sink=fed)
+            return self.hasher.scan(path, prefixes=prefixes, sink=fed)
 
-        result = self.sessions.import_file(path, scan, header, base, like, guard=self._lock)
+        result = self.sessions.import_file(path, scan, header, older, like, guard=self._lock)
         self.hasher.save()
         fed.finish()
         if result.scan.rewritten:
-            log.info("%s was rewritten since version %s; stored in full", path, base.src if base else "?")
+            log.info("%s was rewritten since the versions held of it; stored in full", path)
         if fed.vouched:
-            self._fed[result.version.src] = (fed, base, path)
+            self._fed[result.version.src] = (fed, result.grown, path)
         return result.version, result.warnings, result.held
 
     def unshare(self, branch_hex: str) -> Unshared:
@@ -1485,6 +1500,22 @@ class Library:
                     self.manifest.remove(d.branch)
             self._changed()
             return dropped
+
+    def damaged_lines(self) -> list[Damaged]:
+        """`fsck --repair`: the branches whose lines (line hashes: turn records only) are in a
+        damaged pack record.  They are kept, not forgotten: their turns read, the damaged
+        record stays an error until the same bytes are stored again (docs/FORMAT.md,
+        "Checking"), which sharing the file again does (`_restore_lost`)."""
+        damaged = self.store.damaged_blobs()
+        if not damaged:
+            return []
+        with self._lock:
+            hit: dict[str, int] = {}
+            for v in self.sessions.all_versions():
+                if n := len(set(self.sessions.line_hashes(v.src)) & damaged.keys()):
+                    hit[v.src] = n
+            return [Damaged(r.branch, hit[r.src], info.title, info.path, r.offered or r.withdrawn is not None)
+                    for r in self.sessions.branches() if r.src in hit for info in [self._info(r)]]
 
     def removal(self, target: str) -> list[str]:
         """The branches `remove(target)` would forget now, or its error: the node stops its

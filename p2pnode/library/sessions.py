@@ -158,6 +158,8 @@ class ImportResult:
     warnings: list[str]
     """Lines that are not JSON (they are stored verbatim all the same)."""
     scan: Scan
+    grown: Version | None
+    """The held version the file was found to have grown from (its bytes were not read again)."""
     held: bool = False
     """The same bytes were held already (nothing recorded)."""
 
@@ -169,15 +171,24 @@ class _State:
     branches: dict[str, BranchRecord] = field(default_factory=dict)
 
 
-def _prefix_hash(lines: Sequence[bytes], size: int) -> str:
-    """BLAKE3 (hex) of the first `size` bytes of the concatenated lines."""
-    hasher = new_hasher()
+def _largest_prefix(lines: Sequence[bytes], prefixes: Sequence[Prefix]) -> Prefix | None:
+    """The largest of `prefixes` that the concatenated lines start with: one pass over them
+    up to the largest, the digest compared at each one's size."""
+    hasher, pos, found = new_hasher(), 0, None
+    pending = sorted((p for p in prefixes if p.size > 0), key=lambda p: p.size)
     for line in lines:
-        if size <= 0:
+        if not pending:
             break
-        hasher.update(line[:size] if len(line) > size else line)
-        size -= len(line)
-    return hasher.hexdigest()
+        while pending and pos + len(line) >= pending[0].size:
+            cut = pending[0].size - pos
+            piece = hasher.copy()
+            piece.update(line[:cut])
+            if piece.hexdigest() == pending[0].blake3:
+                found = pending[0]
+            pending.pop(0)
+        hasher.update(line)
+        pos += len(line)
+    return found
 
 
 def _lines_from(lines: Sequence[bytes], offset: int) -> Sequence[bytes]:
@@ -236,14 +247,17 @@ class _Importer:
     not compressed again; the store decodes and re-hashes it against the line's own hash.
     """
 
-    def __init__(self, store: Store, where: str, *, grown: Version | None = None,
+    def __init__(self, store: Store, where: str, *, older: Sequence[Version] = (),
                  like: list[Turn] | None = None, check_json: bool = True,
                  stored: Mapping[bytes, StoredBlob] | None = None) -> None:
         self.store = store
         self.where = where
         self._json = _json_parser() if check_json else None
         self.stored = stored or {}
-        self.grown = grown
+        self.older = {v.src: v for v in older}
+        """The held versions the file may have grown from, by src (the scan says which)."""
+        self.grown: Version | None = None
+        """After begin(): the one it grew from, if any."""
         self.like = like or []
         self.context = 0
         self.head = 0
@@ -267,11 +281,11 @@ class _Importer:
         self._inflight: deque[Future[None]] = deque()
         """The batches handed over and not yet appended, oldest first (at most IN_FLIGHT)."""
 
-    def begin(self, appended: bool) -> int:
-        base = self.grown
-        if not appended or base is None or base.last_line_start == 0:
-            self.grown = None
+    def begin(self, grown: Prefix | None) -> int:
+        base = self.older.get(grown.blake3) if grown is not None else None
+        if base is None or base.last_line_start == 0:
             return 0
+        self.grown = base
         header_turn = self.store.get_turn(base.head)
         self.header = self.store.get_blob(header_turn.payload_hash)
         self.head = header_turn.parent_turn_id
@@ -582,11 +596,11 @@ class SessionStore:
         found = [b for b in self._state.branches.values() if b.src == src]
         return sorted(found, key=lambda b: b.shared_at, reverse=True)
 
-    def latest_version_of(self, session_id: str, max_size: int) -> Version | None:
-        """The largest stored version of a session id that could be a prefix of a file of max_size."""
-        candidates = [v for v in self._state.sessions.values()
-                      if v.session_id == session_id and v.size <= max_size]
-        return max(candidates, key=lambda v: v.size, default=None)
+    def older_versions_of(self, session_id: str, max_size: int) -> list[Version]:
+        """The stored versions of a session id that could be a prefix of a file of max_size:
+        which one is (the largest that is: two continuations of one version are both held,
+        and the larger may not be this file's) is for the caller's hash check to say."""
+        return [v for v in self._state.sessions.values() if v.session_id == session_id and v.size <= max_size]
 
     def body_turns(self, src: str) -> list[Turn]:
         """The turns of a version's lines after the header, in file order."""
@@ -639,21 +653,21 @@ class SessionStore:
     # --- writes ---
 
     def import_file(
-        self, path: Path, scan: Callable[[Prefix | None, Sink], Scan], header: SessionHeader,
-        grown: Version | None, like_src: str | None, guard: contextlib.AbstractContextManager[Any],
+        self, path: Path, scan: Callable[[Sequence[Prefix], Sink], Scan], header: SessionHeader,
+        older: Sequence[Version], like_src: str | None, guard: contextlib.AbstractContextManager[Any],
     ) -> ImportResult:
-        """Store a version of `path`.  `scan(prefix, sink)` hashes the file and feeds the sink.
+        """Store a version of `path`.  `scan(prefixes, sink)` hashes the file and feeds the sink.
 
-        `grown`: an older version the file may have grown from (checked by the scan);
+        `older`: versions the file may have grown from (the scan finds the largest that it did);
         `like_src`: a version whose lines the file may start with after its header (its parent).
         `guard` is held while the version is recorded, not while the file is read and its
         lines stored: the caller's other readers go on meanwhile (no version may be forgotten
         meanwhile, which the caller sees to).
         """
         like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
-        importer = _Importer(self.store, str(path), grown=grown, like=like)
+        importer = _Importer(self.store, str(path), older=older, like=like)
         try:
-            result = scan(grown.prefix if grown else None, importer)
+            result = scan([v.prefix for v in older], importer)
             if importer.header_line is None and importer.grown is None and result.left_out:
                 raise InvalidHeader(f"{path}: no Pi session header among its complete lines: its last "
                                     f"{result.left_out} bytes end without a newline (a line Pi is still "
@@ -666,22 +680,23 @@ class SessionStore:
         with guard:
             if prefix.blake3 in self._state.sessions:  # the same bytes already held (e.g. a copy)
                 importer.discard()
-                return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result, held=True)
+                return ImportResult(self._state.sessions[prefix.blake3], importer.warnings, result,
+                                    importer.grown, held=True)
             try:
                 header = _stored_header(importer, str(path))
             except InvalidHeader:
                 importer.discard()
                 raise
             version = self._add_version(prefix, header, importer)
-        return ImportResult(version, importer.warnings, result)
+        return ImportResult(version, importer.warnings, result, importer.grown)
 
     def import_lines(self, lines: Sequence[bytes], src: str, where: str, like_src: str | None,
                      stored: Mapping[bytes, StoredBlob] | None = None) -> Version:
         """Store a version from its lines, which the caller has verified hash to `src` (a
         fetched session).  `stored`: blobs of some lines as a peer sent them, by hash.
 
-        If an older version of the same session is a prefix, only the new lines are added;
-        else lines that continue `like_src`'s (its parent's) reuse those turns.
+        If older versions of the same session are a prefix, only the lines after the largest
+        of them are added; else lines that continue `like_src`'s (its parent's) reuse those turns.
         """
         if src in self._state.sessions:
             return self._state.sessions[src]
@@ -691,13 +706,12 @@ class SessionStore:
             raise InvalidInput(f"{where}: the lines given are not the file cut at its newlines")
         header = find_header(lines, where)
         size = sum(map(len, lines))
-        grown = self.latest_version_of(header.id, size)
-        appended = grown is not None and _prefix_hash(lines, grown.size) == grown.src
+        older = self.older_versions_of(header.id, size)
         like = self.body_turns(like_src) if like_src and self.has_version(like_src) else None
-        importer = _Importer(self.store, where, grown=grown, like=like, check_json=False,  # nobody to warn
+        importer = _Importer(self.store, where, older=older, like=like, check_json=False,  # nobody to warn
                              stored=stored)
         try:
-            start = importer.begin(appended)
+            start = importer.begin(_largest_prefix(lines, [v.prefix for v in older]))
             importer.feed_lines(_lines_from(lines, start))
             importer.finish()
         except BaseException:

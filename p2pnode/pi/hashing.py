@@ -8,7 +8,10 @@ Pi only appends to a session file (except for a few documented rewrites), so:
 - a grown file is checked to still start with the bytes we hashed before: against the live
   state by re-hashing two 4 KiB probes (the start, and the end of the old size), and
   without live state by comparing the digest of the old-size prefix on the way through.
-  A mismatch means the file was rewritten, and the whole file is hashed anew.
+  Several older versions can be tried in that one pass (two continuations of one session:
+  the larger held one may not be a prefix, an older one is): the digest is compared at
+  each one's size, and the largest that matches is the one the file grew from.  No match
+  means the file was rewritten; the bytes read for the check count as hashed all the same.
 
 `FileHasher.scan` can also hand the bytes it reads to a sink (the store importer), so a
 first share reads each byte once.
@@ -20,7 +23,10 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 import blake3
 
@@ -101,9 +107,11 @@ class Scan:
     how: str
     """"cached" (stat cache hit, nothing read), "appended" (only new bytes hashed) or "full"."""
     rewritten: bool
-    """A previous version was expected as a prefix and the file no longer starts with it."""
+    """Previous versions were expected as a prefix and the file starts with none of them."""
     left_out: int = 0
     """Bytes after the last newline that a `complete_lines` hasher did not hash."""
+    grown: Prefix | None = None
+    """The expected prefix the file was found to start with (the largest, if several)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +136,9 @@ class _Live:
 
 
 class Sink(Protocol):
-    def begin(self, appended: bool) -> int:
-        """Called once the prefix is checked; returns the file offset to feed bytes from."""
+    def begin(self, grown: Prefix | None) -> int:
+        """Called once the prefixes are checked, with the one the file starts with (None: the
+        file is read from its start); returns the file offset to feed bytes from."""
 
     def feed(self, data: bytes) -> None:
         """The next bytes of the file, a bytes object of their own: the sink may keep it or
@@ -200,8 +209,9 @@ class FileHasher:
         entry = self._cache.get(str(Path(path).absolute()))
         return entry[1] if entry else None
 
-    def scan(self, path: Path, *, prefix: Prefix | None = None, sink: Sink | None = None) -> Scan:
-        """Hash `path` as it is now, reusing `prefix` (an earlier version) if the file starts with it."""
+    def scan(self, path: Path, *, prefixes: Sequence[Prefix] = (), sink: Sink | None = None) -> Scan:
+        """Hash `path` as it is now, reusing the largest of `prefixes` (earlier versions) that
+        the file starts with."""
         key = str(Path(path).absolute())
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -210,12 +220,10 @@ class FileHasher:
             if sink is None and entry is not None and entry[0] == stat_key:
                 return Scan(entry[1], "cached", False, st.st_size - entry[1].size)
             size = complete_lines_end(f, st.st_size) if self.complete_lines else st.st_size
-            if prefix is not None and prefix.size > size:
-                prefix = None
-            hasher, counter, hashed, appended = self._resume(f, key, st, prefix)
-            rewritten = prefix is not None and not appended
-            start = sink.begin(appended) if sink is not None else hashed
-            if not appended and sink is not None and start:
+            expected = sorted({p for p in prefixes if 0 < p.size <= size}, key=lambda p: p.size)
+            hasher, counter, hashed, grown = self._resume(f, key, st, expected)
+            start = sink.begin(grown) if sink is not None else hashed
+            if grown is None and sink is not None and start:
                 raise ValueError("a sink must start at offset 0 when the file is not an append")
             pos = min(start, hashed)
             f.seek(pos)
@@ -235,32 +243,39 @@ class FileHasher:
             result = counter.prefix(size, hasher.hexdigest())
             head_probe, tail_probe = _probes(f, size)
         self._remember(key, stat_key, hasher, result, head_probe, tail_probe)
-        return Scan(result, "appended" if appended else "full", rewritten, st.st_size - size)
+        return Scan(result, "full" if grown is None else "appended", bool(expected) and grown is None,
+                    st.st_size - size, grown)
 
     def _resume(
-        self, f: io.BufferedReader, key: str, st: os.stat_result, prefix: Prefix | None
-    ) -> tuple[blake3.blake3, _Counter, int, bool]:
-        """(hasher, line counter, bytes hashed, prefix confirmed) to continue from."""
-        if prefix is None or prefix.size == 0:
-            return new_hasher(), _Counter(None), 0, prefix is not None
+        self, f: io.BufferedReader, key: str, st: os.stat_result, expected: list[Prefix]
+    ) -> tuple[blake3.blake3, _Counter, int, Prefix | None]:
+        """(hasher, line counter, bytes hashed, the largest of `expected` (by size) the file
+        starts with) to continue from: from the live state if it is one of them and the probes
+        still match, then by hashing on to the largest one, comparing the digest at each size
+        (one read however many there are).  When the largest is not a prefix, the bytes after
+        the one that is are read again, counted (the check does not count lines)."""
+        found: tuple[blake3.blake3, Prefix] | None = None
+        hasher, pos = new_hasher(), 0
         live = self._live.get(key)
         same_file = live is not None and (live.key.dev, live.key.ino) == (st.st_dev, st.st_ino)
-        if (live is not None and same_file and live.prefix == prefix
-                and _probes(f, prefix.size) == (live.head_probe, live.tail_probe)):
-            return live.hasher.copy(), _Counter(prefix), prefix.size, True
-        hasher = new_hasher()
-        f.seek(0)
+        if (live is not None and same_file and live.prefix in expected
+                and _probes(f, live.prefix.size) == (live.head_probe, live.tail_probe)):
+            hasher, pos = live.hasher.copy(), live.prefix.size
+            found = (hasher, live.prefix)
+        f.seek(pos)
         buf = memoryview(bytearray(CHUNK))
-        pos = 0
-        while pos < prefix.size:
-            n = f.readinto(buf[: min(CHUNK, prefix.size - pos)])
-            if not n:
-                break
-            hasher.update(buf[:n])
-            pos += n
-        if hasher.hexdigest() == prefix.blake3:
-            return hasher, _Counter(prefix), pos, True
-        return new_hasher(), _Counter(None), 0, False  # rewritten: hash (and count) it all anew
+        for candidate in (p for p in expected if p.size > pos):
+            if found is not None and found[0] is hasher:
+                hasher = hasher.copy()  # `found` keeps its state; the check reads on
+            while pos < candidate.size and (n := f.readinto(buf[: min(CHUNK, candidate.size - pos)])):
+                hasher.update(buf[:n])
+                pos += n
+            if pos == candidate.size and hasher.hexdigest() == candidate.blake3:
+                found = (hasher, candidate)
+        if found is None:
+            return new_hasher(), _Counter(None), 0, None
+        state, grown = found
+        return state, _Counter(grown), grown.size, grown
 
     def _remember(self, key: str, stat_key: _StatKey, hasher: blake3.blake3, prefix: Prefix,
                   head_probe: bytes, tail_probe: bytes) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procnode import Node
 from skips import KERNEL_LIMITATION
 
 from p2pnode.library.api import Library
@@ -412,3 +413,56 @@ def test_a_rebuild_names_each_branch_the_store_cannot_give_back(env: dict[str, s
     assert kept in listed and lost not in listed
     events = [json.loads(line) for line in (home / "audit.log").read_text().splitlines()]
     assert [e["branch"] for e in events if e["event"] == "dropped"] == [lost]
+
+
+def test_a_continuation_of_an_older_version_is_its_growth_through_a_running_node(tmp_path: Path,
+                                                                                 corpus_dir: Path) -> None:
+    """v1, then vx = v1 + X, then vy = v1 + Y (larger than vx) shared through one running node:
+    vy is version 2 with previous v1 at once, and `ls` shows the session as one row."""
+    node = Node(tmp_path, "a")
+    shutil.copytree(corpus_dir / "sessions", node.agent / "sessions")
+    v1 = node.agent / "sessions" / BETA / B5
+    vx, vy = v1.with_name("vx.jsonl"), v1.with_name("vy.jsonl")
+    for path, text in ((vx, "x"), (vy, "y, a little longer")):
+        path.write_bytes(v1.read_bytes() + b'{"type":"message","id":"m9","parentId":null,'
+                         b'"message":{"role":"user","content":"branch %s"}}\n' % text.encode())
+    with node.node_running():
+        first, x, y = (json.loads(node.run("share", str(p), "--json").stdout) for p in (v1, vx, vy))
+        assert (x["version"], x["previous"]) == (y["version"], y["previous"]) == (2, first["branch"])
+        ours = {first["branch"], x["branch"], y["branch"]}
+        rows = [r for r in json.loads(node.run("ls", "--all", "--json").stdout) if r["branch"] in ours]
+        assert [(r["branch"], r["versions"]) for r in rows] == [(y["branch"], 3)]  # its ancestors' rows aside
+
+
+def test_fsck_repair_names_the_branches_whose_lines_are_in_a_damaged_record_and_what_heals_them(
+        env: dict[str, str]) -> None:
+    """README, "A damaged store": one byte flipped inside a line's record in blobs.pack.  The
+    record stays an error (docs/FORMAT.md, "Checking"), and `fsck --repair` names each branch
+    holding the line with what to run; sharing the file again heals it (fsck exit 0)."""
+    from store.files.blobpack import scan_pack
+    from store.layout import BLOB_HEADER
+
+    b5 = agent_of(env) / "sessions" / BETA / B5
+    shared = json.loads(run(env, "share", str(b5), "--json").stdout)
+    paths = NodePaths(Path(env["P2PNODE_HOME"]))
+    with Library.open(paths) as lib:
+        line = lib.sessions.line_hashes(shared["src"])[-1]  # the newest line: B5's own, not its parents'
+    pack = paths.store / "blobs.pack"
+    offset = next(off for off, hdr in scan_pack(pack.read_bytes()).records if hdr.hash == line)
+    with open(pack, "r+b") as f:
+        f.seek(offset + BLOB_HEADER.size)
+        byte = f.read(1)
+        f.seek(offset + BLOB_HEADER.size)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert run(env, "cat", shared["branch"], check=False).returncode == 5
+
+    repair = run(env, "fsck", "--repair", check=False)
+    out = repair.stdout.decode()
+    assert repair.returncode == 1 and "failed its CRC" in out  # an error until the bytes are stored again
+    assert f"branch {shared['branch'][:16]}" in out and "1 line(s) in damaged store records" in out, out
+    assert f"share {b5} again to store them anew" in out
+    assert shared["ancestors"][0]["branch"][:16] not in out  # its parents do not hold that line
+
+    run(env, "share", str(b5))
+    assert run(env, "cat", shared["branch"]).stdout == b5.read_bytes()
+    assert run(env, "fsck").returncode == 0

@@ -39,8 +39,8 @@ class _Paused:
         self.inner = inner
         self.reached, self.go = threading.Event(), threading.Event()
 
-    def begin(self, appended: bool) -> int:
-        start: int = self.inner.begin(appended)
+    def begin(self, grown: Any) -> int:
+        start: int = self.inner.begin(grown)
         return start
 
     def feed(self, chunk: bytes) -> None:
@@ -62,10 +62,10 @@ def paused(monkeypatch: pytest.MonkeyPatch, first: ShareResult) -> Iterator[list
     made: list[_Paused] = []
     scan = FileHasher.scan
 
-    def pausing(self: FileHasher, path: Path, *, prefix: Any = None, sink: Any = None) -> Any:
+    def pausing(self: FileHasher, path: Path, *, prefixes: Any = (), sink: Any = None) -> Any:
         if sink is not None:
             made.append(sink := _Paused(sink))
-        return scan(self, path, prefix=prefix, sink=sink)
+        return scan(self, path, prefixes=prefixes, sink=sink)
 
     monkeypatch.setattr(FileHasher, "scan", pausing)
     yield made

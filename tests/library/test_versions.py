@@ -160,3 +160,42 @@ def test_a_torn_last_line_is_never_part_of_a_version(lib: Library, agent: Path) 
     whole = lib.share(str(b1))
     assert whole.previous == first.branch and whole.version == 2
     assert lib.session_bytes(whole.src) == b1.read_bytes()
+
+
+def diverged(agent: Path) -> tuple[Path, Path, Path]:
+    """v1 (a corpus session), and two continuations of it in files of their own: vx, then vy
+    (larger than vx, the same header id, vx not a prefix of it)."""
+    v1 = find(agent, B1)
+    vx, vy = agent / "vx.jsonl", agent / "vy.jsonl"
+    shutil.copyfile(v1, vx)
+    shutil.copyfile(v1, vy)
+    grow(vx, 2, "x")
+    grow(vy, 5, "y")
+    return v1, vx, vy
+
+
+def test_a_continuation_of_an_older_version_than_the_largest_is_its_growth(lib: Library, agent: Path) -> None:
+    """vy grew from v1, not from vx (held, larger, not its prefix): version 2 with previous v1
+    at once (not at the next open), and v1's lines are not stored again (its turns go on)."""
+    v1, vx, vy = diverged(agent)
+    first, x = lib.share(str(v1)), lib.share(str(vx))
+    y = lib.share(str(vy))
+    assert (x.previous, x.version) == (first.branch, 2)
+    assert (y.previous, y.version) == (first.branch, 2)
+    lines = lib.sessions.version(first.src).lines
+    assert lib.sessions.line_turn(y.src, lines) == lib.sessions.line_turn(first.src, lines)  # the delta only
+    assert len(lib.sessions_latest()) == 1  # one Pi session, one row in `ls`
+
+
+def test_a_fetched_continuation_of_an_older_version_than_the_largest_is_its_growth(
+        lib: Library, agent: Path, tmp_path: Path) -> None:
+    v1, vx, vy = diverged(agent)
+    shared = [lib.share(str(p)) for p in (v1, vx, vy)]
+    with Library.open(NodePaths(tmp_path / "other"), agent_dir=tmp_path / "other-agent") as other:
+        for info in shared:
+            lines = [lib.line(r.hash) for r in lib.line_manifest(info.src)]
+            other.add_fetched(lib.sidecar_bytes(info.branch), lines)
+        got = [(g.previous, g.version) for g in map(other.branch, (s.branch for s in shared))]
+        assert got == [(None, 1), (shared[0].branch, 2), (shared[0].branch, 2)]
+        n = other.sessions.version(shared[0].src).lines
+        assert other.sessions.line_turn(shared[2].src, n) == other.sessions.line_turn(shared[0].src, n)

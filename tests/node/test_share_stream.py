@@ -54,8 +54,8 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
         def __init__(self, inner: Any) -> None:
             self.inner, self.fed = inner, 0
 
-        def begin(self, appended: bool) -> int:
-            start: int = self.inner.begin(appended)
+        def begin(self, grown: Any) -> int:
+            start: int = self.inner.begin(grown)
             return start
 
         def feed(self, chunk: bytes) -> None:
@@ -64,8 +64,8 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
                 assert go.wait(BOUND)
             self.inner.feed(chunk)
 
-    def holding(self: FileHasher, path: Path, *, prefix: Any = None, sink: Any = None) -> Any:
-        return scan(self, path, prefix=prefix, sink=None if sink is None else Held(sink))
+    def holding(self: FileHasher, path: Path, *, prefixes: Any = (), sink: Any = None) -> Any:
+        return scan(self, path, prefixes=prefixes, sink=None if sink is None else Held(sink))
 
     monkeypatch.setattr("p2pnode.pi.hashing.CHUNK", 256 << 10)  # several chunks of a 1.4 MB file
     monkeypatch.setattr(FileHasher, "scan", holding)

@@ -17,11 +17,12 @@ class Recorder:
     def __init__(self, start_if_appended: int) -> None:
         self.start_if_appended = start_if_appended
         self.appended: bool | None = None
+        self.grown: Prefix | None = None
         self.data = bytearray()
 
-    def begin(self, appended: bool) -> int:
-        self.appended = appended
-        return self.start_if_appended if appended else 0
+    def begin(self, grown: Prefix | None) -> int:
+        self.appended, self.grown = grown is not None, grown
+        return self.start_if_appended if grown is not None else 0
 
     def feed(self, data: bytes) -> None:
         assert type(data) is bytes  # the sink may keep it: no buffer the hasher reuses
@@ -87,7 +88,7 @@ def test_growth_hashes_only_new_bytes_with_live_state(tmp_path: Path,
 
     monkeypatch.setattr(blake3.blake3, "update", counting_update)
     sink = Recorder(old.size)
-    scan = hasher.scan(f, prefix=old, sink=sink)
+    scan = hasher.scan(f, prefixes=[old], sink=sink)
     monkeypatch.undo()
     assert scan.how == "appended" and not scan.rewritten and sink.appended
     assert scan.prefix.blake3 == hash_file(f)
@@ -104,7 +105,7 @@ def test_growth_after_restart_is_verified_by_the_prefix_digest(tmp_path: Path) -
     with open(f, "ab") as out:
         out.write(b'{"partial":')  # Pi mid-write: no newline yet
     sink = Recorder(old.size)
-    scan = FileHasher(None).scan(f, prefix=old, sink=sink)
+    scan = FileHasher(None).scan(f, prefixes=[old], sink=sink)
     assert scan.how == "appended" and sink.appended
     assert scan.prefix == Prefix(f.stat().st_size, hash_file(f), 101, old.size)
 
@@ -123,7 +124,7 @@ def test_rewrite_is_detected_and_hashed_in_full(tmp_path: Path, live: bool, wher
     with open(f, "r+b") as out:  # same inode, as writeFileSync does
         out.write(bytes(data) + lines(5, tag="z"))
     sink = Recorder(old.size)
-    scan = (hasher if live else FileHasher(None)).scan(f, prefix=old, sink=sink)
+    scan = (hasher if live else FileHasher(None)).scan(f, prefixes=[old], sink=sink)
     assert scan.rewritten and scan.how == "full" and sink.appended is False
     assert scan.prefix.blake3 == hash_file(f)
     assert bytes(sink.data) == f.read_bytes()
@@ -135,7 +136,7 @@ def test_shrunk_file_is_hashed_in_full(tmp_path: Path) -> None:
     hasher = FileHasher(None)
     old = hasher.scan(f).prefix
     f.write_bytes(lines(3))
-    scan = hasher.scan(f, prefix=old)
+    scan = hasher.scan(f, prefixes=[old])
     assert scan.how == "full" and scan.prefix.blake3 == hash_file(f) and scan.prefix.lines == 3
 
 
@@ -145,3 +146,36 @@ def test_empty_and_unterminated_files(tmp_path: Path) -> None:
     assert FileHasher(None).scan(f).prefix == Prefix(0, blake3.blake3(b"").hexdigest(), 0, 0)
     f.write_bytes(b"a\nbc")
     assert FileHasher(None).scan(f).prefix == Prefix(4, hash_file(f), 2, 2)
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_the_largest_older_version_that_is_a_prefix_is_the_one_grown_from(
+        tmp_path: Path, live: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two continuations of one version: the file grew from v1, not from the larger vx (held,
+    not a prefix); all of them are checked in one read of the prefix part."""
+    v1, vx, vy = tmp_path / "v1.jsonl", tmp_path / "vx.jsonl", tmp_path / "vy.jsonl"
+    v1.write_bytes(lines(300))
+    vx.write_bytes(lines(300) + lines(10, tag="x"))
+    vy.write_bytes(lines(300) + lines(20, tag="y"))
+    hasher = FileHasher(None)
+    old, other = hasher.scan(v1).prefix, hasher.scan(vx).prefix
+    if live:  # vy's path last seen at v1's size (a session file Pi went on writing)
+        vy.write_bytes(v1.read_bytes())
+        assert hasher.scan(vy).prefix == old
+        vy.write_bytes(lines(300) + lines(20, tag="y"))
+    read: list[int] = []
+    real_update = blake3.blake3.update
+
+    def counting_update(self: blake3.blake3, data: bytes) -> blake3.blake3:
+        read.append(len(data))
+        return real_update(self, data)
+
+    monkeypatch.setattr(blake3.blake3, "update", counting_update)
+    sink = Recorder(old.size)
+    scan = (hasher if live else FileHasher(None)).scan(vy, prefixes=[other, old], sink=sink)
+    monkeypatch.undo()
+    assert scan.grown == old == sink.grown and scan.how == "appended" and not scan.rewritten
+    assert scan.prefix == FileHasher(None).scan(vy).prefix
+    assert bytes(sink.data) == vy.read_bytes()[old.size:]
+    # the file once, but for vx's bytes past v1 (read by the check, then for the sink), plus the probes
+    assert sum(read) <= vy.stat().st_size + (other.size - old.size) + 4 * PROBE
