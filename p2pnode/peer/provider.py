@@ -201,10 +201,13 @@ class PeerServer:
         self._loop.call_soon_threadsafe(self._abort, removed)
 
     def _abort(self, removed: set[bytes]) -> None:
+        """Every connection of each untrusted peer: those it made requests on, and idle ones
+        that only completed their handshake."""
         for fp in removed:
-            for transport in self._transports.pop(fp, set()):
-                log.info("closing a connection of untrusted peer %s", format_node_id(fp))
-                _reset(transport)
+            for transport in self._transports.pop(fp, set()) | set(self._connections.get(fp, ())):
+                if not transport.is_closing():
+                    log.info("closing a connection of untrusted peer %s", format_node_id(fp))
+                    _reset(transport)
 
     def _on_access_changed(self) -> None:
         """Library listener (any thread): re-check the responses in flight on the event loop."""

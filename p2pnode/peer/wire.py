@@ -649,7 +649,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range → (start, end exclusive); None = whole."""
     if not header:
         return None
-    m = re.fullmatch(r"bytes=([0-9]*)-([0-9]*)", header.strip())  # ASCII digits only (RFC 9110)
+    m = re.fullmatch(r"(?i:bytes)=([0-9]*)-([0-9]*)", header.strip())  # ASCII digits only; the unit's
+    # name is case-insensitive (RFC 9110, 14.1)
     if not m or (not m.group(1) and not m.group(2)):
         raise RangeNotSatisfiable(header)
     if not m.group(1):

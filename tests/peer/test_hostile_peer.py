@@ -622,9 +622,19 @@ async def test_server_refuses_untrusted_client_and_untrust_cuts_live(world, tmp_
                 async with s.get(url) as r:
                     assert r.status == 200
                 assert client.fingerprint in server._transports  # one live connection
-                world["trust"].untrust(client.node_id)  # aborts it on the loop's next turn
+                tls = client_context(client, client_trust, world["me"].fingerprint)
+                idle_reader, idle = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+                for _ in range(100):  # handshake done, no request: counted, not in _transports
+                    if len(server._connections.get(client.fingerprint, ())) == 2:
+                        break
+                    await asyncio.sleep(0.02)
+                world["trust"].untrust(client.node_id)  # aborts both on the loop's next turn
                 await asyncio.sleep(0.05)
                 assert client.fingerprint not in server._transports
+                with pytest.raises(ConnectionResetError):  # not left to the 10 s idle timeout
+                    async with asyncio.timeout(2):
+                        await idle_reader.read()
+                idle.close()
                 with pytest.raises(aiohttp.ClientError):
                     async with s.get(url) as r:
                         await r.read()
