@@ -39,9 +39,11 @@ def _call(paths: NodePaths, op: str, payload: dict[str, Any], timeout: float = 3
 
 
 def start_live(paths: NodePaths, shared: dict[str, Any], pi: PiDirs, cwd: str, allow_secrets: bool) -> None:
-    """After `share --live`: the node shares the file again whenever it grows."""
+    """After `share --live`: the node shares the file again whenever it grows, each time to
+    whom this share went and until the moment it ends (not pushed back by each growth)."""
     _call(paths, "live", {"path": shared["path"], "pi": pi.as_dict(), "cwd": cwd,
-                          "allow_secrets": allow_secrets, "branch": shared["branch"]})
+                          "allow_secrets": allow_secrets, "branch": shared["branch"],
+                          "to": shared["to"], "expires_at": shared["expires_at"]})
     print(f"p2pnode: note: sharing {shown(shared['path'])} live: the node shares it again as it grows "
           "(`p2pnode live --stop <file>` ends that)", file=sys.stderr)
 
@@ -172,6 +174,13 @@ def cmd_live(args: argparse.Namespace) -> int:
         print(f"{short(entry['branch'])}  {shown(entry['path'])}"
               f"{'  ERROR ' + one_line(entry['error'], 100) if entry['error'] else ''}")
     return 0
+
+
+def print_live_stopped(paths: list[str], why: str) -> None:
+    """`unshare` and `rm` ended these live shares first (else Pi's next line offers it again)."""
+    for path in paths:
+        print(f"stopped sharing {shown(path)} live ({why}; `p2pnode share --live` it again to "
+              "offer it as it grows)")
 
 
 def check_live(args: argparse.Namespace, paths: NodePaths) -> None:

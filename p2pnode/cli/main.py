@@ -311,11 +311,16 @@ def _spool(lib: Any) -> BinaryIO:
 
 
 def cmd_unshare(args: argparse.Namespace) -> int:
-    answer = routed(node_paths(args), "unshare", {"branch": args.branch},
-                    lambda lib: lib.unshare(args.branch).as_dict())
+    from p2pnode.cli.follow import print_live_stopped
+    from p2pnode.node.live import unlive_saved, unshare_live
+
+    paths = node_paths(args)
+    answer = routed(paths, "unshare", {"branch": args.branch},
+                    lambda lib: unshare_live(lib, args.branch, lambda gone: unlive_saved(paths.home, gone)))
     if args.json:
         print_json(answer)
     else:
+        print_live_stopped(answer["live_stopped"], "it would offer again what unshare withdraws")
         print_unshared(answer)
     return 0
 

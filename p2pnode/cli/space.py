@@ -21,14 +21,17 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    from p2pnode.cli.follow import print_live_stopped
     from p2pnode.cli.main import node_paths
     from p2pnode.node.follow import unfollow_saved
+    from p2pnode.node.live import unlive_saved
     from p2pnode.node.routing import routed, via_node_streamed
     from p2pnode.node.upkeep import remove_and_collect
 
     paths = node_paths(args)
     def here(lib: Any) -> dict[str, Any]:
-        return remove_and_collect(lib, args.target, lambda gone: unfollow_saved(paths.home, gone))
+        return remove_and_collect(lib, args.target, lambda gone: unfollow_saved(paths.home, gone),
+                                  lambda gone: unlive_saved(paths.home, gone))
 
     result = routed(paths, "rm", {"target": args.target}, here, via_node_streamed)
     if args.json:
@@ -37,6 +40,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     for key in result.get("unfollowed", []):
         print(f"stopped following {shown(key)} (it fetched what rm removes; `p2pnode follow` it again to "
               "keep it here)")
+    print_live_stopped(result.get("live_stopped", []), "it would offer again what rm removes")
     for info in result["removed"]:
         print(f"removed {info['branch']}  {one_line(info['title'], 60)}")
     print_gc(result["gc"])

@@ -483,7 +483,7 @@ class Library:
     def share(self, target: str | None = None, *, latest: bool = False, no_lineage: bool = False,
               cwd: str | None = None, pi: PiDirs | None = None, allow_secrets: bool = False,
               redact: bool = False, expires: str | None = None,
-              to: Sequence[str] | None = None,
+              to: Sequence[str] | None = None, audience: access.Audience | None = None,
               progress: Callable[[int, int], object] | None = None) -> ShareResult:
         """Share a session with its lineage: the ancestors this node knows (shared or fetched)
         as they are, the ones it has never seen found through parentSession and shared first.
@@ -491,10 +491,13 @@ class Library:
         The secret scan runs over all of it first and fails closed (SecretsFound, nothing
         offered) unless `allow_secrets`; `redact` shares a redacted copy of the session.
         `expires` ("7d", "never"; None: the node's default) and `to` (node ids; None: every
-        trusted peer) say who may fetch it and until when (library/access.py).  `progress(done,
-        total)` is called as each file imported is read (its bytes, of its size)."""
-        audience = access.Audience(access.expires_at(expires, self.paths.home),
-                                   sorted(set(to)) if to else None)
+        trusted peer) say who may fetch it and until when (library/access.py); `audience`, in
+        their place, gives both as fixed before (a live share's growth ends when its first
+        share does).  `progress(done, total)` is called as each file imported is read (its
+        bytes, of its size)."""
+        if audience is None:
+            audience = access.Audience(access.expires_at(expires, self.paths.home),
+                                       sorted(set(to)) if to else None)
         cwd = cwd or os.getcwd()
         pi = pi or self.pi_dirs(cwd)
         path = self.resolve_target(target, latest=latest, cwd=cwd, pi=pi)
@@ -804,19 +807,33 @@ class Library:
         Says which offered branches descend from it: no longer served (their lineage is not)."""
         with self._lock:
             record = self.sessions.branch(self.resolve_branch(branch_hex))
-            versions = [r for r in self._session_versions(record) if r.offered]
+            versions, withheld = self._unshared_with(record)
             if not record.offered and not versions:  # unshared already, expired, or fetched
                 return Unshared(self._info(record), [], [], was_offered=False)
             for r in [record, *versions]:
                 if r.offered:  # one event per branch it withdraws
                     self.sessions.withdraw(r.branch, "unshared")
                     self.audit.append("unshared", branch=r.branch, title=self._info(r).title)
-            gone = {record.branch, *(r.branch for r in versions)}
-            withheld = [self._info(r) for r in self.sessions.branches()
-                        if r.offered and gone & set(self._ancestors(r))]
             self._changed()
             return Unshared(self._info(self.sessions.branch(record.branch)), [r.branch for r in versions],
-                            withheld)
+                            [self._info(r) for r in withheld])
+
+    def unsharing(self, branch_hex: str) -> list[str]:
+        """The branches `unshare(branch_hex)` would withdraw or leave unserved now: the node
+        stops the live shares of them first (one would offer them again at Pi's next line)."""
+        with self._lock:
+            record = self.sessions.branch(self.resolve_branch(branch_hex))
+            versions, withheld = self._unshared_with(record)
+            return [r.branch for r in [record, *versions, *withheld]]
+
+    def _unshared_with(self, record: BranchRecord) -> tuple[list[BranchRecord], list[BranchRecord]]:
+        """(the offered other versions of the branch's session, withdrawn with it; the offered
+        branches descending from any of them, no longer served once they are)."""
+        versions = [r for r in self._session_versions(record) if r.offered]
+        gone = {record.branch, *(r.branch for r in versions)}
+        withheld = [r for r in self.sessions.branches()
+                    if r.offered and r.branch not in gone and gone & set(self._ancestors(r))]
+        return versions, withheld
 
     def _session_versions(self, record: BranchRecord) -> list[BranchRecord]:
         """The other branches of the same Pi session held here (its versions: the same chain

@@ -18,7 +18,7 @@ out; errors carry the CLI exit code):
                                 (with "stream": true, NDJSON: {"event": "progress", bytes_done,
                                 bytes_total, rate, eta, ...} while it runs, then the result or an
                                 error: node/answers.py; the command going away does not stop it)
-    /v1/unshare {"branch"}                            -> {"branch"}
+    /v1/unshare {"branch"}                            -> Unshared.as_dict() + "live_stopped": [path...]
     /v1/fetch {"branch", "peers": ["[ID@]HOST:PORT"], "pi", "exact"} -> FetchResult.as_dict() + "note"
                                 (streamed, in the background, cancelled: node/transfers.py)
     /v1/cancel, /v1/browse                            -> node/transfers.py
@@ -63,7 +63,7 @@ from p2pnode.node import upkeep
 from p2pnode.node.answers import known_error, streamed
 from p2pnode.node.control_client import READ_CALLS, socket_answers, store_in_use
 from p2pnode.node.follow import Follows, fetch_newest, lan_peers, newest_to_fetch
-from p2pnode.node.live import LiveShares
+from p2pnode.node.live import LiveShares, unshare_live
 from p2pnode.node.pairing import NodePairing
 from p2pnode.node.routing import share_handoff, ticket_addresses
 from p2pnode.node.status import build_status, trusted_peer
@@ -426,10 +426,15 @@ class Node:
         return share_handoff(branch, held, self.identity.fingerprint, addresses)
 
     async def _c_unshare(self, body: dict[str, Any]) -> dict[str, Any]:
-        done = await asyncio.to_thread(self.lib.unshare, _field(body, "branch", str) or "")
-        log.info("unshared %s", done.branch.branch)
+        loop = asyncio.get_running_loop()
+
+        def unlive(branches: list[str]) -> list[str]:  # from unshare's thread: live shares run on the loop
+            return asyncio.run_coroutine_threadsafe(self.live.stop_offering(branches), loop).result()
+
+        done = await asyncio.to_thread(unshare_live, self.lib, _field(body, "branch", str) or "", unlive)
+        log.info("unshared %s", done["branch"])
         self.announce_soon()
-        return done.as_dict()  # the branch in full: a prefix names it
+        return done  # the branch in full: a prefix names it
 
     def trusted_online(self) -> list[PeerAddress]:
         """Every address of every trusted peer whose last probe answered (whom `browse` asks)."""

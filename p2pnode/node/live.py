@@ -8,18 +8,25 @@ the next share, as always.  A new version changes the catalog: the peers waiting
 change are answered at once (node/follow.py, docs/PROTOCOL.md), and the mDNS records are
 announced again at most every daemon.ANNOUNCE_EVERY seconds (`Node.announce_soon`).  Live files
 are kept in `<home>/live.json` and watched again when the node restarts.
+
+Each share of a grown file goes to the audience the live share began with (`--to`), until the
+moment its first share set (`--expires 1h`: an hour after `share --live`, not after each line);
+past that moment the live share ends.  `unshare` and `rm` of what a live share offers end it
+first (`stop_offering`; `unlive_saved` without a node), else Pi's next line would offer it again.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import InvalidInput, NotFound
+from p2pnode.library import access
+from p2pnode.library.api import Library
 from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
 
@@ -41,13 +48,20 @@ class Live:
     allow_secrets: bool = False
     branch: str | None = None
     """The branch of the last version shared."""
+    to: list[str] | None = None
+    """The node ids each share offers it to (`share --to`; None: every trusted peer)."""
+    expires_at: int | None = None
+    """Unix milliseconds its first share ends at (None: never): each later share ends then too."""
     error: str | None = None
     """Why the last share failed (shown by `status`; tried again when the file changes)."""
     task: asyncio.Task[None] | None = None
 
     def saved(self) -> dict[str, Any]:
         return {"path": self.path, "pi": self.pi, "cwd": self.cwd, "allow_secrets": self.allow_secrets,
-                "branch": self.branch}
+                "branch": self.branch, "to": self.to, "expires_at": self.expires_at}
+
+    def expired(self) -> bool:
+        return access.expired(self.expires_at, access.now_ms())
 
     def status(self) -> dict[str, Any]:
         return dict(self.saved(), error=self.error)
@@ -67,7 +81,8 @@ class LiveShares:
         for entry in self.live.load():
             if isinstance(entry.get("path"), str):
                 self.live.begin(entry["path"], Live(entry["path"], entry.get("pi"), entry.get("cwd"),
-                                                    bool(entry.get("allow_secrets")), entry.get("branch")))
+                                                    bool(entry.get("allow_secrets")), entry.get("branch"),
+                                                    _to(entry.get("to")), _moment(entry.get("expires_at"))))
 
     async def close(self) -> None:
         await self.live.close()
@@ -86,10 +101,19 @@ class LiveShares:
                 PiDirs.from_dict(pi if isinstance(pi, dict) else {})
             except ValueError as exc:
                 raise InvalidInput(f"live: pi: {exc}") from None
-        branch = body.get("branch")
-        return self.live.add(path, Live(path, pi, cwd if isinstance(cwd, str) else None,
-                                        body.get("allow_secrets") is True,
-                                        branch if isinstance(branch, str) else None)).status()
+        branch, to, expires_at = body.get("branch"), body.get("to"), body.get("expires_at")
+        if to is not None and _to(to) is None:
+            raise InvalidInput("live: 'to' must be a list of node ids, or null")
+        if expires_at is not None and _moment(expires_at) is None:
+            raise InvalidInput("live: 'expires_at' must be Unix milliseconds, or null")
+        asked = Live(path, pi, cwd if isinstance(cwd, str) else None, body.get("allow_secrets") is True,
+                     branch if isinstance(branch, str) else None, _to(to), _moment(expires_at))
+        live = self.live.add(path, asked)
+        if live is not asked:  # `share --live` again: its options replace the running one's
+            live.pi, live.cwd, live.allow_secrets = asked.pi, asked.cwd, asked.allow_secrets
+            live.to, live.expires_at, live.branch = asked.to, asked.expires_at, asked.branch or live.branch
+            self.live.save()
+        return live.status()
 
     async def _c_unlive(self, body: dict[str, Any]) -> dict[str, Any]:
         path = body.get("path")
@@ -98,9 +122,22 @@ class LiveShares:
             raise NotFound(f"{str(path)[:200]} is not shared live")
         return live.status()
 
+    async def stop_offering(self, branches: Collection[str]) -> list[str]:
+        """`unshare` or `rm` of what a live share offers: the live share ends first (a share in
+        progress finishing), else the next line Pi writes would offer it again.  Their paths."""
+        ended = [live.path for live in self.live if live.branch in branches]
+        for path in ended:
+            await self.live.remove(path)
+            log.info("live: stopped sharing %s live, its session is unshared or removed", path)
+        return ended
+
     async def _watch(self, live: Live) -> None:
         seen: tuple[int, int, int] | None = None
         while True:
+            if live.expired():  # its offer ended: nothing to share again
+                self.live.forget(live.path)
+                log.info("live: the share of %s expired; no longer shared live", live.path)
+                return
             try:
                 st = os.stat(live.path)
                 key = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -115,9 +152,14 @@ class LiveShares:
     async def _share(self, live: Live) -> None:
         lib = self.node.lib
         pi = PiDirs.from_dict(live.pi) if live.pi else None
+        audience = access.Audience(live.expires_at, live.to)
+        sharing = asyncio.ensure_future(asyncio.to_thread(
+            lib.share, live.path, cwd=live.cwd, pi=pi, allow_secrets=live.allow_secrets, audience=audience))
         try:
-            result = await asyncio.to_thread(lib.share, live.path, cwd=live.cwd, pi=pi,
-                                             allow_secrets=live.allow_secrets)
+            result = await asyncio.shield(sharing)
+        except asyncio.CancelledError:  # stopped (`unshare`, `rm`): what it offers after this is theirs
+            await asyncio.wait([sharing])
+            raise
         except Exception as exc:  # a secret found, Pi rewriting the file...: said in status, tried again
             live.error = str(exc) or type(exc).__name__
             log.info("live share of %s failed: %s", live.path, live.error)
@@ -128,3 +170,25 @@ class LiveShares:
             self.live.save()
             log.info("live: shared %s again (%s, %d lines)", live.path, result.branch[:16], result.lines)
             self.node.announce_soon()
+
+
+def _to(value: object) -> list[str] | None:
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def _moment(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def unlive_saved(home: Path, branches: Collection[str]) -> list[str]:
+    """LiveShares.stop_offering with no node running: those live shares are dropped from
+    live.json (a node started later would take them up).  Their paths."""
+    saved = PersistedTasks[Live](home / LIVE_FILE, lambda live: asyncio.sleep(0))
+    return [str(e.get("path")) for e in saved.drop_saved(lambda e: e.get("branch") in branches)]
+
+
+def unshare_live(lib: Library, branch: str, unlive: Callable[[list[str]], list[str]]) -> dict[str, Any]:
+    """`p2pnode unshare`: end the live shares of what it withdraws (`unlive(branches)`, the
+    paths of those ended), then unshare."""
+    stopped = unlive(lib.unsharing(branch))
+    return dict(lib.unshare(branch).as_dict(), live_stopped=stopped)

@@ -76,6 +76,11 @@ class PersistedTasks(Generic[T]):
         self.save()
         return item
 
+    def forget(self, key: str) -> None:
+        """An item whose task ends by itself: no longer listed, nor taken up after a restart."""
+        if self.items.pop(key, None) is not None:
+            self.save()
+
     def save(self) -> None:
         atomic_write(self.file, json.dumps([i.saved() for i in self.items.values()]).encode())
 

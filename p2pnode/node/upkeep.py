@@ -7,7 +7,7 @@ Control endpoints (POST, JSON; see daemon.py; with "stream": true, NDJSON: node/
 the CLI asks: a GC of a big store, or one waiting for a share, takes longer than one reply's 30 s):
     /v1/gc {}                  -> GCReport.as_dict()   (skipped while a fetch holds a lease)
     /v1/rm {"target"}          -> {"removed": [BranchInfo.as_dict()...], "unfollowed": [key...],
-                                   "gc": GCReport.as_dict()}
+                                   "live_stopped": [path...], "gc": GCReport.as_dict()}
 """
 from __future__ import annotations
 
@@ -43,7 +43,10 @@ def routes(node: Node) -> dict[str, Route]:
         def unfollow(branches: list[str]) -> list[str]:  # from rm's thread: the follows run on the loop
             return asyncio.run_coroutine_threadsafe(node.follows.stop_holding(branches), loop).result()
 
-        return await _answer(body, lambda: remove_and_collect(node.lib, target, unfollow))
+        def unlive(branches: list[str]) -> list[str]:  # so do the live shares
+            return asyncio.run_coroutine_threadsafe(node.live.stop_offering(branches), loop).result()
+
+        return await _answer(body, lambda: remove_and_collect(node.lib, target, unfollow, unlive))
 
     return {"gc": gc, "rm": rm}
 
@@ -59,14 +62,17 @@ async def _as_is(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def remove_and_collect(lib: Library, target: str,
-                       unfollow: Callable[[list[str]], list[str]]) -> dict[str, Any]:
+def remove_and_collect(lib: Library, target: str, unfollow: Callable[[list[str]], list[str]],
+                       unlive: Callable[[list[str]], list[str]]) -> dict[str, Any]:
     """`p2pnode rm`: end the follows of what goes (`unfollow(branches)`, the keys of those
-    ended: node/follow.py), forget the target, then run GC for its bytes (skipped during a
-    fetch: the background GC gets them later)."""
-    unfollowed = unfollow(lib.removal(target))
+    ended: node/follow.py) and its live shares (`unlive(branches)`, their paths: node/live.py),
+    forget the target, then run GC for its bytes (skipped during a fetch: the background GC
+    gets them later)."""
+    gone = lib.removal(target)
+    unfollowed, stopped = unfollow(gone), unlive(gone)
     removed = lib.remove(target)
-    return {"removed": [i.as_dict() for i in removed], "unfollowed": unfollowed, "gc": lib.gc().as_dict()}
+    return {"removed": [i.as_dict() for i in removed], "unfollowed": unfollowed, "live_stopped": stopped,
+            "gc": lib.gc().as_dict()}
 
 
 def announce_on_change(node: Node) -> None:

@@ -73,7 +73,7 @@ def test_share_prints_the_branch_and_the_read_commands_agree(env: dict[str, str]
 
     assert json.loads(run(env, "unshare", branch, "--json").stdout) == {
         "branch": branch, "offered": False, "was_offered": True, "withdrawn": "unshared", "versions": [],
-        "withheld": []}
+        "withheld": [], "live_stopped": []}
     everything = {b["branch"]: b for b in json.loads(run(env, "ls", "--all", "--json").stdout)}
     assert everything[branch]["offered"] is False and len(everything) == 4  # unshared, not deleted
 

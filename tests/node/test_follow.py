@@ -454,3 +454,82 @@ def test_a_session_id_prefix_is_followed_and_json_is_one_object_a_line(tmp_path:
         assert lines(ended) == [{"stopped": str(session)}]
         missing = b.run("follow", "--stop", session_id, "--json", check=False)
         assert missing.returncode == 3 and lines(missing.stdout)[-1]["error"]["exit_code"] == 3
+
+
+def test_a_live_share_keeps_its_audience_and_end(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """`share --live --to C --expires 1h`: every share of the grown file, also after the node
+    restarts, goes to C only and ends when the first one does (not an hour after each line);
+    B, trusted but not named, cannot fetch it.  `share --live` again replaces the options."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        c = Node(tmp_path, "c")
+        TrustStore(NodePaths(a.home).trust).trust(c.id)
+        with a.node_running():
+            first = json.loads(a.run("share", str(session), "--live", "--to", c.id, "--expires", "1h",
+                                     "--json").stdout)
+            assert first["to"] == [c.id] and first["expires_at"] is not None
+            a_addr = f"{a.id}@127.0.0.1:{status(a)['port']}"
+
+            def offered_grown() -> dict[str, Any] | None:
+                rows = json.loads(a.run("ls", "--json").stdout)
+                return rows[0] if rows and rows[0]["size"] == session.stat().st_size else None
+
+            time.sleep(1.5)  # the watcher's first look (a share at once) and a growth after it
+            grow(session, "one")
+            row = wait_for("the live share of the grown file", offered_grown)
+            assert (row["to"], row["expires_at"]) == ([c.id], first["expires_at"])
+            assert b.run("fetch", first["header"]["id"], "--from", a_addr, check=False).returncode == 3
+        saved = json.loads((a.home / "live.json").read_bytes())
+        assert [(e["to"], e["expires_at"]) for e in saved] == [([c.id], first["expires_at"])]
+        grow(session, "two")  # while the node is down: shared as it comes back, to the same
+        with a.node_running():
+            row = wait_for("the share after a restart", offered_grown)
+            assert (row["to"], row["expires_at"]) == ([c.id], first["expires_at"])
+            a.run("share", str(session), "--live", "--expires", "never")  # to every trusted peer now
+            grow(session, "three")
+            row = wait_for("the share with the new options", offered_grown)
+            assert (row["to"], row["expires_at"]) == (None, None)
+            assert [(x["to"], x["expires_at"]) for x in status(a)["live"]] == [(None, None)]
+
+
+def test_a_live_share_past_its_end_is_not_shared_again(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """A live share whose offer has expired (the node was down meanwhile) ends as the node
+    starts: the grown file is not offered again."""
+    with pair(tmp_path, corpus_new_dir) as (a, _b, session):
+        past = int(time.time() * 1000) - 1000
+        (a.home / "live.json").write_text(json.dumps([{"path": str(session), "pi": None, "cwd": None,
+                                                        "allow_secrets": False, "branch": None, "to": None,
+                                                        "expires_at": past}]))
+        with a.node_running():
+            wait_for("the expired live share to end", lambda: status(a)["live"] == [])
+            time.sleep(1.0)
+            assert json.loads(a.run("ls", "--all", "--json").stdout) == []
+        assert json.loads((a.home / "live.json").read_bytes()) == []
+
+
+@pytest.mark.parametrize("command", ["unshare", "rm"])
+def test_unshare_or_rm_ends_the_live_share(tmp_path: Path, corpus_new_dir: Path, command: str) -> None:
+    """`unshare` and `rm` of a session shared live end the live share first and say so, through
+    the running node and without it: Pi's next line does not offer it again."""
+    with pair(tmp_path, corpus_new_dir) as (a, _b, session):
+        with a.node_running():
+            shared = json.loads(a.run("share", str(session), "--live", "--json").stdout)
+            target = shared["branch"][:12] if command == "unshare" else shared["header"]["id"]
+            out = a.run(command, target).stdout
+            assert f"stopped sharing {session} live" in out
+            assert status(a)["live"] == []
+            grow(session, "after")
+            time.sleep(1.5)  # three of the watcher's looks, had it gone on
+            assert json.loads(a.run("ls", "--json").stdout) == []
+            grown = session.stat().st_size
+            assert all(r["size"] != grown for r in json.loads(a.run("ls", "--all", "--json").stdout))
+            a.run("share", str(session), "--live")  # again; then the node stops, still sharing it live
+        assert len(json.loads((a.home / "live.json").read_bytes())) == 1
+        out = a.run(command, json.loads(a.run("ls", "--json").stdout)[0]["branch"] if command == "unshare"
+                    else shared["header"]["id"]).stdout
+        assert f"stopped sharing {session} live" in out
+        assert json.loads((a.home / "live.json").read_bytes()) == []
+        grow(session, "later")
+        with a.node_running():
+            time.sleep(1.5)
+            assert status(a)["live"] == []
+            assert json.loads(a.run("ls", "--json").stdout) == []
