@@ -595,9 +595,14 @@ class _Fetch:
                 lie: ManifestLied = stop.lie
             except ManifestLied as exc:
                 lie = exc
-            except BaseException:
+            except batches.ManifestLengthWrong as exc:
+                lie = ManifestLied(f"line manifest of {src}: {exc}")
+            except BaseException as exc:
                 stream.discard()
-                if stream.getter.done:  # refused whole: a rerun would be refused again
+                if stream.getter.done or isinstance(exc, VerificationFailed):
+                    # refused whole (a rerun would be refused again), or holders dropped for what
+                    # they sent: the manifest may be what lied (a length no frame could be read
+                    # to check, wire.BatchDecoder), so the next run asks a peer for it
                     await asyncio.to_thread(self.kept.drop, src)
                 raise
             else:
