@@ -110,7 +110,8 @@ def test_a_frame_whose_length_is_not_the_manifests_is_read_within_checkable() ->
     other = b'{"type":"other"}\n'
     two = wire.BatchDecoder([h(LINE), h(other)], lengths={h(LINE): len(LINE) - 2, h(other): len(other) - 1},
                             checkable=2)
-    with pytest.raises(wire.WireError, match=f"raw length {len(other)}, where the manifest says {len(other) - 1}"):
+    said = f"raw length {len(other)}, where the manifest says {len(other) - 1}"
+    with pytest.raises(wire.WireError, match=said):
         two.feed(_batch([LINE, other]))
 
 
