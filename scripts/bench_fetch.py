@@ -110,14 +110,17 @@ class Server:
 
 
 def fetch_once(work: Path, identity_dir: Path, trust_path: Path, branch: str, peer: PeerAddress,
-               home: Path | None = None) -> dict[str, Any]:
-    """Fetch into a node (a fresh one unless `home` is given); seconds and bytes on the wire."""
+               home: Path | None = None, session_id: str | None = None) -> dict[str, Any]:
+    """Fetch into a node (a fresh one unless `home` is given); seconds and bytes on the wire.
+    `session_id`: the branch's Pi session id, as `fetch` has it from the catalog (held
+    versions of that session are named with `?after=`)."""
     home = home or Path(tempfile.mkdtemp(prefix="node-", dir=work))
     identity = load_or_create_identity(identity_dir)
     trust = TrustStore(trust_path)
     with Library.open(NodePaths(home), home / "agent") as lib:
         t0 = now()
-        result = asyncio.run(fetch_branch(lib, branch, [peer], identity, trust, agent_dir=home / "agent"))
+        result = asyncio.run(fetch_branch(lib, branch, [peer], identity, trust, agent_dir=home / "agent",
+                                          session_id=session_id))
         seconds = now() - t0
     return {"seconds": seconds, "bytes_received": result.bytes_received, "lines": result.lines_total,
             "transfer_s": result.seconds_transfer, "store_s": result.seconds_store, "home": str(home)}
@@ -208,7 +211,7 @@ def deltas(work: Path, server: Server, client: Identity, port: int) -> dict[str,
     out: dict[str, Any] = {"v1_bytes_on_wire": first["bytes_received"]}
     for name in ("v2", "fork"):
         info = server.branches[name]
-        got = fetch_once(work, client.directory, trust_path, info.branch, peer, home)
+        got = fetch_once(work, client.directory, trust_path, info.branch, peer, home, info.header.get("id"))
         compressed = sum(len(zstandard.ZstdCompressor(level=3).compress(ln)) for ln in server.new_lines[name])
         target = 1.1 * compressed + 40 * info.lines
         wire_bytes = got["bytes_received"]

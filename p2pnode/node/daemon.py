@@ -468,9 +468,9 @@ class Node:
             raise
         finally:
             self.lib.leases.release()
-        log.info("fetched %s", newest.branch)
+        log.info("fetched %s", result.branch)
         self.announce_soon()
-        return dict(result.as_dict(), note=newest.note)
+        return result.as_dict()
 
     async def _candidates(self, target: str) -> list[PeerAddress]:
         """Peers that may offer `target`: a branch's holders, or for a session id every

@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,6 +118,12 @@ class Newest:
     """The Pi session id the fetched version must have (it was asked for by that id)."""
     extends: tuple[str, int] | None = None
     """(src, size) of the version asked for, whose bytes the fetched one must start with."""
+    header_id: str | None = None
+    """The Pi session id a catalog gives the version fetched: the held versions of that
+    session are the only ones named to its holders (fetch_branch's `session_id`)."""
+    asked: Newest | None = None
+    """The version asked for, fetched instead when the newer one cannot be had (a catalog
+    listed it, but no holder serves it: it expired or was unshared meanwhile, or the catalog lied)."""
 
 
 FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
@@ -135,7 +141,7 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
     the fetch that follows."""
     session = is_session_id(target)
     if exact and not session:
-        return Newest(target, peers, None)
+        return Newest(target, peers, None, header_id=_header_id(target, (known or {}).values()))
     candidates = peers or await find_peers(target)
     catalogs = await asyncio.gather(*(_catalog(p, identity, trust, known or {}, connections)
                                       for p in candidates), return_exceptions=True)
@@ -151,19 +157,31 @@ async def newest_to_fetch(target: str, peers: list[PeerAddress], identity: Ident
         return Newest(target, candidates, None)
     best = max((e for _, e in found), key=lambda e: (e.version or 0, e.size, e.lines))
     offering = [p for p, c in answered if any(e.branch == best.branch for e in c.branches)]
+    header_id = _header_id(best.branch, [c for _, c in answered])
     if best.branch == target:
-        return Newest(target, offering, None)
-    extends = None
+        return Newest(target, offering, None, header_id=header_id)
+    extends = fallback = None
     if not session:  # the catalog's src of the version named, checked against its branch hash
         asked = next(e for _, c in answered for e in c.branches if e.branch == target)
         if Sidecar(asked.src, asked.parent).branch != target:
             return Newest(target, candidates, None)  # a sidecar not in canonical form: fetch it as named
         extends = (asked.src, asked.size)
+        holders = [p for p, c in answered if any(e.branch == target for e in c.branches)]
+        fallback = Newest(target, holders, f"{target[:16]} is an older version of session "
+                          f"{best.header.get('id')}, whose latest version {best.branch} no peer served: "
+                          "fetched the one asked for", header_id=_header_id(target, [c for _, c in answered]))
     what = f"session {target}" if session else f"{target[:16]} is an older version of session " \
                                                f"{best.header.get('id')}; its"
     note = (f"{what} latest version{f' (v{best.version})' if best.version else ''} is {best.branch}: "
             f"fetching that{'' if session else ' (--exact fetches the one asked for)'}")
-    return Newest(best.branch, offering, note, target if session else None, extends)
+    return Newest(best.branch, offering, note, target if session else None, extends, header_id, fallback)
+
+
+def _header_id(branch: str, catalogs: Iterable[wire.CatalogMessage]) -> str | None:
+    """The Pi session id the catalogs give `branch` (None: none lists it, or not as a string)."""
+    ids = {e.header.get("id") for c in catalogs for e in c.branches if e.branch == branch}
+    found = ids.pop() if len(ids) == 1 else None
+    return found if isinstance(found, str) else None
 
 
 def _session_id(text: str, catalogs: Sequence[wire.CatalogMessage]) -> str:
@@ -195,8 +213,17 @@ async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: 
     fetch hashes those bytes where it can, else between the commit and the placement, so that
     a grown version is appended to the placed file as any other."""
     check = None if newest.session is None else functools.partial(_check_newest, newest=newest)
-    return await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
-                              check=check, starts_with=newest.extends, **options)
+    try:
+        result = await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
+                                    check=check, starts_with=newest.extends, session_id=newest.header_id,
+                                    **options)
+    except (NotFound, PeerUnavailable) as exc:
+        if newest.asked is None or not newest.asked.peers:
+            raise
+        log.info("%s; fetching %s, the version asked for", exc, newest.asked.branch)
+        return await fetch_newest(lib, newest.asked, identity, trust, agent_dir=agent_dir, **options)
+    result.note = newest.note
+    return result
 
 
 def _check_newest(held: FetchTarget, branch: str, newest: Newest) -> None:
@@ -497,8 +524,10 @@ class Follows:
 
         held = await asyncio.to_thread(held_here)  # what is new is counted from it
         before = held.lines if held else 0
+        session_id = entry.header.get("id")
         newest = Newest(entry.branch, [address], None, f.session if f.session and held is None else None,
-                        (held.src, held.size) if held else None)  # checked before it is placed
+                        (held.src, held.size) if held else None,  # checked before it is placed
+                        session_id if isinstance(session_id, str) else None)
         result = await fetch_newest(lib, newest, self.node.identity, self.node.trust, agent_dir=pi.agent,
                                     limits=FETCH_LIMITS, session_dir=pi.sessions)
         info = await asyncio.to_thread(lib.branch, entry.branch)

@@ -151,7 +151,7 @@ def fetch_here(paths: NodePaths, branch: str, peers: list[PeerAddress], pi: PiDi
                                         connections=links)
         finally:
             await links.close()
-        return dict(result.as_dict(), note=newest.note)
+        return result.as_dict()
 
     from p2pnode.library.space import fetching_lock
     from sysio import eventloop

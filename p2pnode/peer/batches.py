@@ -36,6 +36,18 @@ keep the end game's re-asks short and what a kill loses small (about 3/128 of a 
 DECODE_RUN = 1 << 20
 """Raw bytes of received blobs handed to a worker thread at a time for decoding."""
 
+CHECKABLE_MIN = 1 << 20
+"""Raw bytes a batch answer may declare beyond the line manifest's lengths and still be read to
+find out which of the two lies (wire.BatchDecoder's `checkable`): at least this, or as much as
+the request asked for."""
+
+
+class ManifestLengthWrong(Exception):
+    """A line arrived genuine (it hashes to its hash) with a length other than its line
+    manifest's: the manifest lied, not the holder that sent the line.  Not a peer's failure
+    (the downloader does not judge it): it ends get_lines, for the fetch to drop the manifest."""
+
+
 Received = Callable[[list[wire.BatchBlob], list[bytes]], Awaitable[None]]
 """received(blobs, their verified raw bytes): called as runs of blobs are verified, each line
 once.  A blob that came as a zstd stream segment (which cannot be stored as it came: it needs
@@ -130,12 +142,13 @@ class Lane:
 
     def decoder(self, continues: int | None) -> wire.BatchStreamDecoder:
         """The decoder of a stream answer that says it continues after `continues` answers
-        (None or 0: it opens a new frame); DecodeError if that is not where the lane is."""
+        (None or 0: it opens a new frame); WireError if that is not where the lane is (the
+        batch fails as for a corrupt frame: the holder is dropped, the others asked)."""
         if not continues:
             return wire.BatchStreamDecoder()
         if self.stream is None or self.stream.answers != continues:
             held = 0 if self.stream is None else self.stream.answers
-            raise wire.DecodeError(f"a stream answer continues after {continues} answers in lane "
+            raise wire.WireError(f"a stream answer continues after {continues} answers in lane "
                                    f"{self.number}, which holds {held}")
         return self.stream
 
@@ -179,8 +192,9 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
     headers = {"Content-Type": "application/octet-stream", **offer}
     if wire.BATCH_FORMAT_HEADER in headers:
         headers.update(lane.headers())
-    decoder = wire.BatchDecoder([r.hash for r in group], limits, stream=wire.BATCH_FORMAT_HEADER in headers,
-                                lengths={r.hash: r.length for r in group})
+    lengths = {r.hash: r.length for r in group}
+    decoder = wire.BatchDecoder(list(lengths), limits, stream=wire.BATCH_FORMAT_HEADER in headers,
+                                lengths=lengths, checkable=max(CHECKABLE_MIN, sum(lengths.values())))
     decoding: list[asyncio.Future[None]] = []
     run: list[wire.BatchBlob] = []
     run_bytes = wire_bytes = 0
@@ -188,7 +202,7 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
 
     def verify_run() -> None:
         after = decoding[-1] if decoding and stream is not None else None
-        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified, pace)))
+        decoding.append(asyncio.ensure_future(_verify(run, stream, after, verified, pace, lengths)))
 
     try:
         async with peer.request("POST", wire.PATH_BATCH, data=body, headers=headers) as resp:
@@ -230,14 +244,25 @@ async def _batch(peer: PeerLink, group: list[LineRef], limits: wire.Limits, veri
 
 
 async def _verify(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None,
-                  after: asyncio.Future[None] | None, verified: Received, pace: FetchPace) -> None:
+                  after: asyncio.Future[None] | None, verified: Received, pace: FetchPace,
+                  lengths: dict[bytes, int]) -> None:
     """Decode and verify a run of blobs on a worker thread (wire.decode_blob), then hand them
-    on; a stream's run waits for the run before it (`after`), whose blocks come first."""
+    on; a stream's run waits for the run before it (`after`), whose blocks come first.  A
+    genuine line of another length than the manifest's proves the manifest wrong: the lines
+    before it are handed on, then ManifestLengthWrong."""
     if after is not None:
         await after
     stored, raws, cpu = await asyncio.to_thread(_decode_all, blobs, stream)
     pace.decoded(stream is not None, sum(len(r) for r in raws), cpu)
-    await verified(stored, raws)
+    wrong = next((i for i, raw in enumerate(raws) if len(raw) != lengths[stored[i].hash]), None)
+    if wrong is None:
+        await verified(stored, raws)
+        return
+    if wrong:
+        await verified(stored[:wrong], raws[:wrong])
+    line = stored[wrong].hash
+    raise ManifestLengthWrong(f"line {line.hex()} is {len(raws[wrong])} bytes (its bytes hash to it), where "
+                              f"the line manifest says {lengths[line]}")
 
 
 def _decode_all(blobs: list[wire.BatchBlob], stream: wire.BatchStreamDecoder | None

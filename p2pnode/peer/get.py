@@ -119,6 +119,8 @@ class FetchResult:
     seconds_store: float = 0.0
     """Committing the verified sessions (`Library.add_staged`) and publishing the file: what
     is left after the last byte arrived."""
+    note: str | None = None
+    """What the user is told when the branch fetched is not the one named (node/follow.py)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -595,9 +597,14 @@ class _Fetch:
                 lie: ManifestLied = stop.lie
             except ManifestLied as exc:
                 lie = exc
-            except BaseException:
+            except batches.ManifestLengthWrong as exc:
+                lie = ManifestLied(f"line manifest of {src}: {exc}")
+            except BaseException as exc:
                 stream.discard()
-                if stream.getter.done:  # refused whole: a rerun would be refused again
+                if stream.getter.done or isinstance(exc, VerificationFailed):
+                    # refused whole (a rerun would be refused again), or holders dropped for what
+                    # they sent: the manifest may be what lied (a length no frame could be read
+                    # to check, wire.BatchDecoder), so the next run asks a peer for it
                     await asyncio.to_thread(self.kept.drop, src)
                 raise
             else:
@@ -795,11 +802,16 @@ def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:
         start = end
 
 
-def _held_versions(lib: FetchTarget, parent: str | None) -> list[str]:
-    """Versions the new one may extend: those of held branches with the same parent (a grown
-    session keeps its parent; a root's is None), newest first."""
-    found = [b.src for b in lib.branches(include_unshared=True) if b.parent == parent]
-    return list(dict.fromkeys(found))[:wire.MAX_AFTER]
+def _held_versions(lib: FetchTarget, parent: str | None, session_id: str | None) -> list[str]:
+    """Versions the new one may extend, named to its holders (`?after=`): held versions of the
+    same Pi session (`session_id`; None, not known: none, so that a holder learns nothing of
+    the other sessions this node holds) with the same parent (a grown session keeps it), the
+    largest first (the most the new one can continue from, within MAX_AFTER)."""
+    if session_id is None:
+        return []
+    found = sorted((b for b in lib.branches(include_unshared=True)
+                    if b.parent == parent and b.header.get("id") == session_id), key=lambda b: -b.size)
+    return list(dict.fromkeys(b.src for b in found))[:wire.MAX_AFTER]
 
 
 async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
@@ -835,7 +847,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                        session_dir: Path | None = None,
                        check: Callable[[FetchTarget, str], None] | None = None,
                        starts_with: tuple[str, int] | None = None,
-                       connections: Connections | None = None) -> FetchResult:
+                       connections: Connections | None = None, session_id: str | None = None) -> FetchResult:
     """Fetch `branch_hex` and the ancestors this node lacks; see the module docstring.
     `lib`: an open Library, or OpenPerUse (a one-shot fetch that must not hold the store).
     `session_dir`: Pi's session-dir override, where the session is then placed (flat).
@@ -846,7 +858,9 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     (VerificationFailed, nothing committed), else before the file is placed
     (`check_starts_with`).
     `connections`: the peers' HTTPS sessions of the command, if its catalog step opened them
-    (link.Connections: one TLS handshake per peer for both steps)."""
+    (link.Connections: one TLS handshake per peer for both steps).
+    `session_id`: the Pi session id of the branch (a catalog's): held versions of it are
+    named to the peers, for a fetch of only what is new (`_held_versions`)."""
     wire.check_hex_hash(branch_hex, "branch hash")
     opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits, connections)
@@ -859,8 +873,9 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
         for branch, raw_sidecar, sc in reversed(chain):
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
-            held = await _using(opener, functools.partial(_held_versions, parent=sc.parent))
             named = branch == branch_hex
+            held = await _using(opener, functools.partial(_held_versions, parent=sc.parent,
+                                                          session_id=session_id if named else None))
             assembled, stream, extends = await job.session(sc.src, place, held,
                                                            starts_with if named else None)
             out = stream.out

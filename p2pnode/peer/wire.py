@@ -449,15 +449,23 @@ class BatchDecoder:
     """Incremental parser of a batch response.  `feed()` returns the frames completed so far.
 
     A frame is refused (WireError) if its hash was not asked for or came twice, its codec is
-    unknown (or a stream segment that was not asked for), or its lengths exceed the limits or
-    (`lengths`: each hash's raw length in the manifest) are not its line's; all before its
-    bytes are buffered.  Bytes after the end frame are refused too.
+    unknown (or a stream segment that was not asked for), or its lengths exceed the limits; all
+    before its bytes are buffered.  Bytes after the end frame are refused too.
+
+    `lengths` (each hash's raw length in the line manifest, which is not trusted either): a
+    frame declaring another length is one the frame's sender or the manifest lies about, and
+    only its bytes tell which (the caller compares the verified line's length).  One declaring
+    less is read; one declaring more only while the answer's frames declare at most `checkable`
+    raw bytes more than the manifest in all (an answer costs about what was asked for), else
+    it is refused from its head.
     """
 
     def __init__(self, wanted: Iterable[bytes], limits: Limits = DEFAULT_LIMITS,
-                 stream: bool = False, lengths: Mapping[bytes, int] | None = None) -> None:
+                 stream: bool = False, lengths: Mapping[bytes, int] | None = None,
+                 checkable: int = 0) -> None:
         self._wanted = set(wanted)
         self._lengths = lengths
+        self._checkable = checkable
         self._limits = limits
         self._codecs = (CODEC_RAW, CODEC_ZSTD, CODEC_ZSTD_STREAM) if stream else (CODEC_RAW, CODEC_ZSTD)
         """CODEC_ZSTD_STREAM only where it was asked for (BATCH_FORMAT_HEADER)."""
@@ -516,8 +524,11 @@ class BatchDecoder:
         if raw_len > self._limits.max_blob:
             raise WireError(f"{what}: raw length {raw_len} exceeds the limit of {self._limits.max_blob}")
         listed = raw_len if self._lengths is None else self._lengths[blob_hash]
-        if raw_len != listed:
-            raise WireError(f"{what}: raw length {raw_len}, where the manifest says {listed}")
+        if raw_len > listed:
+            self._checkable -= raw_len - listed
+            if self._checkable < 0:
+                raise WireError(f"{what}: raw length {raw_len}, where the manifest says {listed} "
+                                     "(more than can be read to check which of the two lies)")
         bound = raw_len if codec == CODEC_RAW else max_stored_len(raw_len)
         if stored_len > bound or (codec == CODEC_RAW and stored_len != raw_len):
             raise WireError(f"{what}: stored length {stored_len} impossible for raw length {raw_len}")

@@ -53,8 +53,11 @@ class Duo:
 
     async def fetch(self, branch: str, lib: Library | None = None,
                     limits: wire.Limits = wire.DEFAULT_LIMITS) -> FetchResult:
+        """As `fetch` does: the session id from the sharer's catalog entry (`?after=` names held
+        versions of that session only)."""
         return await fetch_branch(lib or self.fetcher, branch, [self.peer], self.me, self.trust,
-                                  agent_dir=self.agent, limits=limits)
+                                  agent_dir=self.agent, limits=limits,
+                                  session_id=self.sharer.branch(branch).header["id"])
 
     @property
     def placed(self) -> Path:

@@ -84,14 +84,14 @@ async def test_the_server_goes_on_only_from_what_the_fetcher_decoded(world: Worl
 def test_a_lane_refuses_an_answer_that_continues_what_it_does_not_hold() -> None:
     lane = Lane(0)
     assert lane.headers() == {wire.STREAM_LANE_HEADER: "0", wire.STREAM_CONTINUE_HEADER: "0"}
-    with pytest.raises(wire.DecodeError, match="continues after 2 answers in lane 0, which holds 0"):
+    with pytest.raises(wire.WireError, match="continues after 2 answers in lane 0, which holds 0"):
         lane.decoder(2)
     fresh = lane.decoder(0)
     fresh.answers = 2
     lane.stream = fresh
     assert lane.decoder(2) is fresh and lane.decoder(None) is not fresh
     assert lane.headers()[wire.STREAM_CONTINUE_HEADER] == "2"
-    with pytest.raises(wire.DecodeError):
+    with pytest.raises(wire.WireError):
         lane.decoder(1)
     assert Lane(wire.MAX_STREAM_LANES).headers() == {}  # beyond the server's lanes: streams of their own
 

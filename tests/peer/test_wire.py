@@ -99,6 +99,22 @@ def test_batch_refuses_a_length_other_than_the_manifests_at_the_frame_head() -> 
             .feed(_batch([LINE]))] == [LINE]
 
 
+def test_a_frame_whose_length_is_not_the_manifests_is_read_within_checkable() -> None:
+    """The manifest is not trusted either: a frame declaring less than its manifest length is
+    read (its bytes tell which of the two lies), one declaring more only within `checkable`
+    raw bytes beyond the manifest over the whole answer (the rest refused from its head)."""
+    shorter = wire.BatchDecoder([h(LINE)], lengths={h(LINE): len(LINE) + 2})
+    assert [wire.decode_blob(b) for b in shorter.feed(_batch([LINE]))] == [LINE]
+    longer = wire.BatchDecoder([h(LINE)], lengths={h(LINE): len(LINE) - 2}, checkable=2)
+    assert [wire.decode_blob(b) for b in longer.feed(_batch([LINE]))] == [LINE]
+    other = b'{"type":"other"}\n'
+    two = wire.BatchDecoder([h(LINE), h(other)], lengths={h(LINE): len(LINE) - 2, h(other): len(other) - 1},
+                            checkable=2)
+    said = f"raw length {len(other)}, where the manifest says {len(other) - 1}"
+    with pytest.raises(wire.WireError, match=said):
+        two.feed(_batch([LINE, other]))
+
+
 def test_wrong_bytes_and_zstd_bomb_are_refused() -> None:
     wrong = wire.BatchBlob(h(LINE), wire.CODEC_RAW, len(LINE), LINE.replace(b"m", b"M"))
     with pytest.raises(wire.HashMismatch, match=LINE_HASH):

@@ -1,0 +1,113 @@
+"""What a fetch names to a holder, and what it fetches when a catalog names more than is served.
+
+* `?after=` names only held versions of the Pi session being fetched (its id from the catalog),
+  the largest first: the fetcher's other sessions (its unshared ones too) were sent to whoever
+  served a root session.
+* A catalog listing a newer version of the branch asked for that no holder serves: the branch
+  asked for is fetched, and the note says so (it was exit 3 naming a hash never typed).
+
+Real mutual-TLS server (test_hostile_peer.LyingPeer), the real fetcher, library and store.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import blake3
+from aiohttp import web
+from test_hostile_peer import A1, LyingPeer, split, world  # noqa: F401
+
+from p2pnode.node.follow import fetch_newest, newest_to_fetch
+from p2pnode.peer import wire
+from p2pnode.peer.address import PeerAddress
+from p2pnode.peer.get import fetch_branch
+from p2pnode.pi.sidecar import Sidecar
+
+
+def recording_after(peer: LyingPeer) -> list[str | None]:
+    """The `after` parameter of each line manifest request `peer` answers, in order."""
+    seen: list[str | None] = []
+    honest = peer.handlers["lines"]
+
+    async def lines(request: web.Request) -> web.StreamResponse:
+        seen.append(request.query.get("after"))
+        return await honest(request)
+
+    peer.handlers["lines"] = lines
+    return seen
+
+
+async def fetch_named(w, branch: str, session_id: str | None) -> None:
+    peer = await w["liar"].start()
+    try:
+        await fetch_branch(w["lib"], branch, [peer], w["me"], w["trust"], agent_dir=w["agent"],
+                           session_id=session_id)
+    finally:
+        await w["liar"].close()
+
+
+def session_id(data: bytes) -> str:
+    return json.loads(split(data)[0])["id"]
+
+
+async def test_after_names_no_version_of_another_session(world) -> None:  # noqa: F811
+    """The fetcher holds another root session (shared, then unshared: private): fetching a
+    root of a session it holds no version of names nothing, known session id or not."""
+    held = world["lib"].branches()[0]
+    world["lib"].unshare(held.branch)
+    data = (world["corpus"] / A1).read_bytes()
+    branch = world["liar"].add(data)
+    asked = recording_after(world["liar"])
+    await fetch_named(world, branch, session_id(data))
+    assert asked == [None]
+
+
+async def test_after_names_held_versions_of_the_same_session_largest_first(world) -> None:  # noqa: F811
+    """Two held versions of the session (and the fetcher's other session): the next version's
+    manifest request names those two, the larger first, and not the other session's."""
+    data = (world["corpus"] / A1).read_bytes()
+    lines, sid = split(data), session_id(data)
+    small, large = b"".join(lines[:3]), b"".join(lines[:6])
+    asked = recording_after(world["liar"])
+    await fetch_named(world, world["liar"].add(small), sid)
+    await fetch_named(world, world["liar"].add(large), sid)
+    await fetch_named(world, world["liar"].add(data), sid)
+    hexes = [blake3.blake3(d).hexdigest() for d in (small, large)]
+    assert asked == [None, hexes[0], f"{hexes[1]},{hexes[0]}"]
+    await fetch_named(world, world["liar"].add(data + lines[-1]), None)
+    assert asked[-1] is None  # the session not known: nothing named
+
+
+async def test_a_newer_version_no_holder_serves_falls_back_to_the_branch_asked_for(world) -> None:  # noqa: F811
+    """The catalog lists the branch asked for and a v2 of it that it does not serve: the fetch
+    takes the branch asked for and says why."""
+    liar = world["liar"]
+    data = (world["corpus"] / A1).read_bytes()
+    branch = liar.add(data)
+    src = blake3.blake3(data).hexdigest()
+    header = {"id": session_id(data), "timestamp": None, "cwd": None, "parent_session": None}
+    asked = wire.CatalogEntry(branch, src, None, len(data), len(split(data)), header, version=1)
+    phantom_src = "9" * 64
+    phantom = wire.CatalogEntry(Sidecar(phantom_src, None).branch, phantom_src, None, len(data) + 10,
+                                len(split(data)) + 1, header, previous=branch, version=2)
+
+    async def catalog(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=wire.encode_catalog(wire.CatalogMessage(1, liar.identity.node_id,
+                                                                         [asked, phantom])))
+
+    liar.handlers["catalog"] = catalog
+    peer: PeerAddress = await liar.start()
+    try:
+        newest = await newest_to_fetch(branch, [peer], world["me"], world["trust"], _no_lan)
+        assert newest.branch == phantom.branch
+        result = await fetch_newest(world["lib"], newest, world["me"], world["trust"],
+                                    agent_dir=world["agent"])
+    finally:
+        await liar.close()
+    assert result.branch == branch
+    assert Path(result.path or "").read_bytes() == data
+    assert result.note is not None and f"latest version {phantom.branch} no peer served" in result.note
+
+
+async def _no_lan(target: str) -> list[PeerAddress]:
+    return []
