@@ -69,8 +69,8 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
     if patch_loss:
         notes.add(patch_loss, damage=True)
         store._patches.seq = loaded.snapshot.patch_seq  # a seq is never handed out twice
-    _unless_full(notes, f"blobs.pack: {len(r.blobs)} blobs restored from the head WAL not written "
-                 "(they wait in memory, the WAL keeps them)", functools.partial(_restore_blobs, store, r.blobs))
+    _unless_full(notes, f"blobs.pack: {len(r.blobs)} blobs restored from the head WAL not written (they "
+                 "wait in memory, the WAL keeps them)", functools.partial(_restore_blobs, store, r.blobs))
     for t in r.writes:
         log.write(t)
     store._damaged = {h: why for h, (_, why) in r.damaged.items()}
@@ -85,7 +85,8 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
                    for c, (head, depth, flags, created) in r.logged.items()}
     store._commit.set_durable_turn_id(end)
     if notes.damage:  # what is not recorded now is found, and recorded, again by the next open
-        _unless_full(notes, f"{DAMAGE} not written", functools.partial(record_damage, store.root, notes.damage))
+        _unless_full(notes, f"{DAMAGE} not written",
+                     functools.partial(record_damage, store.root, notes.damage))
     snap_gen = loaded.snapshot.generation
     if r.replayed or r.writes or loaded.damaged or loaded.fresh:
         top = max([snap_gen, *headwal.wal_generations(store.root)])

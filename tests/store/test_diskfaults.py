@@ -414,7 +414,7 @@ def test_a_full_disk_after_a_failed_write_leaves_reads_working(tmp_path: Path,
                     assert s.payloads([s.get_turn(tid)]) == [payload]
         with Store.open(path) as s, pytest.raises(StoreFull):
             _append(s, acked)
-    assert sorted(p.name for p in path.iterdir() if p.name.startswith("heads.wal")) == gens, "a WAL left behind"
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith("heads.wal")) == gens, "WAL left"
     _check_reopened(path, acked)
     with Store.open(path) as s:
         assert not s.recovery_notes
