@@ -21,6 +21,11 @@ from the CLI and the node alike.  A share of a 10,000-character name through the
 500 and a traceback; a one-shot fetch into a PI_CODING_AGENT_DIR too deep for the system, exit 1."""
 
 
+PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+"""A file of the node's own this user may not write (or read), or a read-only file system:
+exit 4, naming the file, with what to do (not "make room", as for a full disk)."""
+
+
 class P2PNodeError(Exception):
     exit_code = 1
 
@@ -62,6 +67,10 @@ def from_store(exc: BaseException, store: str, then: str) -> P2PNodeError | None
     refused as bytes that fail their hash are (exit 5)."""
     from store.errors import CorruptRecord, StoreFailed, UnknownBlob
 
+    if isinstance(exc, StoreFailed) and exc.errno in PERMISSION_ERRNOS:
+        return InvalidInput(f"{store} at {exc.path} could not write ({exc.reason}) and recorded nothing of "
+                            f"it: this user may not write there (give it back to this user, or mount it "
+                            f"read-write), then {then}")
     if isinstance(exc, StoreFailed):
         return P2PNodeError(f"{store} at {exc.path} could not write ({exc.reason}) and recorded nothing "
                             f"of it: make room (or mend the disk), then {then}")

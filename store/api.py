@@ -86,6 +86,7 @@ from store.types import (
     TurnInput,
 )
 from sysio.files import fsync_dir, private_dir
+from sysio.flush import disk_full
 from sysio.locks import lock_with_timeout
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ class Store:
         checkpoint snapshots; recovery fills it."""
         loaded = snapshot.load(root, notes, functools.partial(recovery.log_damaged, self))
         self._wal = recovery.recover(self, loaded)
+        self._opened = self._written()
+        """Where the files ended after recovery: a close finds whether anything was written since."""
         self._stopping = False
         self._wake = threading.Event()
         self._thread = threading.Thread(target=functools.partial(checkpoint.thread_main, self),
@@ -234,6 +237,10 @@ class Store:
                 self._wal_synced = mark
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _written(self) -> tuple[int, int, int, int, int]:
+        """Where the WAL, the pack, turns.log and the patch log end (each write moves one)."""
+        return self._wal.gen, self._wal.pos, self._pack.end, self._turns.count, self._patches.seq
 
     def _check_open(self) -> None:
         if self._closed:
@@ -992,6 +999,7 @@ class Store:
         error: StoreFailed | None = None
         with self._gate.exclusive(), self._write_lock:
             self._closed = True
+            untouched = self._written() == self._opened
             try:
                 if self._failed is None:
                     # a bulk import's checkpoints were not synced
@@ -1000,7 +1008,10 @@ class Store:
                     self._turns.sync()
                     self._pack.flush_for_close()
             except OSError as exc:
-                error = self._fail(exc)
+                if untouched and disk_full(exc):  # a read on a full disk (recovery left its
+                    log.info("%s: no room to checkpoint at close: %s", self.root, exc)  # checkpoint)
+                else:
+                    error = self._fail(exc)
             if self._failed is not None:
                 self._close_failed()
             failed = self._failed is not None  # then nothing more is written: the disk may be gone

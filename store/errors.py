@@ -111,9 +111,11 @@ class StoreFailed(StoreError):
 
     @staticmethod
     def of(path: str, cause: BaseException) -> StoreFailed:
-        """The error for `cause`: StoreFull when the disk was full."""
+        """The error for `cause`: StoreFull when the disk was full.  `path` is the store's;
+        the file the cause names, when it names one, is more precise."""
         reason = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
-        return StoreFailed.make(path, reason, getattr(cause, "errno", None) or 0)
+        named = getattr(cause, "filename", None)
+        return StoreFailed.make(str(named) if named else path, reason, getattr(cause, "errno", None) or 0)
 
     @staticmethod
     def make(path: str, reason: str, errno: int) -> StoreFailed:

@@ -24,7 +24,7 @@ from store.files.snapshot import LoadedHeads
 from store.layout import TURN_SIZE, WAL_DELETE, Snapshot, WalRecord
 from store.types import ContextHead, RecoveryNotes, Turn
 from sysio.files import open_private
-from sysio.flush import flush_data
+from sysio.flush import disk_full, flush_data
 
 if TYPE_CHECKING:
     from store.api import Store
@@ -69,14 +69,50 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
     if patch_loss:
         notes.add(patch_loss, damage=True)
         store._patches.seq = loaded.snapshot.patch_seq  # a seq is never handed out twice
-    for rec in r.blobs.values():
-        store._pack.append(packer.repacked(store, rec))
+    _unless_full(notes, f"blobs.pack: {len(r.blobs)} blobs restored from the head WAL not written (they "
+                 "wait in memory, the WAL keeps them)", functools.partial(_restore_blobs, store, r.blobs))
     for t in r.writes:
         log.write(t)
     store._damaged = {h: why for h, (_, why) in r.damaged.items()}
     end = _log_end(store, r.end, loaded.wal_damaged)
     if os.path.getsize(store.root / "turns.log") != end * TURN_SIZE:
         log.truncate(end)  # drops a torn tail; zero slots for ids lost everywhere
+    _unless_full(notes, "turns.skip: jump pointers not written (reads walk by parent)",
+                 functools.partial(_set_jumps, store, end))
+    store._logged = r.logged
+    store._next_ctx = r.next_context_id
+    store._heads = {c: ContextHead(c, head, depth, created, flags)
+                   for c, (head, depth, flags, created) in r.logged.items()}
+    store._commit.set_durable_turn_id(end)
+    if notes.damage:  # what is not recorded now is found, and recorded, again by the next open
+        _unless_full(notes, f"{DAMAGE} not written",
+                     functools.partial(record_damage, store.root, notes.damage))
+    snap_gen = loaded.snapshot.generation
+    if r.replayed or r.writes or loaded.damaged or loaded.fresh:
+        top = max([snap_gen, *headwal.wal_generations(store.root)])
+        store._wal = headwal.HeadWal(store.root, top, store.config.durable, at_open=True)
+        _unless_full(notes, "checkpoint not written: the next open replays the head WAL again",
+                     functools.partial(checkpoint.run, store))  # the next WAL generation starts empty
+        return store._wal
+    return headwal.HeadWal(store.root, snap_gen, store.config.durable, at_open=True)
+
+
+def _restore_blobs(store: Store, blobs: dict[bytes, bytes]) -> None:
+    """Append the blobs the pack lost from their WAL copies; on a full disk those not appended
+    wait in memory as an append's raw blob does (the checkpoint that drops the WAL packs them)."""
+    try:
+        for rec in blobs.values():
+            store._pack.append(packer.repacked(store, rec))
+    except OSError as exc:
+        if disk_full(exc):
+            for h, rec in blobs.items():
+                if store._pack.locate(h) is None:
+                    packer.wait_pending(store, rec)
+        raise
+
+
+def _set_jumps(store: Store, end: int) -> None:
+    log = store._turns
     for tid in range(log.skips_valid_upto() + 1, end + 1):
         try:
             t = log.read(tid)
@@ -84,20 +120,19 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
             log.set_jump(tid, jump)
         except (CorruptRecord, UnknownTurn):
             continue  # a damaged record (or one its chain needs): reads walk by parent there
-    store._logged = r.logged
-    store._next_ctx = r.next_context_id
-    store._heads = {c: ContextHead(c, head, depth, created, flags)
-                   for c, (head, depth, flags, created) in r.logged.items()}
-    store._commit.set_durable_turn_id(end)
-    if notes.damage:
-        record_damage(store.root, notes.damage)
-    snap_gen = loaded.snapshot.generation
-    if r.replayed or r.writes or loaded.damaged or loaded.fresh:
-        top = max([snap_gen, *headwal.wal_generations(store.root)])
-        store._wal = headwal.HeadWal(store.root, top, store.config.durable)
-        checkpoint.run(store)  # the next WAL generation starts empty
-        return store._wal
-    return headwal.HeadWal(store.root, snap_gen, store.config.durable, at_open=True)
+
+
+def _unless_full(notes: RecoveryNotes, skipped: str, write: Callable[[], None]) -> None:
+    """Run one of recovery's writes that only save time (the checkpoint, jump pointers, the
+    damage log), or on a full disk leave it to a later open and note what was skipped: the
+    store opens for reading all the same, with nothing lost (the head WAL still holds it all),
+    and the first write meets the full disk (README: `ls` and `cat` work on a full disk)."""
+    try:
+        write()
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        notes.append(f"{skipped} ({exc.strerror})")
 
 
 def _log_end(store: Store, end: int, wal_damaged: bool) -> int:

@@ -31,6 +31,12 @@ except ImportError:  # Windows: no fcntl; fsync is the flush there
     fcntl = None  # type: ignore[assignment]
 
 
+def disk_full(exc: BaseException) -> bool:
+    """The write failed for want of room (a full file system, or the user's quota): the
+    store's work that only saves time, not data, is then left for later."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
     """pwrite all of data at offset, or raise (ENOSPC when the file system takes no more)."""
     view = memoryview(data)

@@ -27,7 +27,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pnode.errors import InvalidInput, P2PNodeError
+from p2pnode.errors import PERMISSION_ERRNOS, InvalidInput, P2PNodeError
 from p2pnode.peer.nodeid import format_node_id
 from p2pnode.peer.spki import ED25519_SPKI_PREFIX, certificate_spki
 from sysio.files import atomic_write
@@ -41,6 +41,17 @@ NAME_FILE = "name"
 
 class IdentityError(P2PNodeError):
     """The identity files are unreadable or inconsistent."""
+
+
+def _unreadable(what: str, path: Path, exc: OSError | ValueError) -> IdentityError:
+    """Why an identity file could not be read; one this user may not read is exit 4 (README:
+    a file this user may not read or write), with what to do, as for any such file."""
+    if isinstance(exc, OSError) and exc.errno in PERMISSION_ERRNOS:
+        error = IdentityError(f"cannot read {what} {path}: {(exc.strerror or str(exc)).lower()} (it must be "
+                              "this user's own file, readable by it: fix its owner or mode)")
+        error.exit_code = InvalidInput.exit_code
+        return error
+    return IdentityError(f"cannot read {what} {path}: {exc}")
 
 
 OPEN_CA_PEM = b"""-----BEGIN CERTIFICATE-----
@@ -98,7 +109,7 @@ def load_identity(directory: Path) -> Identity:
     try:
         spki = certificate_spki(ssl.PEM_cert_to_DER_cert(cert_path.read_text(encoding="ascii")))
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        raise IdentityError(f"cannot read the node certificate in {directory}: {exc}") from exc
+        raise _unreadable("the node certificate", cert_path, exc) from exc
     if not spki.startswith(ED25519_SPKI_PREFIX):
         raise IdentityError(f"the node certificate in {directory} is not for an Ed25519 key")
     try:
@@ -107,7 +118,7 @@ def load_identity(directory: Path) -> Identity:
         raise IdentityError(f"the node key {key_path} is unreadable or not the certificate's "
                             f"({exc.reason or exc})") from exc
     except OSError as exc:
-        raise IdentityError(f"cannot read the node key {key_path}: {exc}") from exc
+        raise _unreadable("the node key", key_path, exc) from exc
     return Identity(directory, hashlib.sha256(spki).digest())
 
 
@@ -140,7 +151,7 @@ def reissue_certificate(directory: Path) -> Identity:
     try:
         cert = certificates.certificate_for(key_path.read_bytes())
     except (OSError, ValueError) as exc:
-        raise IdentityError(f"cannot read the node key {key_path}: {exc}") from exc
+        raise _unreadable("the node key", key_path, exc) from exc
     atomic_write(directory / CERT_FILE, cert)
     return load_identity(directory)
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pnode.errors import Conflict
+from p2pnode.errors import Conflict, P2PNodeError
 from p2pnode.library.manifest import PlacedFile, PlacedFiles
 from p2pnode.pi.hashing import CHUNK, hash_file, hash_prefix, new_hasher
 from p2pnode.pi.session import (
@@ -48,10 +48,33 @@ from p2pnode.pi.session import (
     placed_names,
 )
 from sysio.files import fsync_dir
-from sysio.flush import flush_data, write_at
+from sysio.flush import disk_full, flush_data, write_at
 
 SESSION_FILE_MODE = 0o644
 FLUSH_EVERY = 32 << 20
+
+
+class PiFolderFull(P2PNodeError):
+    """Pi's session folder had no room for the fetched file (exit 1, as a full disk is).  The
+    store has committed the session and nothing partial is left there: once there is room,
+    the same fetch places it without asking a peer again."""
+
+    def __init__(self, directory: Path, reason: str | None) -> None:
+        super().__init__(f"Pi's session folder {directory} is full ({reason or 'no space left'}): the "
+                         "session is stored in this node and nothing partial was left there; make room "
+                         "there, then run the fetch again (nothing is downloaded again)")
+
+
+@contextlib.contextmanager
+def _room_in(directory: Path) -> Iterator[None]:
+    """A full disk met while writing in Pi's folder is PiFolderFull naming it (not an OSError
+    with no file, which was blamed on the node's home)."""
+    try:
+        yield
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        raise PiFolderFull(directory, exc.strerror) from exc
 
 
 class PlacementConflict(Conflict):
@@ -254,13 +277,20 @@ class SessionFile:
         last byte, syncs only the tail."""
         assert self._fd is not None
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        with self._room():
+            while view:
+                view = view[os.write(self._fd, view):]
+            self._unflushed += len(data)
+            if self._unflushed >= FLUSH_EVERY:
+                flush_data(self._fd)
+                self._unflushed = 0
         self.written += len(data)
-        self._unflushed += len(data)
-        if self._unflushed >= FLUSH_EVERY:
-            flush_data(self._fd)
-            self._unflushed = 0
+
+    def _room(self) -> contextlib.AbstractContextManager[None]:
+        """Writes to the temp file: PiFolderFull when it is in Pi's folder (else the node's
+        staging dir is full: the node's home, as any other write of the node's)."""
+        staged = self.tmp.parent != self.target.parent
+        return contextlib.nullcontext() if staged else _room_in(self.target.parent)
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -273,18 +303,22 @@ class SessionFile:
         assert self._fd is not None and self.written == content.size
         try:
             os.fchmod(self._fd, SESSION_FILE_MODE)
-            flush_data(self._fd)
+            with self._room():
+                flush_data(self._fd)
             self._close()
             if self.tmp.parent != self.target.parent:  # staged: Pi's folder is made only now
-                self.target, _ = _prepare_dir(*self._where)
+                with _room_in(self.target.parent):
+                    self.target, _ = _prepare_dir(*self._where)
             with _placing(self.target):
                 if os.path.lexists(self.target):  # a dangling symlink too: never followed, never replaced
                     return _existing(self.target, self.tmp, content, placed)
                 try:
-                    _link(self.tmp, self.target)
+                    with _room_in(self.target.parent):
+                        _link(self.tmp, self.target)
                 except FileExistsError:
                     return _existing(self.target, self.tmp, content, placed)
-                fsync_dir(self.target.parent)
+                with _room_in(self.target.parent):
+                    fsync_dir(self.target.parent)
                 if placed is not None:
                     record = PlacedFile(content.size, content.blake3)
                     placed.record(self.target, record, stamp_of(self.target))
@@ -301,7 +335,8 @@ class SessionFile:
         `start` are never read."""
         assert self._fd is not None and self.written == content.size - start
         try:
-            flush_data(self._fd)
+            with self._room():
+                flush_data(self._fd)
             self._close()
             with _placing(to.target):
                 return self._append(to, start, content, placed)
@@ -324,10 +359,11 @@ class SessionFile:
             offset = to.stamp[1]
             placed.appending(to.target, PlacedFile(content.size, content.blake3))
             try:
-                while chunk := new.read(CHUNK):
-                    write_at(old.fileno(), chunk, offset)
-                    offset += len(chunk)
-                flush_data(old.fileno())
+                with _room_in(to.target.parent):
+                    while chunk := new.read(CHUNK):
+                        write_at(old.fileno(), chunk, offset)
+                        offset += len(chunk)
+                    flush_data(old.fileno())
             except BaseException:  # a full disk, EIO, Ctrl-C: the old version back (a kill -9
                 with contextlib.suppress(OSError):  # leaves the tail: `_torn_append` then)
                     os.ftruncate(old.fileno(), to.stamp[1])
@@ -457,7 +493,7 @@ def _copied_beside(tmp: Path, target: Path) -> Iterator[Path]:
     """A copy of `tmp` in the target's directory, fsynced; removed after (if still there)."""
     near = target.parent / tmp.name
     try:
-        with open(tmp, "rb") as src, open(near, "xb") as dst:
+        with _room_in(target.parent), open(tmp, "rb") as src, open(near, "xb") as dst:
             while chunk := src.read(CHUNK):
                 dst.write(chunk)
             dst.flush()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 import zstandard
 
-from store.codec import blob_hash, compressor
+from store.codec import blob_hash, compressor, decode_stored
 from store.errors import PayloadTooLarge, UnknownBlob
 from store.files import headwal
 from store.layout import BLOB_HEADER, BLOB_OVERHEAD, CODEC_RAW, CODEC_ZSTD, decode_blob_header, encode_blob
@@ -140,6 +140,17 @@ def pack_pending(store: Store) -> None:
             with store._pending_lock:
                 del store._pending[h]
                 store._pending_bytes -= p.raw_len
+
+
+def wait_pending(store: Store, rec: bytes) -> None:
+    """Keep a blob's WAL copy in memory, raw, as an append leaves one (reads find it; the next
+    checkpoint packs it): recovery's restore when the pack has no room for it."""
+    hdr = decode_blob_header(rec)
+    assert hdr is not None  # recovery restores only copies that passed their CRC
+    data = decode_stored(hdr.codec, rec[BLOB_HEADER.size : BLOB_HEADER.size + hdr.stored_len], hdr.raw_len)
+    with store._pending_lock:
+        store._pending[hdr.hash] = data
+        store._pending_bytes += hdr.raw_len
 
 
 def repacked(store: Store, rec: bytes) -> bytes:

@@ -8,7 +8,6 @@ rebuilt from the pack.
 """
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import threading
@@ -37,7 +36,7 @@ from store.layout import (
 from store.types import RecoveryNotes
 from sysio.chunks import joined_runs
 from sysio.files import TMP_SUFFIX, atomic_write, fsync_dir, open_private
-from sysio.flush import flush_data, write_at
+from sysio.flush import disk_full, flush_data, write_at
 
 PACK = "blobs.pack"
 WRITE_RUN = 8 << 20
@@ -178,7 +177,7 @@ class BlobPack:
             try:
                 self.write_index()
             except OSError as exc:  # a full disk: the store opens for reading all the same
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                if not disk_full(exc):
                     raise
                 self.problems.append(f"{INDEX} not brought up to date: {exc.strerror} (the pack's "
                                      "unindexed tail is indexed in memory until a write folds it)")

@@ -9,7 +9,6 @@ commit's fdatasync has no file size to update.
 """
 from __future__ import annotations
 
-import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from store.layout import (
 )
 from store.types import RecoveryNotes
 from sysio.files import open_private
-from sysio.flush import flush_data, write_at
+from sysio.flush import disk_full, flush_data, write_at
 
 WAL_BYTES = 1 << 20  # one pre-zeroed WAL generation; a full WAL triggers a checkpoint
 EMBED_MAX = 64 << 10  # blob records up to this size travel in the WAL record
@@ -104,6 +103,7 @@ class HeadWal:
             return
         if prepared is not None:
             os.close(prepared)
+        made = not self.path.exists()
         self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:
             self.pos = read_wal(self.path, RecoveryNotes()).end
@@ -112,11 +112,13 @@ class HeadWal:
                 try:
                     zero_extend(self._fd, size, WAL_BYTES)
                 except OSError as exc:  # `at_open`, a full disk: the store opens, reads go on, and
-                    if not at_open or exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # appends grow
-                        raise  # the file (and meet the full disk: the failed state)
+                    if not at_open or not disk_full(exc):  # appends grow the file (and meet the
+                        raise  # full disk: the failed state)
                     os.ftruncate(self._fd, size)
         except BaseException:
             os.close(self._fd)
+            if made:  # a new generation that could not be zero-filled gives its room back
+                self.path.unlink(missing_ok=True)
             raise
 
     def has_room(self, n: int) -> bool:

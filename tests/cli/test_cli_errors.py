@@ -360,10 +360,14 @@ def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_pa
     user may not write): one line each, no "unexpected error"."""
     import errno as errnos
 
-    from store.errors import CorruptRecord, StoreFull, UnknownBlob
+    from store.errors import CorruptRecord, StoreFailed, StoreFull, UnknownBlob
 
     args = cli.build_parser().parse_args(["--home", str(tmp_path / "h"), "ls"])
     cases = [(StoreFull("/h/store", "No space left on device", errnos.ENOSPC), 1, "make room"),
+             (StoreFailed("/h/store/heads.wal-next", "Permission denied", errnos.EACCES), 4,
+              "/h/store/heads.wal-next could not write (Permission denied) and recorded nothing of it: "
+              "this user may not write there"),
+             (StoreFailed("/h/store", "Read-only file system", errnos.EROFS), 4, "mount it read-write"),
              (CorruptRecord("turns.log", 320, "turn record CRC mismatch"), 5, "turns.log at offset 320"),
              (UnknownBlob(b"\x01" * 32), 5, "fsck"),
              (OSError(errnos.EROFS, "Read-only file system", "/h/store/LOCK"), 4, "/h/store/LOCK"),
@@ -372,3 +376,18 @@ def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_pa
     for exc, code, text in cases:
         error = cli._as_node_error(exc, args)
         assert error.exit_code == code and text in str(error) and "unexpected" not in str(error), (exc, error)
+
+
+def test_a_node_key_this_user_may_not_read_is_exit_4_naming_it(ordinary: OrdinaryUser) -> None:
+    """node.key at mode 000 (the user's own file): exit 4, as for any file this user may not
+    read (README), naming the key and what to do; it was exit 1 with a Python errno tuple.
+    As an ordinary user: root reads it whatever its mode."""
+    env = ordinary.node("keyless")
+    assert ordinary.run(env, "id").returncode == 0
+    key = Path(env["P2PNODE_HOME"]) / "identity" / "node.key"
+    key.chmod(0)
+    for command in ("status", "id"):
+        err = assert_clean(ordinary.run(env, command), f"{command} with node.key unreadable", {4})
+        assert f"cannot read the node key {key}: permission denied" in err and "owner or mode" in err, err
+    key.chmod(0o600)
+    assert ordinary.run(env, "status").returncode == 0

@@ -17,6 +17,7 @@ from p2pnode.library.manifest import PlacedFile, PlacedFiles
 from p2pnode.pi import placement
 from p2pnode.pi.placement import (
     Content,
+    PiFolderFull,
     PlacementConflict,
     SessionFile,
     _remove_stale,
@@ -163,7 +164,7 @@ def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: P
 
     # injected: an ordinary user cannot fill a real disk here (the root part fills a real loop device)
     monkeypatch.setattr(placement, "write_at", full_disk)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(PiFolderFull, match=f"Pi's session folder {target.parent} is full"):
         _staged(tmp_path, header, new, len(old)).append_to(to, len(old), _content(new), placed)
     assert target.read_bytes() == old  # as before the append
     monkeypatch.undo()
@@ -179,3 +180,39 @@ def test_an_append_cut_short_is_undone_or_finished_by_the_next_fetch(tmp_path: P
     again = _staged(tmp_path, header, new).publish(_content(new), placed)
     assert again.written and target.read_bytes() == new
     assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_a_full_pi_folder_is_named_and_leaves_nothing(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pi's folder full while a session is placed (its temp file there, or the copy beside the
+    target when the node stages on another file system): PiFolderFull naming that folder (exit
+    1), not an OSError naming no file (the CLI blamed the node's home; the node answered "the
+    node failed" with a traceback in its log), and nothing partial is left in Pi's folder.
+    ENOSPC is injected: an ordinary user cannot mount a small file system here (a root run on
+    a 5 MB tmpfs gives the same message: REPORT.md of fix-disk)."""
+    header, data, _ = _session(5)
+    real = os.write
+
+    def full(fd: int, chunk: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(placement.os, "write", full)
+    with pytest.raises(PiFolderFull) as info:
+        placement.place_session(tmp_path / "agent", data, hash_bytes(data))
+    folder = placement.target_path(tmp_path / "agent", header).parent
+    assert f"Pi's session folder {folder} is full" in str(info.value) and info.value.exit_code == 1
+    assert not folder.exists() or list(folder.iterdir()) == []
+    monkeypatch.setattr(placement.os, "write", real)
+    staged = _staged(tmp_path, header, data)
+    _fails(monkeypatch, "link", errno.EXDEV, tmp_path / "fetching", side=0)
+    real_flush = placement.flush_data
+
+    def flush(fd: int) -> None:  # the copy's flush, in Pi's folder (the staged file's goes through)
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(tmp_path / "agent"):
+            full(fd, b"")
+        real_flush(fd)
+
+    monkeypatch.setattr(placement, "flush_data", flush)
+    with pytest.raises(PiFolderFull, match=f"Pi's session folder {folder} is full"):
+        staged.publish(_content(data), None)
+    assert list(folder.iterdir()) == []

@@ -378,3 +378,44 @@ def test_an_index_not_rewritable_at_open_leaves_reads_working(tmp_path: Path,
     with Store.open(tmp_path / "s") as s:
         assert s.payloads([s.get_turn(kept[0])]) == [b"kept 0"]
     assert (tmp_path / "s" / "blobs.idx").exists() and fsck(tmp_path / "s").ok
+
+
+def test_a_full_disk_after_a_failed_write_leaves_reads_working(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that met the full disk leaves head WAL records since the last checkpoint; the
+    next open replays them and checkpoints, and that checkpoint's new 1 MiB WAL met the full
+    disk too: `ls`, `cat` and `status` exited 1 until room was made.  Now the open leaves the
+    checkpoint for later (noted), reads work, a close after reads writes nothing, the first
+    write is StoreFull, and with room again the next open checkpoints and writes.  (ENOSPC is
+    injected: an ordinary user in CI cannot fill a real file system; the root tests in
+    test_blockdev.py fill a real one.)"""
+    path = tmp_path / "s"
+    s, acked = _setup(path)
+    faulty = FaultyOS(fail_at=0, err=errno.ENOSPC)
+    with monkeypatch.context() as m:
+        faulty.install(m)
+        faulty.armed = True
+        with pytest.raises(StoreFull):
+            _big(s, acked)
+        faulty.armed = False
+        s.close()
+    gens = sorted(p.name for p in path.iterdir() if p.name.startswith("heads.wal"))
+
+    def full(*args: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        for name in ("write", "pwrite"):
+            m.setattr(os, name, full)
+        for _ in range(2):  # and again: nothing that first open left makes the second one fail
+            with Store.open(path) as s:
+                assert any("checkpoint not written" in n for n in s.recovery_notes), s.recovery_notes
+                for tid, payload in acked.turns.items():
+                    assert s.payloads([s.get_turn(tid)]) == [payload]
+        with Store.open(path) as s, pytest.raises(StoreFull):
+            _append(s, acked)
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith("heads.wal")) == gens, "WAL left"
+    _check_reopened(path, acked)
+    with Store.open(path) as s:
+        assert not s.recovery_notes
+        _append(s, acked)
