@@ -75,6 +75,7 @@ def node_paths(args: argparse.Namespace) -> NodePaths:
 def cmd_fsck(args: argparse.Namespace) -> int:
     """Exit 1 only when the check ran and found problems; a store it could not check (held by the
     running node, or none yet) is another exit code and says so."""
+    from p2pnode.library.api import Library
     from p2pnode.node.control_client import node_running, store_in_use
     from store.cli import run_fsck
     from store.errors import StoreLocked
@@ -85,7 +86,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if not any(paths.store.iterdir()):  # made empty by node_paths
         raise NotFound(f"no store in {paths.home} yet (nothing shared or fetched there): nothing to check")
     try:
-        repaired, errors = _repair_sessions(paths) if args.repair else ([], [])
+        repaired, errors = _repair_sessions(paths) if args.repair else ([], Library.unreadable_files(paths))
         return run_fsck(paths.store, args, repaired, errors)
     except StoreLocked:  # a node starting or stopping, a share or fetch: not damage (exit 1)
         raise store_in_use(paths, "check the store") from None

@@ -30,7 +30,14 @@ from p2pnode.library import access, audit, rebuild, space
 from p2pnode.library.audit import AuditLog, ServedAnswer
 from p2pnode.library.lineindex import LineIndex
 from p2pnode.library.manifest import Manifest, ManifestCorrupt, PlacedFiles
-from p2pnode.library.sessions import BranchRecord, SessionStore, StateUnreadable, Version
+from p2pnode.library.sessions import (
+    BranchRecord,
+    SessionStore,
+    StateCorrupt,
+    StateUnreadable,
+    Version,
+    read_state,
+)
 from p2pnode.library.versions import VersionIndex, build_index, previous_branch, unlinked_growths
 from p2pnode.paths import NodePaths, PiDirs, session_dir
 from p2pnode.paths import agent_dir as default_agent_dir
@@ -204,6 +211,18 @@ class Repair:
     """Branches kept whose lines are in damaged pack records (what heals each)."""
     unchecked: str | None = None
     """Why the sessions could not be checked (a library that still does not open)."""
+
+
+def _unreadable_indexes(paths: NodePaths) -> list[tuple[Path, str]]:
+    """The JSON indexes of local files (manifest.json, placed.json) that do not load: (the
+    file, why)."""
+    found = []
+    for index in (Manifest(paths.manifest), PlacedFiles(paths.placed)):
+        try:
+            index.load()
+        except ManifestCorrupt as exc:
+            found.append((index.path, str(exc)))
+    return found
 
 
 def _kept_aside(path: Path) -> Path:
@@ -414,13 +433,19 @@ class Library:
         went).  They start empty: `ls` shows no path for a branch until it is shared again, and
         a later version is not placed over a file this node no longer knows it placed (a
         conflict, exit 7, not an overwrite)."""
-        moved = []
-        for index in (Manifest(paths.manifest), PlacedFiles(paths.placed)):
-            try:
-                index.load()
-            except ManifestCorrupt:
-                moved.append((index.path, _kept_aside(index.path)))
-        return moved
+        return [(path, _kept_aside(path)) for path, _ in _unreadable_indexes(paths)]
+
+    @staticmethod
+    def unreadable_files(paths: NodePaths) -> list[str]:
+        """What plain `fsck` reports above the store: sessions.json, manifest.json and
+        placed.json each that cannot be used, with what repairs it (read without opening the
+        store, whose open would mend what fsck is to report)."""
+        problems = [why for _, why in _unreadable_indexes(paths)]
+        try:
+            read_state(paths.home / "sessions.json")
+        except StateCorrupt as exc:
+            problems.insert(0, str(exc))
+        return problems
 
     @staticmethod
     def _rebuild_state(paths: NodePaths) -> tuple[rebuild.Rebuilt, Path | None]:
@@ -870,7 +895,8 @@ class Library:
             raise NotFound(f"branch prefix {text!r} matches {len(matches)} known branches{which}")
         return matches[0]
 
-    def _info(self, record: BranchRecord, path: str | None = None) -> BranchInfo:
+    def _info(self, record: BranchRecord, path: str | None = None, *, for_peers: bool = False) -> BranchInfo:
+        """`for_peers`: without the local path (manifest.json's), which peers never see."""
         version = self.sessions.version(record.src)
         index, counts = self._version_index()
         older = index.previous.get(record.src)
@@ -878,7 +904,8 @@ class Library:
         return BranchInfo(
             branch=record.branch, src=record.src, parent=record.parent, size=version.size,
             lines=version.lines, header=dict(version.header), title=version.title, offered=record.offered,
-            shared_at=record.shared_at, path=path if path is not None else self.manifest.get(record.branch),
+            shared_at=record.shared_at,
+            path=None if for_peers else path if path is not None else self.manifest.get(record.branch),
             lineage_cut=record.lineage_cut, secrets_allowed=record.secrets_allowed,
             expires_at=record.expires_at, to=record.to, withdrawn=record.withdrawn,
             previous=previous,
@@ -999,10 +1026,14 @@ class Library:
         return [i for i in self.branches(include_unshared=True) if i.parent == branch]
 
     def catalog(self, peer: str | None = None) -> Catalog:
-        """The offered branches `peer` may fetch (None: those offered to every trusted peer)."""
+        """The offered branches `peer` may fetch (None: those offered to every trusted peer),
+        newest share first, without local paths: peers never see them, so a damaged
+        manifest.json (each local command names it) does not stop the node serving."""
         with self._lock:
             visible = self._visible(peer).objects
-            return Catalog(self.sessions.generation, [i for i in self.branches() if i.branch in visible])
+            infos = [self._info(r, for_peers=True) for r in self.sessions.branches()
+                     if r.offered and r.branch in visible]
+        return Catalog(self.sessions.generation, sorted(infos, key=lambda i: i.shared_at, reverse=True))
 
     def sidecar_bytes(self, branch_hex: str) -> bytes:
         with self._lock:

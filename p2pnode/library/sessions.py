@@ -493,13 +493,33 @@ def _write_state(path: Path, state: _State) -> None:
         atomic_write(path, json.dumps(doc, separators=(",", ":")).encode())
 
 
+def read_state(state_path: Path) -> _State | None:
+    """The state file's records; None when there is no file; StateCorrupt when it cannot be
+    used (read without the store: what plain `fsck` checks too)."""
+    try:
+        raw = json.loads(state_path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise StateUnreadable(state_path, f"is not valid JSON ({exc})") from None
+    if isinstance(raw, dict) and "version" in raw and raw["version"] != STATE_VERSION:
+        raise StateCorrupt(f"{state_path} has version {raw['version']!r}, not {STATE_VERSION}")
+    if (wrong := _state_problem(raw)) is not None:
+        raise StateUnreadable(state_path, wrong)
+    return _State(
+        generation=raw["generation"],
+        sessions={k: Version(**v) for k, v in raw["sessions"].items()},
+        branches={k: BranchRecord(**v) for k, v in raw["branches"].items()},
+    )
+
+
 class SessionStore:
     """Versions, branches and the catalog generation, over a Store and a state file."""
 
     def __init__(self, store: Store, state_path: Path) -> None:
         self.store = store
         self.state_path = state_path
-        loaded = self._load()
+        loaded = read_state(state_path)
         if loaded is None:  # a new home: the file is written before any import can begin
             if ours := self._our_contexts(set()):
                 raise StateUnreadable(state_path, "is missing", f", but the store beside it holds "
@@ -533,24 +553,6 @@ class SessionStore:
             return None
 
     # --- state file ---
-
-    def _load(self) -> _State | None:
-        """The state file's records; None when there is no file."""
-        try:
-            raw = json.loads(self.state_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except ValueError as exc:
-            raise StateUnreadable(self.state_path, f"is not valid JSON ({exc})") from None
-        if isinstance(raw, dict) and "version" in raw and raw["version"] != STATE_VERSION:
-            raise StateCorrupt(f"{self.state_path} has version {raw['version']!r}, not {STATE_VERSION}")
-        if (wrong := _state_problem(raw)) is not None:
-            raise StateUnreadable(self.state_path, wrong)
-        return _State(
-            generation=raw["generation"],
-            sessions={k: Version(**v) for k, v in raw["sessions"].items()},
-            branches={k: BranchRecord(**v) for k, v in raw["branches"].items()},
-        )
 
     def _save(self) -> None:
         _write_state(self.state_path, self._state)

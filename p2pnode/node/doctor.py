@@ -48,7 +48,8 @@ def diagnose(paths: NodePaths, pi: PiDirs, cwd: str, timeout: float = DEFAULT_TI
         status = call_node(paths, "status", {}, timeout=timeout + 2.0)
     except P2PNodeError:
         status = None
-    checks = [check_store(paths, running=status is not None), check_node(paths, status)]
+    checks = [check_store(paths, running=status is not None), check_identity(paths),
+              check_node(paths, status)]
     if status is None:
         checks += [Check(name, SKIP, "no node running") for name in ("peer port", "tickets", "mdns")]
     else:
@@ -111,6 +112,21 @@ def _user() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+def check_identity(paths: NodePaths) -> Check:
+    """The node key and certificate load and match, and the certificate is one peers accept
+    (a damaged one is refused by every peer, which then looks like a trust problem)."""
+    from p2pnode.peer.identity import IdentityError, identity_files, load_identity
+
+    if not identity_files(paths.identity):
+        return Check("identity", SKIP, "this node has no identity yet", "start the node once: p2pnode serve")
+    try:
+        identity = load_identity(paths.identity)
+    except IdentityError as exc:
+        return Check("identity", FAIL, str(exc), "p2pnode id (re-issues a damaged certificate, "
+                     "or says what to do about the key)")
+    return Check("identity", OK, f"node {identity.node_id}: key and certificate match; peers accept it")
 
 
 def check_node(paths: NodePaths, status: dict[str, Any] | None) -> Check:
@@ -206,7 +222,7 @@ async def check_trust(paths: NodePaths, status: dict[str, Any] | None, timeout: 
     after the TLS handshake is the peer not trusting us)."""
     from p2pnode.peer.address import PeerAddress
     from p2pnode.peer.get import get_catalog
-    from p2pnode.peer.identity import has_identity, load_identity
+    from p2pnode.peer.identity import IdentityError, has_identity, load_identity
     from p2pnode.peer.trust import TrustStore
 
     trust = TrustStore(paths.trust)
@@ -215,7 +231,10 @@ async def check_trust(paths: NodePaths, status: dict[str, Any] | None, timeout: 
         return [Check("trust", SKIP, "no trusted peers yet", "p2pnode trust <their node id>")]
     if not has_identity(paths.identity):
         return [Check("trust", FAIL, "this node has no identity yet", "start the node once: p2pnode serve")]
-    identity = load_identity(paths.identity)
+    try:
+        identity = load_identity(paths.identity)
+    except IdentityError:
+        return [Check("trust", SKIP, "this node's identity does not load (the identity line says why)")]
     seen = {p["node_id"]: p for p in (status or {}).get("peers", []) if p.get("addresses") and p.get("port")}
 
     async def ask(peer_id: str, label: str) -> Check:

@@ -54,10 +54,11 @@ def build_status(*, node_id: str | None, running: bool, home: str, catalog: Cata
 def offline_status(paths: NodePaths, lib: Library) -> dict[str, Any]:
     """What `status` can say with no node running (from the store, `lib`): identity, shared
     branches, trusted peers."""
-    from p2pnode.peer.identity import has_identity, load_identity
+    from p2pnode.peer.identity import existing_identity
     from p2pnode.peer.trust import TrustStore
 
-    node_id = load_identity(paths.identity).node_id if has_identity(paths.identity) else None
+    identity = existing_identity(paths.identity)
+    node_id = identity.node_id if identity is not None else None
     catalog, branches, space = lib.catalog(), lib.branches(), lib.space()
     peers = [trusted_peer(t, None) for t in TrustStore(paths.trust).peers()]
     return build_status(node_id=node_id, running=False, home=str(paths.home), catalog=catalog,

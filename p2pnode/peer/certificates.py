@@ -9,6 +9,7 @@ import functools
 import hashlib
 
 from cryptography import x509
+from cryptography.exceptions import InternalError, InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -95,9 +96,32 @@ def new_key_and_certificate() -> tuple[bytes, bytes]:
     return pem, issue_certificate(key).public_bytes(serialization.Encoding.PEM)
 
 
-def certificate_for(key_pem: bytes) -> bytes:
-    """A fresh certificate (PEM) for an existing PEM key; ValueError if it is not an Ed25519 key."""
-    key = serialization.load_pem_private_key(key_pem, password=None)
+def _ed25519_key(key_pem: bytes) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (UnsupportedAlgorithm, InternalError) as exc:  # a damaged algorithm identifier or key
+        raise ValueError(str(exc)) from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError("not an Ed25519 key")
-    return issue_certificate(key).public_bytes(serialization.Encoding.PEM)
+    return key
+
+
+def certificate_for(key_pem: bytes) -> bytes:
+    """A fresh certificate (PEM) for an existing PEM key; ValueError if it is not an Ed25519 key."""
+    return issue_certificate(_ed25519_key(key_pem)).public_bytes(serialization.Encoding.PEM)
+
+
+def key_fingerprint(key_pem: bytes) -> bytes:
+    """The node id's bytes for a PEM key; ValueError if it is not an Ed25519 key."""
+    return spki_sha256_of_key(_ed25519_key(key_pem).public_key())
+
+
+def certified_fingerprint(cert_pem: bytes) -> bytes | None:
+    """The node id's bytes of a certificate the open CA really signed, else None (unreadable,
+    or damaged since it was signed): which key an intact certificate was issued for."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cert.verify_directly_issued_by(open_ca()[1])
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm, x509.InvalidVersion):
+        return None
+    return spki_sha256_of_key(cert.public_key())

@@ -20,8 +20,10 @@ this module reads them without it.
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
+import logging
 import os
 import ssl
 from dataclasses import dataclass
@@ -38,20 +40,23 @@ CA_FILE = "open-ca.crt"
 NAME_FILE = "name"
 """The name this node gives itself (`pair --name`): sent when pairing, announced over mDNS."""
 
+logger = logging.getLogger(__name__)
+
 
 class IdentityError(P2PNodeError):
     """The identity files are unreadable or inconsistent."""
 
 
-def _unreadable(what: str, path: Path, exc: OSError | ValueError) -> IdentityError:
+def _unreadable(what: str, path: Path, exc: OSError | ValueError, remedy: str | None = None) -> IdentityError:
     """Why an identity file could not be read; one this user may not read is exit 4 (README:
-    a file this user may not read or write), with what to do, as for any such file."""
+    a file this user may not read or write), with what to do, as for any such file; else
+    `remedy`, if there is one."""
     if isinstance(exc, OSError) and exc.errno in PERMISSION_ERRNOS:
         error = IdentityError(f"cannot read {what} {path}: {(exc.strerror or str(exc)).lower()} (it must be "
                               "this user's own file, readable by it: fix its owner or mode)")
         error.exit_code = InvalidInput.exit_code
         return error
-    return IdentityError(f"cannot read {what} {path}: {exc}")
+    return IdentityError(f"cannot read {what} {path}: {exc}" + (f"; {remedy}" if remedy else ""))
 
 
 OPEN_CA_PEM = b"""-----BEGIN CERTIFICATE-----
@@ -102,45 +107,135 @@ class Identity:
 
 
 def load_identity(directory: Path) -> Identity:
-    """The existing identity; IdentityError if it is missing, if its key is not Ed25519 or if
-    the certificate is not for the key.  Read without an X.509 library: the id from the
-    certificate's key (spki.py), the match by OpenSSL loading the pair as a TLS context does."""
+    """The existing identity; IdentityError if it is missing, if its key is not Ed25519, if the
+    certificate is not for the key or if a peer would refuse it.  Read without an X.509
+    library: the id from the certificate's key (spki.py), the rest by OpenSSL loading the pair
+    and checking the certificate in a handshake with itself, as a peer checks it."""
     cert_path, key_path = directory / CERT_FILE, directory / KEY_FILE
+    remedy = f"`p2pnode id` re-issues it from {KEY_FILE} (the node id stays the same)"
     try:
         spki = certificate_spki(ssl.PEM_cert_to_DER_cert(cert_path.read_text(encoding="ascii")))
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        raise _unreadable("the node certificate", cert_path, exc) from exc
+        raise _unreadable("the node certificate", cert_path, exc, remedy) from exc
     if not spki.startswith(ED25519_SPKI_PREFIX):
-        raise IdentityError(f"the node certificate in {directory} is not for an Ed25519 key")
+        raise IdentityError(f"the node certificate {cert_path} is not for an Ed25519 key; {remedy}")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path)
+        problem = _refused_by_peers(cert_path, key_path)
     except ssl.SSLError as exc:
         raise IdentityError(f"the node key {key_path} is unreadable or not the certificate's "
-                            f"({exc.reason or exc})") from exc
+                            f"({exc.reason or exc}); {remedy}, or says what else is wrong") from exc
     except OSError as exc:
         raise _unreadable("the node key", key_path, exc) from exc
+    if problem is not None:
+        raise IdentityError(f"the node certificate {cert_path} is damaged: peers would refuse it "
+                            f"({problem}); {remedy}")
     return Identity(directory, hashlib.sha256(spki).digest())
+
+
+def _refused_by_peers(cert_path: Path, key_path: Path) -> str | None:
+    """Why a peer would refuse this certificate (its signature, its dates), else None: a TLS
+    handshake in memory, this pair serving a client that trusts only the open CA.  SSLError
+    if OpenSSL cannot load the pair (an unreadable key, or not the certificate's)."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert_path, key_path)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.minimum_version = ssl.TLSVersion.TLSv1_3
+    client.check_hostname = False
+    client.load_verify_locations(cadata=OPEN_CA_PEM.decode())
+    client_in, client_out, server_in, server_out = (ssl.MemoryBIO() for _ in range(4))
+    ours = client.wrap_bio(client_in, client_out)
+    theirs = server.wrap_bio(server_in, server_out, server_side=True)
+    for _ in range(3):  # TLS 1.3: the client's verdict comes after the server's first flight
+        try:
+            ours.do_handshake()
+            return None
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLCertVerificationError as exc:
+            return exc.verify_message or str(exc)
+        server_in.write(client_out.read())
+        with contextlib.suppress(ssl.SSLWantReadError):
+            theirs.do_handshake()
+        client_in.write(server_out.read())
+    return "the handshake did not complete"
 
 
 def has_identity(directory: Path) -> bool:
     return (directory / KEY_FILE).is_file()
 
 
+def identity_files(directory: Path) -> list[Path]:
+    """The files an identity leaves, those present: none only if this node never made one."""
+    return [directory / name for name in (KEY_FILE, CERT_FILE, CA_FILE) if (directory / name).exists()]
+
+
+def existing_identity(directory: Path) -> Identity | None:
+    """The node's identity if it ever made one (mended as load_or_create_identity does), None
+    for a home that never did: what `status` shows without making one."""
+    return load_or_create_identity(directory) if identity_files(directory) else None
+
+
+class IdentityLost(IdentityError):
+    """The node key is gone but the node had an identity: a new one would be a stranger to
+    every peer, so none is made without being asked."""
+
+
 def load_or_create_identity(directory: Path) -> Identity:
-    """The node's identity, made on first use (key and cert mode 0600, dir 0700)."""
+    """The node's identity, made on first use (key and cert mode 0600, dir 0700).  A damaged or
+    lost certificate is re-issued from the key (one warning); a lost key beside the files of an
+    earlier identity is IdentityLost, never silently a new node id."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(directory, 0o700)
-    if not (directory / KEY_FILE).exists():
+    key_path = directory / KEY_FILE
+    if not key_path.exists():
+        earlier = identity_files(directory)
+        if earlier:
+            raise IdentityLost(
+                f"the node key {key_path} is missing, but {earlier[0]} shows this node had an "
+                f"identity that its peers trust: restore {KEY_FILE} from a backup, or to start over "
+                f"with a new node id (every peer must then trust it again) remove {directory}")
         from p2pnode.peer import certificates  # the X.509 stack, only to make an identity
 
         key, cert = certificates.new_key_and_certificate()
-        atomic_write(directory / KEY_FILE, key)
+        atomic_write(key_path, key)
         atomic_write(directory / CERT_FILE, cert)
     if not (directory / CA_FILE).exists():
         atomic_write(directory / CA_FILE, open_ca_pem())
-    if not (directory / CERT_FILE).exists():  # lost cert: re-issue for the same key and id
-        reissue_certificate(directory)
-    return load_identity(directory)
+    try:
+        return load_identity(directory)
+    except IdentityError as exc:
+        return _mend_certificate(directory, str(exc))
+
+
+def _mend_certificate(directory: Path, problem: str) -> Identity:
+    """Re-issue a lost or damaged certificate from the key (it holds nothing else), unless it
+    is the key that is damaged: then the certificate, signed and intact, names another id."""
+    from p2pnode.peer import certificates
+
+    key_path, cert_path = directory / KEY_FILE, directory / CERT_FILE
+    start_over = (f"restore it from a backup, or to start over with a new node id (every peer "
+                  f"must then trust it again) remove {directory}")
+    try:
+        key_pem = key_path.read_bytes()
+    except OSError as exc:
+        raise _unreadable("the node key", key_path, exc) from exc
+    try:
+        key_id = certificates.key_fingerprint(key_pem)
+    except ValueError as exc:
+        raise IdentityError(f"the node key {key_path} is damaged ({str(exc).split('.')[0]}): "
+                            f"{start_over}") from exc
+    try:
+        certified = certificates.certified_fingerprint(cert_path.read_bytes())
+    except OSError:
+        certified = None
+    if certified is not None and certified != key_id:
+        raise IdentityError(
+            f"the node key {key_path} is not the key of {cert_path}, which is intact (node "
+            f"{format_node_id(certified)}): the key is damaged or was replaced; {start_over}")
+    identity = reissue_certificate(directory)
+    logger.warning("re-issued the node certificate %s from %s, the node id %s stays the same (%s)",
+                   cert_path, KEY_FILE, identity.node_id, problem.split(";")[0])
+    return identity
 
 
 def reissue_certificate(directory: Path) -> Identity:

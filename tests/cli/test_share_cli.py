@@ -334,6 +334,10 @@ def test_a_lost_or_unreadable_sessions_json_is_rebuilt_from_the_store_by_fsck_re
 
     refused = run(env, "ls", check=False)
     assert refused.returncode == 1 and "fsck --repair" in refused.stderr.decode()
+    if damaged is not None:  # plain fsck reports it too (a missing file needs the store: --repair says)
+        checked = run(env, "fsck", check=False)
+        assert checked.returncode == 1, checked.stdout
+        assert f"error: {state}" in checked.stdout.decode() and "fsck --repair" in checked.stdout.decode()
     assert (state.read_bytes() if state.exists() else None) == damaged  # nothing changed
 
     repair = run(env, "fsck", "--repair")
@@ -465,4 +469,23 @@ def test_fsck_repair_names_the_branches_whose_lines_are_in_a_damaged_record_and_
 
     run(env, "share", str(b5))
     assert run(env, "cat", shared["branch"]).stdout == b5.read_bytes()
+    assert run(env, "fsck").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "placed.json"])
+def test_plain_fsck_names_an_unreadable_index_and_peers_still_get_the_catalog(
+        env: dict[str, str], name: str) -> None:
+    """Plain `fsck` exits 1 naming the file and `fsck --repair` (it said "ok"); the catalog
+    peers get is built without manifest.json (local paths, which peers never see), so a
+    damaged one is no error to them (it was a 500 with a traceback)."""
+    shared = json.loads(run(env, "share", str(agent_of(env) / "sessions" / BETA / B5), "--json").stdout)
+    home = Path(env["P2PNODE_HOME"])
+    (home / name).write_text("{cut")
+    checked = run(env, "fsck", check=False)
+    assert checked.returncode == 1
+    assert f"error: {home / name} is not JSON" in checked.stdout.decode()
+    assert "`p2pnode fsck --repair`" in checked.stdout.decode()
+    with Library.open(NodePaths(home)) as lib:
+        assert shared["branch"] in [b.branch for b in lib.catalog().branches]
+    run(env, "fsck", "--repair")
     assert run(env, "fsck").returncode == 0

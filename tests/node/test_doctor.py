@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from procnode import Node
 
 from p2pnode.discovery.mdns import listen_addresses, local_ipv4_addresses
 from p2pnode.library.api import Library
-from p2pnode.node.doctor import FAIL, OK, SKIP, check_trust
+from p2pnode.node.doctor import FAIL, OK, SKIP, check_identity, check_trust
 from p2pnode.paths import NodePaths
 from p2pnode.peer import wire
 from p2pnode.peer.trust import TrustStore
@@ -35,7 +36,7 @@ def test_without_a_node_it_says_to_start_one(tmp_path: Path) -> None:
     text = a.run("doctor", check=False)
     assert text.returncode == 1
     lines = text.stdout.splitlines()
-    assert len(lines) == len(checks) and lines[1].startswith("FAIL  node") and "-> start it" in lines[1]
+    assert len(lines) == len(checks) and lines[2].startswith("FAIL  node") and "-> start it" in lines[2]
 
 
 def test_a_node_on_loopback_gives_tickets_for_loopback(tmp_path: Path, corpus_new_dir: Path) -> None:
@@ -110,3 +111,21 @@ def test_a_pi_session_dir_that_does_not_exist_fails(tmp_path: Path) -> None:
     (home / "flat" / "2026-11-23T11-40-10-981Z_x.jsonl").write_bytes(b"{}\n")
     _, checks = doctor(a)
     assert checks["pi"]["outcome"] == OK and f"flat in {home / 'flat'} (1 there)" in checks["pi"]["detail"]
+
+
+def test_a_damaged_certificate_fails_the_identity_check(tmp_path: Path) -> None:
+    """`doctor` said nothing while every peer refused a node.crt with a flipped bit: the
+    identity line fails, naming the file and `p2pnode id`, which re-issues it (same id)."""
+    a = Node(tmp_path, "a")
+    assert check_identity(NodePaths(a.home)).outcome == OK
+    cert = NodePaths(a.home).identity / "node.crt"
+    der = bytearray(ssl.PEM_cert_to_DER_cert(cert.read_text()))
+    der[-5] ^= 1  # in the signature: the key and the id read the same
+    cert.write_text(ssl.DER_cert_to_PEM_cert(bytes(der)))
+    code, checks = doctor(a)
+    assert code == 1 and checks["identity"]["outcome"] == FAIL
+    assert str(cert) in checks["identity"]["detail"] and checks["identity"]["fix"].startswith("p2pnode id")
+    fixed = a.run("id")
+    assert fixed.stdout.strip() == a.id and "re-issued the node certificate" in fixed.stderr
+    assert check_identity(NodePaths(a.home)).outcome == OK
+    assert check_identity(NodePaths(tmp_path / "fresh")).outcome == SKIP

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
+import ssl
 import stat
 from pathlib import Path
 
@@ -15,7 +18,15 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from p2pnode.errors import InvalidInput, NotFound
 from p2pnode.peer import https
 from p2pnode.peer.certificates import open_ca
-from p2pnode.peer.identity import OPEN_CA_PEM, load_or_create_identity, reissue_certificate
+from p2pnode.peer.identity import (
+    OPEN_CA_PEM,
+    IdentityError,
+    IdentityLost,
+    existing_identity,
+    load_identity,
+    load_or_create_identity,
+    reissue_certificate,
+)
 from p2pnode.peer.nodeid import InvalidNodeId, format_node_id, normalise_node_id, parse_node_id
 from p2pnode.peer.spki import spki_sha256
 from p2pnode.peer.tls import client_context, peer_fingerprint, server_context
@@ -190,3 +201,69 @@ async def test_curl_speaks_the_same_mtls(three, tmp_path: Path) -> None:
         assert out.decode() == c.node_id
     finally:
         await runner.cleanup()
+
+
+def _flip_in_signature(cert: Path) -> None:
+    """One bit flipped in the certificate's signature (its last bytes): the key, and so the
+    id, read the same, but a peer's chain check fails."""
+    der = bytearray(ssl.PEM_cert_to_DER_cert(cert.read_text()))
+    der[-5] ^= 1
+    cert.write_text(ssl.DER_cert_to_PEM_cert(bytes(der)))
+
+
+@pytest.mark.parametrize("damage", ["signature", "cut", "emptied", "deleted"])
+def test_a_damaged_certificate_is_seen_and_reissued_from_the_key(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A bit flip in node.crt's signature went unnoticed (every peer then refused the node,
+    which read as a trust problem): loading checks the certificate as a peer does, and
+    load_or_create_identity re-issues it for the same key and id, with one warning."""
+    d = tmp_path / "identity"
+    ident = load_or_create_identity(d)
+    cert = ident.cert_path
+    if damage == "signature":
+        _flip_in_signature(cert)
+    elif damage == "cut":
+        cert.write_bytes(cert.read_bytes()[:300])
+    elif damage == "emptied":
+        cert.write_bytes(b"")
+    else:
+        cert.unlink()
+    with pytest.raises(IdentityError, match=f"{cert}.*`p2pnode id` re-issues it"):
+        load_identity(d)
+    with caplog.at_level(logging.WARNING, "p2pnode.peer.identity"):
+        again = load_or_create_identity(d)
+    assert again.node_id == ident.node_id and load_identity(d).node_id == ident.node_id
+    assert [r.getMessage() for r in caplog.records if "re-issued the node certificate" in r.getMessage()]
+    assert len(caplog.records) == 1
+
+
+def test_a_damaged_key_is_not_taken_for_a_damaged_certificate(tmp_path: Path) -> None:
+    """A key that reads as another Ed25519 key beside an intact certificate: re-issuing would
+    silently change the node id, so it is refused, naming the key and how to start over."""
+    d = tmp_path / "identity"
+    ident = load_or_create_identity(d)
+    other = load_or_create_identity(tmp_path / "other")
+    ident.key_path.write_bytes(other.key_path.read_bytes())
+    old_cert = ident.cert_path.read_bytes()
+    with pytest.raises(IdentityError, match=f"{ident.key_path} is not the key of .*intact.*remove {d}"):
+        load_or_create_identity(d)
+    assert ident.cert_path.read_bytes() == old_cert
+
+
+def test_a_lost_key_does_not_silently_become_a_new_node_id(tmp_path: Path) -> None:
+    """node.key deleted: the certificate beside it shows the node had an id its peers trust,
+    so no new one is made (nothing overwritten) until the identity dir is removed on purpose.
+    A brand-new home still makes its identity without a word."""
+    d = tmp_path / "identity"
+    ident = load_or_create_identity(d)
+    ident.key_path.unlink()
+    old_cert = ident.cert_path.read_bytes()
+    with pytest.raises(IdentityLost, match=f"node key {ident.key_path} is missing.*remove {d}") as lost:
+        load_or_create_identity(d)
+    assert lost.value.exit_code == 1
+    assert ident.cert_path.read_bytes() == old_cert and not ident.key_path.exists()
+    assert existing_identity(tmp_path / "never") is None and not (tmp_path / "never").exists()
+    with pytest.raises(IdentityLost):
+        existing_identity(d)
+    shutil.rmtree(d)  # starting over, deliberately
+    assert load_or_create_identity(d).node_id != ident.node_id
