@@ -195,10 +195,13 @@ def cmd_share(args: argparse.Namespace) -> int:
                "redact": args.redact, "expires": args.expires, "to": share_to(node_paths(args), args.to)}
     with TransferBar(label="share") as bar:
         def here(lib: Any) -> dict[str, Any]:
+            from p2pnode.node.live import restate_saved  # no node runs: its live.json, if any
+
             result = lib.share(args.session, latest=args.latest, no_lineage=args.no_lineage, pi=pi,
                                allow_secrets=args.allow_secrets, redact=args.redact,
                                expires=payload["expires"], to=payload["to"], progress=bar).as_dict()
             held = [b.branch for b in lib.branches(include_unshared=True)]
+            restate_saved(node_paths(args).home, result)
             return dict(result, **share_handoff(result["branch"], held, None, []))  # no node: no ticket
 
         def ask(paths: NodePaths, op: str, body: dict[str, Any]) -> dict[str, Any] | None:

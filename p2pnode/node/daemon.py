@@ -404,12 +404,14 @@ class Node:
 
     async def _shared(self, result: ShareResult) -> dict[str, Any]:
         log.info("shared %s (%s)", result.branch, result.path)
+        self.live.restate(result)
         self.announce_soon()
         self._warm([result.src])
         return dict(result.as_dict(), **await asyncio.to_thread(self._share_handoff, result.branch))
 
     def _shared_meanwhile(self, result: ShareResult) -> None:
         log.info("shared %s (%s; its command went away)", result.branch, result.path)
+        self.live.restate(result)
         self.announce_soon()
         self._warm([result.src])
 

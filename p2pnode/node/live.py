@@ -13,6 +13,8 @@ Each share of a grown file goes to the audience the live share began with (`--to
 moment its first share set (`--expires 1h`: an hour after `share --live`, not after each line);
 past that moment the live share ends.  `unshare` and `rm` of what a live share offers end it
 first (`stop_offering`; `unlive_saved` without a node), else Pi's next line would offer it again.
+A share of the file by a command of its own (`share F --to bob`) sets them anew (`restate`;
+`restate_saved` without a node).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2pnode.errors import InvalidInput, NotFound
 from p2pnode.library import access
-from p2pnode.library.api import Library
+from p2pnode.library.api import BranchInfo, Library
 from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
 
@@ -131,6 +133,17 @@ class LiveShares:
             log.info("live: stopped sharing %s live, its session is unshared or removed", path)
         return ended
 
+    def restate(self, result: BranchInfo) -> None:
+        """A share of a file shared live, by a command of its own (not the watcher's): its
+        audience and end are the live share's from now on, as sharing again replaces them;
+        else Pi's next line would offer the file to the audience it had before."""
+        live = self.live.get(result.path) if result.path else None
+        if live is not None and (live.to, live.expires_at) != (result.to, result.expires_at):
+            live.to, live.expires_at = result.to, result.expires_at
+            self.live.save()
+            log.info("live: %s is now shared to %s, until %s", live.path, live.to or "every trusted peer",
+                     live.expires_at or "it is unshared")
+
     async def _watch(self, live: Live) -> None:
         seen: tuple[int, int, int] | None = None
         while True:
@@ -185,6 +198,14 @@ def unlive_saved(home: Path, branches: Collection[str]) -> list[str]:
     live.json (a node started later would take them up).  Their paths."""
     saved = PersistedTasks[Live](home / LIVE_FILE, lambda live: asyncio.sleep(0))
     return [str(e.get("path")) for e in saved.drop_saved(lambda e: e.get("branch") in branches)]
+
+
+def restate_saved(home: Path, shared: dict[str, Any]) -> None:
+    """LiveShares.restate with no node running: the live.json entry of the file shared (a node
+    started later shares its growth to the audience and until the end this share set)."""
+    saved = PersistedTasks[Live](home / LIVE_FILE, lambda live: asyncio.sleep(0))
+    saved.change_saved(lambda e: shared.get("path") is not None and e.get("path") == shared["path"],
+                       lambda e: dict(e, to=shared.get("to"), expires_at=shared.get("expires_at")))
 
 
 def unshare_live(lib: Library, branch: str, unlive: Callable[[list[str]], list[str]]) -> dict[str, Any]:

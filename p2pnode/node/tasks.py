@@ -56,6 +56,13 @@ class PersistedTasks(Generic[T]):
             atomic_write(self.file, json.dumps([e for e in saved if not gone(e)]).encode())
         return dropped
 
+    def change_saved(self, pick: Callable[[dict[str, Any]], bool],
+                     change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """With no node running: each saved entry `pick` picks replaced by `change(entry)`."""
+        saved = self.load()
+        if any(pick(e) for e in saved):
+            atomic_write(self.file, json.dumps([change(e) if pick(e) else e for e in saved]).encode())
+
     def begin(self, key: str, item: T) -> None:
         self.items[key] = item
         item.task = asyncio.ensure_future(self._run(item))

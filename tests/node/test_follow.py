@@ -491,6 +491,34 @@ def test_a_live_share_keeps_its_audience_and_end(tmp_path: Path, corpus_new_dir:
             assert [(x["to"], x["expires_at"]) for x in status(a)["live"]] == [(None, None)]
 
 
+def test_a_plain_share_of_a_live_file_sets_its_audience_anew(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """`share --live` to every peer, then `share F --to C` (no --live) narrows it: the next
+    growth is shared to C only, not to everyone again; the same with the node down, as the
+    node starts again (live.json)."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        c = Node(tmp_path, "c")
+        TrustStore(NodePaths(a.home).trust).trust(c.id)
+
+        def offered_grown() -> dict[str, Any] | None:
+            rows = json.loads(a.run("ls", "--json").stdout)
+            return rows[0] if rows and rows[0]["size"] == session.stat().st_size else None
+
+        with a.node_running():
+            a.run("share", str(session), "--live")
+            time.sleep(1.0)  # the watcher's first look
+            a.run("share", str(session), "--to", c.id)
+            grow(session, "narrowed")
+            row = wait_for("the grown file shared", offered_grown)
+            assert row["to"] == [c.id]
+            assert [x["to"] for x in status(a)["live"]] == [[c.id]]
+        a.run("share", str(session), "--to", b.id)  # no node: live.json is set anew
+        assert [e["to"] for e in json.loads((a.home / "live.json").read_bytes())] == [[b.id]]
+        grow(session, "while down")
+        with a.node_running():
+            row = wait_for("the grown file shared as the node starts", offered_grown)
+            assert row["to"] == [b.id]
+
+
 def test_a_live_share_past_its_end_is_not_shared_again(tmp_path: Path, corpus_new_dir: Path) -> None:
     """A live share whose offer has expired (the node was down meanwhile) ends as the node
     starts: the grown file is not offered again."""
