@@ -33,6 +33,19 @@ def lines(n: int, width: int = 300, tag: str = "x") -> bytes:
     return b"".join(b'{"type":"message","n":%d,"t":"%s"}\n' % (i, (tag * width).encode()) for i in range(n))
 
 
+
+def counted_updates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the bytes every BLAKE3 hasher is fed from now on (until monkeypatch.undo)."""
+    fed: list[int] = []
+    real_update = blake3.blake3.update
+
+    def counting_update(self: blake3.blake3, data: bytes) -> blake3.blake3:
+        fed.append(len(data))
+        return real_update(self, data)
+
+    monkeypatch.setattr(blake3.blake3, "update", counting_update)
+    return fed
+
 def test_corpus_files_hash_to_the_manifest(corpus_dir: Path, corpus_manifest: dict, tmp_path: Path) -> None:
     hasher = FileHasher(tmp_path / "cache.json")
     for entry in corpus_manifest["files"]:
@@ -79,14 +92,7 @@ def test_growth_hashes_only_new_bytes_with_live_state(tmp_path: Path,
     old = hasher.scan(f).prefix
     with open(f, "ab") as out:
         out.write(lines(10, tag="y"))
-    fed: list[int] = []
-    real_update = blake3.blake3.update
-
-    def counting_update(self: blake3.blake3, data: bytes) -> blake3.blake3:
-        fed.append(len(data))
-        return real_update(self, data)
-
-    monkeypatch.setattr(blake3.blake3, "update", counting_update)
+    fed = counted_updates(monkeypatch)
     sink = Recorder(old.size)
     scan = hasher.scan(f, prefixes=[old], sink=sink)
     monkeypatch.undo()
@@ -163,14 +169,7 @@ def test_the_largest_older_version_that_is_a_prefix_is_the_one_grown_from(
         vy.write_bytes(v1.read_bytes())
         assert hasher.scan(vy).prefix == old
         vy.write_bytes(lines(300) + lines(20, tag="y"))
-    read: list[int] = []
-    real_update = blake3.blake3.update
-
-    def counting_update(self: blake3.blake3, data: bytes) -> blake3.blake3:
-        read.append(len(data))
-        return real_update(self, data)
-
-    monkeypatch.setattr(blake3.blake3, "update", counting_update)
+    read = counted_updates(monkeypatch)
     sink = Recorder(old.size)
     scan = (hasher if live else FileHasher(None)).scan(vy, prefixes=[other, old], sink=sink)
     monkeypatch.undo()
