@@ -50,7 +50,7 @@ def test_doctor_on_the_lan(lab: Lab, tmp_path: Path) -> None:
         code, checks = doctor(a)
         assert code == 1
         assert {n: c["outcome"] for n, c in checks.items()} == {
-            "store": "ok", "node": "ok", "peer port": "ok", "tickets": "ok", "mdns": "ok",
+            "store": "ok", "identity": "ok", "node": "ok", "peer port": "ok", "tickets": "ok", "mdns": "ok",
             "trust h2": "fail", "pi": "ok"}
         assert checks["tickets"]["detail"] == f"tickets carry {lab.addr('h1')}:47470"
         assert checks["mdns"]["detail"] == f"announced and heard on {lab.addr('h1')}, port 47470"
