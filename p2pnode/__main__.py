@@ -10,7 +10,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("p2pnode: interrupted\n")
         sys.stderr.flush()
-        os._exit(130)  # cli.main.EXIT_INTERRUPTED: that import is what Ctrl-C stopped
+        os._exit(130)  # errors.EXIT_INTERRUPTED: an import is what Ctrl-C stopped
     run()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pnode.cli.render import one_line, print_json, short, shown
-from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable
+from p2pnode.errors import EXIT_INTERRUPTED, InvalidInput, P2PNodeError, PeerUnavailable
 from p2pnode.node.control_client import call_node, node_running
 from p2pnode.paths import NodePaths, PiDirs
 
@@ -117,7 +117,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
         if isinstance(stop, _Told):
             signal.signal(stop.signum, signal.SIG_DFL)
             os.kill(os.getpid(), stop.signum)
-        return 0
+        return EXIT_INTERRUPTED  # Ctrl-C, as for any command it ends (README's exit codes)
 
 
 def _said(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:

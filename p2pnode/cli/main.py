@@ -51,6 +51,7 @@ from p2pnode.cli.render import (
 from p2pnode.cli.space import add_space_commands
 from p2pnode.errors import (
     CALLERS_PATH_ERRNOS,
+    EXIT_INTERRUPTED,
     KINDS,
     Conflict,
     InvalidInput,
@@ -580,7 +581,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 DEBUG_ENV = "P2PNODE_DEBUG"
 """Set to 1 to see the traceback of an unexpected error (the user sees one line otherwise)."""
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`: the reader went away
 
 
