@@ -88,6 +88,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
     trusted = store.trust(peer.node_id, name=name)
     claim = f" (the name {peer.name!r} is what it announces: check the id with its owner)" \
         if peer.how not in ("", "trusted") and args.node_id != peer.node_id and not args.name else ""
+    via_node(paths, "trust/reload", {})  # served from now on, not from the node's next poll
     print(f"trusted {trusted.node_id}{f' ({shown(trusted.name)})' if trusted.name else ''}{shown(claim)}")
     return 0
 
@@ -99,6 +100,7 @@ def cmd_untrust(args: argparse.Namespace) -> int:
     paths = _paths(args)
     peer = resolve(args.node_id, known_peers(paths), (TRUSTED,))
     removed = TrustStore(paths.trust).untrust(peer.node_id)
+    via_node(paths, "trust/reload", {})  # its connections reset before this returns
     print(f"untrusted {removed.node_id}{f' ({shown(removed.name)})' if removed.name else ''}")
     return 0
 

@@ -33,7 +33,8 @@ environment and --session-dir count, not the node's (without it: the node's).
                                                      like share with "stream": true)
     /v1/follow, /v1/follow-events, /v1/unfollow      -> node/follow.py (`p2pnode follow`)
     /v1/live, /v1/unlive                              -> node/live.py (`share --live`, `live --stop`)
-    /v1/pair/start, /v1/pair/wait, /v1/pending         -> node/pairing.py (`pair`, `peers --pending`)
+    /v1/pair/start, /v1/pair/wait, /v1/pending,        -> node/pairing.py (`pair`, `peers --pending`,
+    /v1/trust/reload                                     `trust`, `untrust`)
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ Control endpoints of a running node (registered through `NodePairing.routes()`):
     /v1/pair/wait {"code"}   -> {"id", "name"}: a long poll until paired, burned or expired; a
                                 caller that goes away (Ctrl-C) cancels the code
     /v1/pending {}           -> {"pending": [{"id", "name", "first_seen", "last_seen", "attempts"}]}
+    /v1/trust/reload {}      -> {}: trust.json re-read now (`trust`, `untrust`)
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ class NodePairing:
         self.host = PairingHost(node.identity, node.trust, node.config.host, node.discovery)
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
-        return {"pair/start": self._start, "pair/wait": self._wait, "pending": self._pending}
+        return {"pair/start": self._start, "pair/wait": self._wait, "pending": self._pending,
+                "trust/reload": self._reload}
 
     async def close(self) -> None:
         await self.host.close()
@@ -108,6 +110,12 @@ class NodePairing:
         if not isinstance(code, str):
             raise InvalidInput("control: 'code' must be a string")
         return (await self.host.wait(code)).as_dict()
+
+    async def _reload(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`trust` or `untrust` just changed trust.json from another process: applied now (an
+        untrusted peer's connections reset before the command returns), not at the next poll."""
+        await asyncio.to_thread(self.node.trust.reload_if_changed)
+        return {}
 
     async def _pending(self, body: dict[str, Any]) -> dict[str, Any]:
         self.node.trust.reload_if_changed()  # a `trust` just now, from another process

@@ -173,3 +173,32 @@ def test_a_node_cannot_trust_itself(tmp_path: Path):
     proc = me.run("trust", me.id, check=False)
     assert proc.returncode == 4 and "cannot trust itself" in proc.stderr and "Traceback" not in proc.stderr
     assert trusted(me) == {}
+
+
+def test_untrust_closes_the_peers_connections_before_it_returns(pair_of: tuple[Node, Node]):
+    """Alice's node serves Bob; Bob holds a connection open (handshake done, no request). Alice
+    runs `untrust bob` from the CLI: her node is told at once (it would see the file at its
+    next poll, up to TRUST_POLL_SECONDS later), so the connection is gone by the time the
+    command returned, well within that poll."""
+    import socket
+    import ssl
+    import time
+
+    from p2pnode.peer.identity import load_identity
+    from p2pnode.peer.provider import TRUST_POLL_SECONDS
+    from p2pnode.peer.tls import client_context
+
+    alice, bob = pair_of
+    alice.run("trust", bob.id, "--name", "bob")
+    bob.run("trust", alice.id, "--name", "alice")
+    with alice.node_running():
+        port = json.loads(alice.run("status", "--json").stdout)["port"]
+        me = load_identity(NodePaths(bob.home).identity)
+        tls = client_context(me, TrustStore(NodePaths(bob.home).trust), None)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                tls.wrap_socket(raw, server_hostname=None) as conn:
+            time.sleep(0.3)  # the server has counted the connection
+            alice.run("untrust", "bob")
+            conn.settimeout(TRUST_POLL_SECONDS / 4)  # a timeout: still open, left to the poll
+            with contextlib.suppress(ConnectionResetError, ssl.SSLError):  # how the abort reads
+                assert conn.recv(1) == b""
