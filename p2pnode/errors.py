@@ -58,7 +58,7 @@ EXIT_INTERRUPTED = 130
 """128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
 
 KINDS = {1: "error", 3: "not_found", 4: "invalid_input", 5: "verification_failed",
-         6: "peer_unavailable", 7: "conflict", 8: "refused", 130: "interrupted"}
+         6: "peer_unavailable", 7: "conflict", 8: "refused", EXIT_INTERRUPTED: "interrupted"}
 """Each exit code's name in the object a command run with --json prints when it fails (an
 error the node sent carries only its code, so the name follows the code, not the class)."""
 

@@ -204,6 +204,8 @@ def load_or_create_identity(directory: Path) -> Identity:
     try:
         return load_identity(directory)
     except IdentityError as exc:
+        if exc.exit_code == InvalidInput.exit_code:  # a file this user may not read: not damage
+            raise
         return _mend_certificate(directory, str(exc))
 
 

@@ -378,16 +378,20 @@ def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_pa
         assert error.exit_code == code and text in str(error) and "unexpected" not in str(error), (exc, error)
 
 
-def test_a_node_key_this_user_may_not_read_is_exit_4_naming_it(ordinary: OrdinaryUser) -> None:
-    """node.key at mode 000 (the user's own file): exit 4, as for any file this user may not
-    read (README), naming the key and what to do; it was exit 1 with a Python errno tuple.
-    As an ordinary user: root reads it whatever its mode."""
+@pytest.mark.parametrize("name, what", [("node.key", "the node key"), ("node.crt", "the node certificate")])
+def test_an_identity_file_this_user_may_not_read_is_exit_4_naming_it(ordinary: OrdinaryUser, name: str,
+                                                                     what: str) -> None:
+    """node.key or node.crt at mode 000 (the user's own file): exit 4, as for any file this
+    user may not read (README), naming it and what to do; it was exit 1 with a Python errno
+    tuple, and an unreadable certificate is not taken for a damaged one and replaced.  As an
+    ordinary user: root reads it whatever its mode."""
     env = ordinary.node("keyless")
     assert ordinary.run(env, "id").returncode == 0
-    key = Path(env["P2PNODE_HOME"]) / "identity" / "node.key"
-    key.chmod(0)
+    path = Path(env["P2PNODE_HOME"]) / "identity" / name
+    path.chmod(0)
     for command in ("status", "id"):
-        err = assert_clean(ordinary.run(env, command), f"{command} with node.key unreadable", {4})
-        assert f"cannot read the node key {key}: permission denied" in err and "owner or mode" in err, err
-    key.chmod(0o600)
+        err = assert_clean(ordinary.run(env, command), f"{command} with {name} unreadable", {4})
+        assert f"cannot read {what} {path}: permission denied" in err and "owner or mode" in err, err
+    assert path.stat().st_mode & 0o777 == 0  # left as it was
+    path.chmod(0o600)
     assert ordinary.run(env, "status").returncode == 0
