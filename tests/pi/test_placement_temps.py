@@ -189,7 +189,7 @@ def test_a_full_pi_folder_is_named_and_leaves_nothing(tmp_path: Path,
     1), not an OSError naming no file (the CLI blamed the node's home; the node answered "the
     node failed" with a traceback in its log), and nothing partial is left in Pi's folder.
     ENOSPC is injected: an ordinary user cannot mount a small file system here (a root run on
-    a 5 MB tmpfs gives the same message: REPORT.md of fix-disk)."""
+    a 5 MB tmpfs gives the same message)."""
     header, data, _ = _session(5)
     real = os.write
 
