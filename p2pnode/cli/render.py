@@ -280,6 +280,9 @@ def print_fetch(result: dict[str, Any]) -> None:
     print(f"branch   {result['branch']}")
     print(f"fetched  {fetched} branch(es), {result['lines_fetched']} of {result['lines_total']} lines, "
           f"{result['bytes_received']} bytes received" if fetched else "fetched  nothing: already held")
+    if result.get("healed"):
+        print(f"healed   {result['healed']} line(s) of the stored copy that could not be read back "
+              "(damaged): fetched again from peers and stored again")
     for where, why in result["dropped_peers"].items():
         print(f"dropped  {shown(where)}: {shown(why)}")
     if result["path"] and not result["conflict"]:

@@ -1191,6 +1191,21 @@ class Library:
         except UnknownBlob as exc:
             raise NotFound(f"line {exc.blob_hash.hex()} is not in this node's store") from None
 
+    def damaged_lines_of(self, src_hex: str) -> list[bytes]:
+        """The lines of held version `src_hex` whose stored copy cannot be read back, each line
+        read and checked once, alone (a failure path: the lines of a version a read found
+        damaged).  The store names each one damaged from then on, so `has_lines` says it is not
+        held: a fetch asks peers for it again, and storing its bytes again heals the store."""
+        with self._lock:
+            hashes = dict.fromkeys(self.sessions.line_hashes(src_hex))
+        damaged = []
+        for h in hashes:
+            try:
+                self.store.get_blob(h)
+            except StoreError:  # damaged (CRC, decoding, hash) or lost
+                damaged.append(h)
+        return damaged
+
     def stored_line(self, line_hash: bytes) -> StoredBlob:
         """One line as the store keeps it (compressed or raw), for serving it as it is."""
         return self.store.get_stored_blob(line_hash)

@@ -84,6 +84,11 @@ PREPARERS = 2
 STATE_VERSION = 1
 
 
+class DamagedCopy(VerificationFailed):
+    """The stored copy of a line or session cannot be read back (a record whose CRC or hash
+    fails): the store names it damaged from then on, and the same bytes stored again heal it."""
+
+
 class StateCorrupt(P2PNodeError):
     """sessions.json cannot be used; it is left untouched for inspection."""
 
@@ -626,7 +631,7 @@ class SessionStore:
         try:
             return self.store.payloads(turns)
         except StoreError as exc:  # a CRC or decompression failure in the pack
-            raise VerificationFailed(f"session {src} cannot be read back from the store: {exc}") from None
+            raise DamagedCopy(f"session {src} cannot be read back from the store: {exc}") from None
 
     def sidecar_bytes(self, branch: str) -> bytes:
         turn = self.store.get_turn(self.branch(branch).head)
@@ -640,7 +645,7 @@ class SessionStore:
         except UnknownBlob:
             raise
         except StoreError as exc:
-            raise VerificationFailed(f"{what} cannot be read back from the store: {exc}") from None
+            raise DamagedCopy(f"{what} cannot be read back from the store: {exc}") from None
 
     def blob(self, h: bytes, what: str) -> bytes:
         """A blob re-hashed to its name; a damaged or missing one is a VerificationFailed naming
@@ -650,7 +655,7 @@ class SessionStore:
         except UnknownBlob:
             raise VerificationFailed(f"{what} is missing from the store (see `p2pnode fsck`)") from None
         except StoreError as exc:
-            raise VerificationFailed(f"{what} cannot be read back from the store: {exc}") from None
+            raise DamagedCopy(f"{what} cannot be read back from the store: {exc}") from None
 
     # --- writes ---
 

@@ -30,6 +30,9 @@ The order of work, and why (verify once, stream, commit last):
    moves, the branch recorded); then the temp file is fsynced and linked into Pi's folder
    (pi/placement.py), and the folder fsynced.  A refused or cancelled fetch removes its temp
    file and records nothing; its staged lines are unreferenced, garbage for the store's GC.
+   A branch held already is placed from the stored copy; where that cannot be read back (a
+   damaged record), it is fetched again as in 2, only the lines found damaged from peers,
+   and storing them heals the store.
 
 How missing lines are asked for and verified is batches.py's; which peer is asked and what
 its failure means is the downloader's (downloader.py); one peer's HTTPS session is link.py's.
@@ -59,6 +62,7 @@ import blake3
 from p2pnode.errors import Conflict, NotFound, VerificationFailed
 from p2pnode.library.api import BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
+from p2pnode.library.sessions import DamagedCopy
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, https, wire
 from p2pnode.peer.address import PeerAddress
@@ -121,6 +125,10 @@ class FetchResult:
     is left after the last byte arrived."""
     note: str | None = None
     """What the user is told when the branch fetched is not the one named (node/follow.py)."""
+    healed: int = 0
+    """Lines of a branch held already whose stored copy could not be read back (a damaged
+    record): the branch was fetched again, those lines from peers, and storing them healed
+    the store."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -530,11 +538,14 @@ class _Fetch:
                 raise LineageError(f"lineage of {branch} is deeper than {self.limits.max_chain_depth} "
                                    "generations; refused")
             seen.add(current)
-            get_sidecar = functools.partial(PeerLink.sidecar, branch=current)
-            raw, sc = await self.pool.run(f"sidecar {current}", get_sidecar)
-            chain.append((current, raw, sc))
-            current = sc.parent
+            chain.append(await self.sidecar(current))
+            current = chain[-1][2].parent
         return chain
+
+    async def sidecar(self, branch: str) -> tuple[str, bytes, Sidecar]:
+        """(branch, its sidecar's bytes, parsed) from a peer, verified to hash to `branch`."""
+        raw, sc = await self.pool.run(f"sidecar {branch}", functools.partial(PeerLink.sidecar, branch=branch))
+        return branch, raw, sc
 
     async def session(self, src: str, place: Placing | None, held: list[str] | None = None,
                       starts_with: tuple[str, int] | None = None
@@ -865,17 +876,35 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits, connections)
     placed: Placement | PlacementConflict | None = None
+    kept: Library | None = None
     try:
         job = _Fetch(lib, pool, limits, progress)
         t0 = time.perf_counter()
         chain = await job.walk(branch_hex)
+        healed = 0
+        if not chain:
+            held_checks = [] if check is None else [check]
+            if starts_with is not None:
+                held_checks.append(functools.partial(check_starts_with, starts_with=starts_with))
+            try:
+                placed = await _using(opener, functools.partial(
+                    _settle_held, branch=branch_hex, checks=held_checks, agent_dir=agent_dir,
+                    session_dir=session_dir))
+            except DamagedCopy as exc:  # fetched again: its damaged lines come from peers
+                if isinstance(lib, OpenPerUse):  # the store knows what a read found damaged until it
+                    kept = await asyncio.to_thread(lib)  # closes: one opening for the rest (a rare path)
+                    opener, job = _opener(kept), _Fetch(kept, pool, limits, progress)
+                healed = len(await _using(opener, lambda it: it.damaged_lines_of(it.branch(branch_hex).src)))
+                log.warning("branch %s is held, but %d of its lines cannot be read back from the store "
+                            "(%s): they are fetched again", branch_hex, healed, exc)
+                chain = [await job.sidecar(branch_hex)]
         transfer = store = 0.0
         for branch, raw_sidecar, sc in reversed(chain):
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
             named = branch == branch_hex
-            held = await _using(opener, functools.partial(_held_versions, parent=sc.parent,
-                                                          session_id=session_id if named else None))
+            held = [] if healed else await _using(opener, functools.partial(
+                _held_versions, parent=sc.parent, session_id=session_id if named else None))
             assembled, stream, extends = await job.session(sc.src, place, held,
                                                            starts_with if named else None)
             out = stream.out
@@ -902,15 +931,11 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
                              dropped_peers=pool.dropped(), seconds_transfer=round(transfer, 4),
-                             seconds_store=round(store, 4), served=pool.served())
+                             seconds_store=round(store, 4), served=pool.served(), healed=healed)
     finally:
         await pool.close()
-    if not chain and check is not None:
-        await _using(opener, lambda lib: check(lib, branch_hex))
-    if not chain and starts_with is not None:
-        await _using(opener, lambda lib: check_starts_with(lib, branch_hex, starts_with))
-    if agent_dir is not None and not chain:  # held already: placed from the stored copy
-        placed = await _using(opener, lambda lib: _place(agent_dir, branch_hex, info.src, lib, session_dir))
+        if kept is not None:
+            await asyncio.to_thread(kept.close)
     if isinstance(placed, PlacementConflict):
         result.path, result.conflict = str(placed.path), str(placed)
     elif placed is not None:
@@ -928,6 +953,15 @@ def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix 
     for check in checks:
         check(lib, branch)
     return info, _publish(lib, out, branch, done) if out is not None else None
+
+
+def _settle_held(lib: FetchTarget, branch: str, checks: list[Callable[[FetchTarget, str], None]],
+                 agent_dir: Path | None, session_dir: Path | None) -> Placement | PlacementConflict | None:
+    """A branch held already: checked (fetch_branch's `check`, `starts_with`), then placed from
+    the stored copy, if it is to be placed (DamagedCopy where that cannot be read back)."""
+    for check in checks:
+        check(lib, branch)
+    return None if agent_dir is None else _place(agent_dir, branch, lib.branch(branch).src, lib, session_dir)
 
 
 def check_starts_with(lib: FetchTarget, branch: str, starts_with: tuple[str, int]) -> None:

@@ -21,6 +21,7 @@ from p2pnode.errors import VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, getter
+from p2pnode.peer.get import OpenPerUse, fetch_branch
 from p2pnode.peer.getter import SessionGetter
 from p2pnode.pi.lines import LineRef, split_lines
 from store.files import blobpack
@@ -200,3 +201,47 @@ def test_from_store_gives_the_run_at_the_cursor_once_each_up_to_the_limit() -> N
     g.read_back(rest, [lines[refs.index(next(r for r in refs if r.hash == h))] for h in rest])
     list(g.ready())
     assert g.done and g.finish().src == g.src
+
+
+def _flip_lines(pack: Path, lines: Sequence[bytes]) -> None:
+    """A bit flipped in the stored record of each of `lines` (blobs.pack)."""
+    data = bytearray(pack.read_bytes())
+    records = {hdr.hash: o for o, hdr in scan_pack(bytes(data)).records}
+    for line in lines:
+        data[records[blake3.blake3(line).digest()] + BLOB_HEADER.size + 5] ^= 0x08
+    pack.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("one_shot", [False, True])
+async def test_a_held_branch_whose_stored_lines_are_damaged_is_fetched_again(
+        duo: Duo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_shot: bool) -> None:
+    """A branch held already is placed from the store; where some of its stored lines were
+    damaged (bits flipped in blobs.pack, behind the index), `fetch` asks the peers for those
+    lines again, verifies them, stores them again (which heals the store: fsck finds no
+    damaged line of it) and places the file whole.  Only the damaged lines cross the wire.
+    The same for a one-shot fetch (OpenPerUse), which opens the store per step: what a read
+    found damaged is known to one opening only."""
+    monkeypatch.setattr(blobpack, "FOLD_BYTES", 0)
+    session = duo.write(pi_session(2_000_000, seed=23, image_bytes=60_000))
+    branch = duo.sharer.share(str(session)).branch
+    assert (await duo.fetch(branch)).written
+    duo.placed.unlink()
+    duo.fetcher.close()
+    lines = split_lines(session.read_bytes())
+    victims = [lines[3], lines[len(lines) // 2], lines[-2]]
+    paths = NodePaths(tmp_path / "fetcher")
+    _flip_lines(paths.store / "blobs.pack", victims)
+    if one_shot:
+        got = await fetch_branch(OpenPerUse(paths, duo.agent), branch, [duo.peer], duo.me, duo.trust,
+                                 agent_dir=duo.agent)
+    with Library.open(paths, duo.agent) as lib:
+        if not one_shot:
+            got = await duo.fetch(branch, lib)
+        assert got.written and duo.placed.read_bytes() == session.read_bytes()
+        assert got.healed == got.lines_fetched == len(set(victims))
+        assert sum(len(v) for v in set(victims)) <= got.bytes_received < 2 * len(session.read_bytes()) // 10
+        assert lib.damaged_lines() == []
+    with Library.open(paths, duo.agent) as lib:  # healed for good: placed again from the store alone
+        duo.placed.unlink()
+        assert (await duo.fetch(branch, lib)).lines_fetched == 0
+        assert duo.placed.read_bytes() == session.read_bytes()
