@@ -58,6 +58,7 @@ from p2pnode.errors import (
     NotFound,
     P2PNodeError,
     from_store,
+    listen_failed,
 )
 from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
@@ -509,7 +510,11 @@ def cmd_serve_peers(args: argparse.Namespace) -> int:
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         with Library.open(paths) as lib:
             server = PeerServer(lib, _identity(args), _trust(args))
-            await server.start(args.host, args.port)
+            try:
+                await server.start(args.host, args.port)
+            except OSError as exc:
+                await server.close()
+                raise listen_failed(args.host, args.port, exc) from exc
             print(f"listening on {args.host}:{server.port}", flush=True)
             try:
                 await stop.wait()

@@ -38,7 +38,8 @@ def _show_code(args: argparse.Namespace, info: dict[str, Any]) -> None:
         print_json({k: info[k] for k in ("code", "addresses", "port", "expires_in", "mdns")})
     else:
         code, port = info["code"], info["port"]
-        froms = [f"--from {a}:{port}" for a in info["addresses"]] or [f"--from <this machine's address>:{port}"]
+        froms = ([f"--from {a}:{port}" for a in info["addresses"]]
+                 or [f"--from <this machine's address>:{port}"])
         if info["mdns"]:
             print(f"pairing code: {code}\n"
                   f"on the other machine run:  p2pnode pair {code}\n"
@@ -141,7 +142,8 @@ def add_pairing_commands(sub: argparse._SubParsersAction) -> None:
                    help="where the waiting node listens, when mDNS cannot reach it (joining side)")
     p.add_argument("--host", default="0.0.0.0", help="address the waiting side listens on without a "
                                                      "running node (default: all)")
-    p.add_argument("--no-mdns", action="store_true", help="do not announce the code on the LAN (the other side then "
-                                                    "gives --from HOST:PORT, as printed)")
+    p.add_argument("--no-mdns", action="store_true",
+                   help="do not announce the code on the LAN (the other side then gives --from "
+                        "HOST:PORT, as printed)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_pair)

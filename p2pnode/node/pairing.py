@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.discovery.mdns import Discovery, listen_addresses
-from p2pnode.errors import Conflict, InvalidInput, NotFound, PeerUnavailable
+from p2pnode.errors import Conflict, InvalidInput, NotFound, PeerUnavailable, listen_failed
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import Identity, load_or_create_identity, own_name, set_own_name
 from p2pnode.peer.pairing import CODE_TTL, Code, Joiner, Party, Waiter
@@ -54,7 +54,10 @@ class PairingHost:
         code = Code.generate()
         waiter = Waiter(code, Party(self.identity.node_id, name), time.monotonic())
         listener = PairingListener(waiter, self._paired)
-        await listener.start(self.host)
+        try:
+            await listener.start(self.host)
+        except OSError as exc:
+            raise listen_failed(self.host, 0, exc) from exc
         self._listener, self._code = listener, code
         announced = mdns and self.discovery is not None
         if mdns and self.discovery is not None:
