@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from pathlib import Path
 
 CALLERS_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
                                  errno.EACCES, errno.EPERM})
@@ -66,6 +67,18 @@ KINDS = {1: "error", 3: "not_found", 4: "invalid_input", 5: "verification_failed
 error the node sent carries only its code, so the name follows the code, not the class)."""
 
 
+def unwritable(path: str) -> str:
+    """What a write refused at `path` is about: a file there, else (a file being made: a temp
+    file, a journal's next generation) the directory it was to be made in, which is what the
+    user can mend; naming a file that does not exist would tell them nothing."""
+    where = Path(path)
+    if where.is_dir():
+        return f"the directory {where}"
+    if not where.exists() and where.parent.is_dir():
+        return f"the directory {where.parent}"
+    return str(where)
+
+
 def from_store(exc: BaseException, store: str, then: str) -> P2PNodeError | None:
     """What a store error means to the command that met it (`store`: whose, as the message
     names it; `then`: what to do once there is room), or None for any other exception: a
@@ -74,9 +87,9 @@ def from_store(exc: BaseException, store: str, then: str) -> P2PNodeError | None
     from store.errors import CorruptRecord, StoreFailed, UnknownBlob
 
     if isinstance(exc, StoreFailed) and exc.errno in PERMISSION_ERRNOS:
-        return InvalidInput(f"{store} at {exc.path} could not write ({exc.reason}) and recorded nothing of "
-                            f"it: this user may not write there (give it back to this user, or mount it "
-                            f"read-write), then {then}")
+        return InvalidInput(f"{store}: {unwritable(exc.path)} is not writable by this user ({exc.reason}) "
+                            f"and nothing of it was recorded: give it back to this user, or mount it "
+                            f"read-write, then {then}")
     if isinstance(exc, StoreFailed):
         return P2PNodeError(f"{store} at {exc.path} could not write ({exc.reason}) and recorded nothing "
                             f"of it: make room (or mend the disk), then {then}")

@@ -383,8 +383,8 @@ def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_pa
     args = cli.build_parser().parse_args(["--home", str(tmp_path / "h"), "ls"])
     cases = [(StoreFull("/h/store", "No space left on device", errnos.ENOSPC), 1, "make room"),
              (StoreFailed("/h/store/heads.wal-next", "Permission denied", errnos.EACCES), 4,
-              "/h/store/heads.wal-next could not write (Permission denied) and recorded nothing of it: "
-              "this user may not write there"),
+              "/h/store/heads.wal-next is not writable by this user (Permission denied) and nothing of it "
+              "was recorded"),
              (StoreFailed("/h/store", "Read-only file system", errnos.EROFS), 4, "mount it read-write"),
              (CorruptRecord("turns.log", 320, "turn record CRC mismatch"), 5, "turns.log at offset 320"),
              (UnknownBlob(b"\x01" * 32), 5, "fsck"),

@@ -314,6 +314,21 @@ def test_gc_figures_agree_with_status_and_never_show_the_store_grown(lib: Librar
     assert again.bytes_freed == 0 and again.store_bytes_after <= again.store_bytes_before + 256
 
 
+def test_status_figures_write_nothing_and_count_what_is_not_packed_yet(lib: Library, agent: Path) -> None:
+    """`status` (Library.space) is a read: the lines a share left raw in the head WAL stay
+    there (it packed them: a write, refused by a read-only store), and are counted as the pack
+    will hold them, so the figures are the same before and after they are packed."""
+    lib.unshare(lib.share(str(find(agent, A1))).branch)
+    files = {f.name: f.read_bytes() for f in lib.paths.store.iterdir() if f.is_file()}
+    unpacked = lib.store.unpacked_bytes
+    assert unpacked > 0  # the premise: the share's lines wait raw for the next checkpoint
+    space = lib.space()
+    assert {f.name: f.read_bytes() for f in lib.paths.store.iterdir() if f.is_file()} == files
+    assert lib.store.unpacked_bytes == unpacked
+    lib.store.pack_pending()
+    assert lib.store.unpacked_bytes == 0 and lib.space() == space
+
+
 def test_a_gc_interrupted_in_the_store_gc_has_logged_what_it_forgot(lib: Library, agent: Path) -> None:
     """Ctrl-C once the records are saved: the branches are forgotten, so the `gc` event is
     there (it was written after the store's GC: a forgotten branch never reached the log)."""
