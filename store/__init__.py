@@ -19,6 +19,7 @@ from store.errors import (
     StoreFailed,
     StoreFull,
     StoreLocked,
+    StoreNeedsWrite,
     TurnNotInContext,
     UnknownBlob,
     UnknownContext,
@@ -29,6 +30,6 @@ from store.types import NO_TURN, ContextHead, Page, Patch, StoredBlob, Turn, Tur
 __all__ = [
     "NO_TURN", "BlobMismatch", "ContextHead", "CorruptRecord", "DamagedPayload", "GCStats", "Page",
     "ParentConflict", "Patch", "PayloadTooLarge", "Prepared", "Store", "StoreClosed", "StoreConfig",
-    "StoreError", "StoreFailed", "StoreFull", "StoreLocked", "StoredBlob", "Turn", "TurnBlobRef", "TurnInput",
-    "TurnNotInContext", "UnknownBlob", "UnknownContext", "UnknownTurn",
+    "StoreError", "StoreFailed", "StoreFull", "StoreLocked", "StoreNeedsWrite", "StoredBlob", "Turn",
+    "TurnBlobRef", "TurnInput", "TurnNotInContext", "UnknownBlob", "UnknownContext", "UnknownTurn",
 ]

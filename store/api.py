@@ -20,6 +20,7 @@ apart from a call (recovery, checkpoints, packing, group commit) live in their o
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import mmap
@@ -47,6 +48,7 @@ from store.errors import (
     StoreError,
     StoreFailed,
     StoreLocked,
+    StoreNeedsWrite,
     TurnNotInContext,
     UnknownBlob,
     UnknownContext,
@@ -58,6 +60,7 @@ from store.files.patchlog import PatchLog
 from store.files.turnlog import LOG, TurnLog
 from store.gc import Gate, mark
 from store.layout import (
+    BLOB_OVERHEAD,
     CODEC_RAW,
     IDX_ENTRY,
     PATCH_REPLACE,
@@ -171,11 +174,13 @@ class Store:
         self._damaged: dict[bytes, str] = {}
         """Blobs of replayed turns that recovery found lost or damaged: what is wrong (the pack
         knows its own damaged records: BlobPack.damage_of)."""
-        remove_leftovers(root)
+        ro = config.read_only
+        if not ro:
+            remove_leftovers(root)
         notes = self.recovery_notes
-        self._pack = BlobPack(root, config.durable, notes)
-        self._turns = TurnLog(root)
-        self._patches = PatchLog(root, config.durable, notes)
+        self._pack = BlobPack(root, config.durable, notes, readonly=ro)
+        self._turns = TurnLog(root, readonly=ro)
+        self._patches = PatchLog(root, config.durable, notes, readonly=ro)
         self._heads: dict[int, ContextHead] = {}
         self._next_ctx = 1
         self._commit = GroupCommit(self._sync, config.durable, self._failure)
@@ -186,7 +191,8 @@ class Store:
         self._prepare_lock = threading.Lock()
         self._next_fd: int | None = None
         """The next WAL generation, zero-filled by the checkpointer (headwal.prepare_next)."""
-        (root / headwal.NEXT).unlink(missing_ok=True)
+        if not ro:
+            (root / headwal.NEXT).unlink(missing_ok=True)
         self._checkpointing = False
         """The checkpointer switched WALs and is syncing and writing the snapshot."""
         self._logged: dict[int, tuple[int, int, int, int]] = {}
@@ -200,7 +206,8 @@ class Store:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=functools.partial(checkpoint.thread_main, self),
                                         name="store-checkpoint", daemon=True)
-        self._thread.start()
+        if not ro:  # read-only: nothing to checkpoint
+            self._thread.start()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: StoreConfig | None = None) -> Store:
@@ -208,14 +215,22 @@ class Store:
         if not 1 <= config.zstd_level <= 22:
             raise ValueError(f"zstd_level {config.zstd_level} is out of range")
         root = Path(path)
-        private_dir(root)
-        lock_fd = lock_with_timeout(root / LOCK, config.lock_timeout)
+        if not config.read_only:
+            private_dir(root)
+            if not os.access(root, os.W_OK):  # refused before a write half done is logged as a failure
+                raise StoreFailed(str(root), os.strerror(errno.EACCES), errno.EACCES)
+        try:
+            lock_fd = lock_with_timeout(root / LOCK, config.lock_timeout, config.read_only)
+        except FileNotFoundError:  # read-only: never opened for writing, so never made
+            raise StoreNeedsWrite(str(root), "has not been made yet") from None
         if lock_fd is None:
             raise StoreLocked(str(root))
         try:
             return cls(root, config, lock_fd)
-        except BaseException:
+        except BaseException as exc:
             os.close(lock_fd)
+            if isinstance(exc, FileNotFoundError) and config.read_only:  # a writable open makes it
+                raise StoreNeedsWrite(str(root), f"lacks {Path(exc.filename or '?').name}") from None
             raise
 
     # --- recovery ----------------------------------------------------------------------------
@@ -253,6 +268,8 @@ class Store:
 
     def _check_writable(self) -> None:
         self._check_open()
+        if self.config.read_only:
+            raise StoreNeedsWrite(str(self.root), "was opened read-only")
         if self._failed is not None:
             raise StoreFailed.of(str(self.root), self._failed)
 
@@ -993,6 +1010,11 @@ class Store:
     def close(self) -> None:
         if self._closed:
             return
+        if self.config.read_only:  # nothing was written: nothing to checkpoint or trim
+            with self._gate.exclusive(), self._write_lock:
+                self._closed = True
+                self._close_files(trim=False)
+            return
         self._stopping = True
         self._wake.set()
         self._thread.join()
@@ -1015,19 +1037,22 @@ class Store:
             if self._failed is not None:
                 self._close_failed()
             failed = self._failed is not None  # then nothing more is written: the disk may be gone
-            self._wal.close(trim=not failed)
             if self._next_fd is not None:
                 os.close(self._next_fd)
                 if not failed:  # else the next open removes it
                     (self.root / headwal.NEXT).unlink()
-            self._pack.close()
-            self._turns.close()
-            self._patches.close()
-            if self._pool is not None:
-                self._pool.shutdown()
-            os.close(self._lock_fd)
+            self._close_files(trim=not failed)
         if error is not None:
             raise error
+
+    def _close_files(self, trim: bool) -> None:
+        self._wal.close(trim=trim)
+        self._pack.close()
+        self._turns.close()
+        self._patches.close()
+        if self._pool is not None:
+            self._pool.shutdown()
+        os.close(self._lock_fd)
 
     def __enter__(self) -> Store:
         return self
@@ -1048,6 +1073,27 @@ class Store:
 
     def blob_hashes(self) -> list[bytes]:
         return [*self._pack.hashes(), *self._pending]
+
+    def stored_size(self, h: bytes) -> int:
+        """The bytes of blob h's stored form in the pack; for one an append left raw in the WAL,
+        what packing it will store (compressed here to count: nothing is written).  UnknownBlob
+        when the store lacks it."""
+        self._check_open()
+        with self._gate.shared():
+            loc = self._pack.locate(h)
+            waiting = self._pending.get(h) if loc is None else None
+        if loc is not None:
+            return loc.stored_len
+        if waiting is None:
+            raise UnknownBlob(h)
+        return len(packer.compress(self, h, waiting).stored or b"")
+
+    @property
+    def unpacked_bytes(self) -> int:
+        """What the blobs appends left raw in the WAL will add to the pack and its index once
+        packed (a checkpoint packs them): counted without packing them, so that a read (`status`)
+        writes nothing."""
+        return sum(BLOB_OVERHEAD + IDX_ENTRY.size + self.stored_size(h) for h in list(self._pending))
 
     @property
     def unwritten_index_bytes(self) -> int:

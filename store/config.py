@@ -16,6 +16,10 @@ class StoreConfig:
     lock_timeout: float = 10.0
     gc_grace_seconds: float = 3600.0
     """put_blob'd blobs that no turn references yet survive GC for this long."""
+    read_only: bool = False
+    """Open without writing a byte (no recovery writes, no checkpoint, every write refused): for
+    what only reads, also where this user may not write.  StoreNeedsWrite when the store must be
+    written first (a crash left turns or blobs to restore, or it was never made)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,16 @@ class StoreLocked(StoreError):
         self.path = path
 
 
+class StoreNeedsWrite(StoreError):
+    """A read-only open (StoreConfig.read_only) found that the store must be written before it
+    can be read (recovery after a crash, a store not made yet), or a write was asked of it."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"store {path} {why}")
+        self.path = path
+        self.why = why
+
+
 class UnknownContext(StoreError):
     def __init__(self, context_id: int) -> None:
         super().__init__(f"unknown context {context_id}")

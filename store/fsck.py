@@ -93,8 +93,9 @@ def _repair(root: Path, report: FsckReport, lock_timeout: float) -> None:
 
 @contextmanager
 def _locked(root: Path, timeout: float) -> Iterator[None]:
-    """Hold the store's lock (as Store.open does) so that no process writes while we read."""
-    fd = lock_with_timeout(root / LOCK, timeout)
+    """Hold the store's lock (as Store.open does) so that no process writes while we read; an
+    existing lock file is opened for reading, so that a store this user may only read is checked."""
+    fd = lock_with_timeout(root / LOCK, timeout, read_only=(root / LOCK).exists())
     if fd is None:
         raise StoreLocked(str(root))
     try:

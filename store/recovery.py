@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from store.durability import checkpoint, packer
-from store.errors import CorruptRecord, UnknownTurn
+from store.errors import CorruptRecord, StoreNeedsWrite, UnknownTurn
 from store.files import headwal
 from store.files.patchlog import patches_lost
 from store.files.snapshot import LoadedHeads
@@ -69,6 +69,8 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
     if patch_loss:
         notes.add(patch_loss, damage=True)
         store._patches.seq = loaded.snapshot.patch_seq  # a seq is never handed out twice
+    if store.config.read_only:
+        return _as_it_is(store, loaded, r)
     _unless_full(notes, f"blobs.pack: {len(r.blobs)} blobs restored from the head WAL not written (they "
                  "wait in memory, the WAL keeps them)", functools.partial(_restore_blobs, store, r.blobs))
     for t in r.writes:
@@ -95,6 +97,27 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
                      functools.partial(checkpoint.run, store))  # the next WAL generation starts empty
         return store._wal
     return headwal.HeadWal(store.root, snap_gen, store.config.durable, at_open=True)
+
+
+def _as_it_is(store: Store, loaded: LoadedHeads, r: Replayed) -> headwal.HeadWal:
+    """A read-only open: the heads the snapshot and the WAL arrive at, in memory, when the
+    files hold every turn and blob they name (a clean close, or a crash that lost nothing);
+    else StoreNeedsWrite, naming what recovery must write first."""
+    end = _log_end(store, r.end, loaded.wal_damaged)
+    needs = [why for why, needed in (
+        ("has never been opened for writing", loaded.fresh),
+        (f"must restore {len(r.writes)} turn record(s) from its head WAL", bool(r.writes)),
+        (f"must restore {len(r.blobs)} blob(s) from its head WAL", bool(r.blobs)),
+        ("must cut a torn tail of turns.log", store._turns.count != end)) if needed]
+    if needs:
+        raise StoreNeedsWrite(str(store.root), f"{needs[0]} before it can be read (a crash)")
+    store._damaged = {h: why for h, (_, why) in r.damaged.items()}
+    store._logged = r.logged
+    store._next_ctx = r.next_context_id
+    store._heads = {c: ContextHead(c, head, depth, created, flags)
+                    for c, (head, depth, flags, created) in r.logged.items()}
+    store._commit.set_durable_turn_id(end)
+    return headwal.HeadWal(store.root, loaded.snapshot.generation, durable=False, read_only=True)
 
 
 def _restore_blobs(store: Store, blobs: dict[bytes, bytes]) -> None:

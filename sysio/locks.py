@@ -50,12 +50,13 @@ def locked(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def lock_with_timeout(lock_path: Path, timeout: float) -> int | None:
+def lock_with_timeout(lock_path: Path, timeout: float, read_only: bool = False) -> int | None:
     """An fd holding an exclusive flock on `lock_path`, or None if another process kept it for
-    `timeout` seconds.  Closing the fd releases the lock."""
+    `timeout` seconds.  Closing the fd releases the lock.  `read_only`: the file is opened for
+    reading, not created (flock needs no write access: a reader where it may not write)."""
     if fcntl is None:
         raise LockUnsupported(lock_path)
-    fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
+    fd = os.open(lock_path, os.O_RDONLY) if read_only else open_private(lock_path, os.O_RDWR | os.O_CREAT)
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -53,11 +53,14 @@ from p2pnode.errors import (
     CALLERS_PATH_ERRNOS,
     EXIT_INTERRUPTED,
     KINDS,
+    PERMISSION_ERRNOS,
     Conflict,
     InvalidInput,
     NotFound,
     P2PNodeError,
     from_store,
+    listen_failed,
+    unwritable,
 )
 from p2pnode.node.control_client import NodeLibrary
 from p2pnode.node.routing import open_library, routed, share_handoff, via_node, via_node_streamed
@@ -147,7 +150,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from p2pnode.node.status import offline_status
 
-    status = routed(node_paths(args), "status", {}, lambda lib: offline_status(node_paths(args), lib))
+    status = routed(node_paths(args), "status", {}, lambda lib: offline_status(node_paths(args), lib),
+                    read_only=True)
     for problem in node_paths(args).privacy_problems():
         print(f"p2pnode: warning: {shown(problem)}", file=sys.stderr)
     if args.json:
@@ -235,7 +239,7 @@ def cmd_share(args: argparse.Namespace) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     if args.peers or args.peer:  # a peer to ask (--from) is a listing of peers' offers
         return browse.cmd_browse(args)
-    with open_library(node_paths(args)) as lib:
+    with open_library(node_paths(args), read_only=True) as lib:
         infos = lib.sessions_latest(include_unshared=args.all)  # one row per session: its latest version
     if args.json:
         print_json([i.as_dict() for i in infos])
@@ -245,7 +249,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with open_library(node_paths(args)) as lib:
+    with open_library(node_paths(args), read_only=True) as lib:
         info = lib.branch(args.branch)
         sidecar = lib.sidecar_bytes(info.branch).decode("utf-8", "replace")
         lineage = lib.lineage(info.branch)
@@ -270,7 +274,8 @@ CAT_COPY = 1 << 20
 def cmd_cat(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     spool: BinaryIO | None
-    with open_library(node_paths(args)) as lib:  # in runs, each line checked as read, the whole at the end
+    # in runs, each line checked as read, the whole at the end
+    with open_library(node_paths(args), read_only=True) as lib:
         info = lib.branch(args.branch)
         if args.json:  # printed once the whole hashed to src: a JSON answer is all or nothing
             spool = _spool(lib)
@@ -311,8 +316,14 @@ def _reader_paced(out: BinaryIO, lib: Any) -> BinaryIO | None:
 
 
 def _spool(lib: Any) -> BinaryIO:
-    """A temp file beside the store (gone when closed, or with the process)."""
-    return tempfile.TemporaryFile(dir=lib.paths.home)
+    """A temp file beside the store (gone when closed, or with the process); in the system's
+    temp dir when this user may not write in the node's home (a read needs no write there)."""
+    try:
+        return tempfile.TemporaryFile(dir=lib.paths.home)
+    except OSError as exc:
+        if exc.errno not in PERMISSION_ERRNOS:
+            raise
+        return tempfile.TemporaryFile()
 
 
 def cmd_unshare(args: argparse.Namespace) -> int:
@@ -509,7 +520,11 @@ def cmd_serve_peers(args: argparse.Namespace) -> int:
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         with Library.open(paths) as lib:
             server = PeerServer(lib, _identity(args), _trust(args))
-            await server.start(args.host, args.port)
+            try:
+                await server.start(args.host, args.port)
+            except OSError as exc:
+                await server.close()
+                raise listen_failed(args.host, args.port, exc) from exc
             print(f"listening on {args.host}:{server.port}", flush=True)
             try:
                 await stop.wait()
@@ -693,6 +708,8 @@ def _as_node_error(exc: Exception, args: argparse.Namespace | None) -> P2PNodeEr
 def _os_error_subject(exc: OSError, args: argparse.Namespace | None) -> str:
     """The files an OSError names, else where the command was writing (a full disk: which one)."""
     names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    if len(names) == 1 and exc.errno in PERMISSION_ERRNOS and not os.path.lexists(names[0]):
+        return f"{unwritable(names[0])} is not writable by this user"  # a file being made there
     if not names and args is not None:
         return f"in the node's home {node_paths(args).home}"
     return " -> ".join(names) or "(no file named)"

@@ -32,15 +32,24 @@ def _paired(args: argparse.Namespace, peer: Party | dict[str, Any]) -> int:
 
 
 def _show_code(args: argparse.Namespace, info: dict[str, Any]) -> None:
+    """The code and what the other side runs: found over mDNS by the code alone, else (mDNS off
+    here or on the running node) only with --from and an address of this machine."""
     if args.json:
-        print_json({k: info[k] for k in ("code", "addresses", "port", "expires_in")})
+        print_json({k: info[k] for k in ("code", "addresses", "port", "expires_in", "mdns")})
     else:
         code, port = info["code"], info["port"]
-        where = " or ".join(f"--from {a}:{port}" for a in info["addresses"])
-        print(f"pairing code: {code}\n"
-              f"on the other machine run:  p2pnode pair {code}\n"
-              f"(where mDNS cannot reach, add {where})\n"
-              f"waiting up to {info['expires_in'] / 60:g} minutes; the code works once")
+        froms = ([f"--from {a}:{port}" for a in info["addresses"]]
+                 or [f"--from <this machine's address>:{port}"])
+        if info["mdns"]:
+            print(f"pairing code: {code}\n"
+                  f"on the other machine run:  p2pnode pair {code}\n"
+                  f"(where mDNS cannot reach, add {' or '.join(froms)})")
+        else:
+            print(f"pairing code: {code}\n"
+                  f"on the other machine run:  p2pnode pair {code} {froms[0]}\n"
+                  "(mDNS is off: the code is not announced on the LAN, the other side needs --from"
+                  + (f"; other addresses of this machine: {' or '.join(froms[1:])})" if froms[1:] else ")"))
+        print(f"waiting up to {info['expires_in'] / 60:g} minutes; the code works once")
     sys.stdout.flush()
 
 
@@ -58,7 +67,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
         raise InvalidInput("--from is for the joining side: `p2pnode pair <code> --from HOST:PORT`")
     if args.name is not None:
         pairing.my_party(paths, args.name)  # checked and remembered (also announced by the node)
-    started = via_node(paths, "pair/start", {})
+    started = via_node(paths, "pair/start", {"mdns": not args.no_mdns})
     if started is None:  # no node running: this process waits itself
         peer = asyncio.run(pairing.wait_here(paths, args.name, args.host, not args.no_mdns,
                                              lambda info: _show_code(args, info)))
@@ -133,6 +142,8 @@ def add_pairing_commands(sub: argparse._SubParsersAction) -> None:
                    help="where the waiting node listens, when mDNS cannot reach it (joining side)")
     p.add_argument("--host", default="0.0.0.0", help="address the waiting side listens on without a "
                                                      "running node (default: all)")
-    p.add_argument("--no-mdns", action="store_true", help="do not announce the code on the LAN")
+    p.add_argument("--no-mdns", action="store_true",
+                   help="do not announce the code on the LAN (the other side then gives --from "
+                        "HOST:PORT, as printed)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_pair)

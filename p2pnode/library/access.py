@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from p2pnode.errors import InvalidInput
 
@@ -27,31 +29,53 @@ DEFAULT_EXPIRES = NEVER
 _DURATION = re.compile(r"([1-9][0-9]{0,5})([mhdw])")
 
 
-def parse_expires(text: str) -> int | None:
-    """Seconds from a duration like 30m, 12h, 7d, 2w; None for "never"."""
+def parse_expires(text: str, what: str = "expiry") -> int | None:
+    """Seconds from a duration like 30m, 12h, 7d, 2w; None for "never".  `what` names where
+    the text came from in the error (--expires, or config.json's key)."""
     text = text.strip().lower()
     if text == NEVER:
         return None
     match = _DURATION.fullmatch(text)
     if match is None:
-        raise InvalidInput(f"expiry {text!r}: a number and a unit m, h, d or w (like 7d), or 'never'")
+        raise InvalidInput(f"{what} {text!r}: a number and a unit m, h, d or w (like 7d), or 'never'")
     return int(match.group(1)) * UNITS[match.group(2)]
 
 
-def default_expires(home: Path) -> str:
-    """The node's default for `share` without --expires (config.json's share_expires)."""
+def _duration(what: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} {json.dumps(value)}: a string like \"7d\" or \"never\"")
+    parse_expires(value, what)
+    return value
+
+
+CONFIG_KEYS: dict[str, Callable[[str, object], object]] = {"share_expires": _duration}
+"""Each key config.json may have, and its check (given how to name it in an error: the file
+and the key): a key or value the node does not know fails with both named, not ignored."""
+
+
+def node_config(home: Path) -> dict[str, Any]:
+    """config.json's settings, every key checked (no file: none set)."""
     path = home / CONFIG_NAME
     try:
         config = json.loads(path.read_bytes())
     except FileNotFoundError:
-        return DEFAULT_EXPIRES
+        return {}
     except ValueError as exc:
         raise InvalidInput(f"{path} is not JSON ({exc}); fix it or move it aside") from None
-    value = config.get("share_expires", DEFAULT_EXPIRES) if isinstance(config, dict) else None
-    if not isinstance(value, str):
-        raise InvalidInput(f"{path}: share_expires must be a string like \"7d\" or \"never\"")
-    parse_expires(value)  # a bad default fails every share with the file named
-    return value
+    if not isinstance(config, dict):
+        raise InvalidInput(f"{path} is not a JSON object of settings (like {{\"share_expires\": \"7d\"}})")
+    for key, value in config.items():
+        check = CONFIG_KEYS.get(key)
+        if check is None:
+            raise InvalidInput(f"{path}: unknown key {key!r} (the keys are {', '.join(CONFIG_KEYS)})")
+        check(f"{path}: {key}", value)
+    return config
+
+
+def default_expires(home: Path) -> str:
+    """The node's default for `share` without --expires (config.json's share_expires); a bad
+    config fails every share with the file, the key and the value named."""
+    return str(node_config(home).get("share_expires", DEFAULT_EXPIRES))
 
 
 def expires_at(expires: str | None, home: Path, now_ms: int | None = None) -> int | None:

@@ -50,7 +50,15 @@ from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
 from store.api import Store
 from store.config import StoreConfig
-from store.errors import CorruptRecord, StoreError, StoreLocked, UnknownBlob, UnknownTurn
+from store.errors import (
+    CorruptRecord,
+    StoreError,
+    StoreFailed,
+    StoreLocked,
+    StoreNeedsWrite,
+    UnknownBlob,
+    UnknownTurn,
+)
 from sysio.files import atomic_write, fsync_dir
 from sysio.flush import flush_data
 from sysio.locks import exclusive_if_free
@@ -395,9 +403,25 @@ class Library:
 
     @classmethod
     def open(cls, paths: NodePaths, agent_dir: Path | None = None,
-             config: StoreConfig | None = None) -> Library:
+             config: StoreConfig | None = None, *, read_only: bool = False) -> Library:
+        """`read_only`: for a command that only reads (status, ls, show, cat): the store opened
+        without writing a byte, also where this user may not write, unless it must be written
+        first (recovery after a crash: then opened as for a write)."""
         paths.ensure()
-        store = Store.open(paths.store, config=config or StoreConfig(zstd_level=ZSTD_LEVEL))
+        config = config or StoreConfig(zstd_level=ZSTD_LEVEL)
+        store, needs = None, None
+        if read_only:
+            try:
+                store = Store.open(paths.store, replace(config, read_only=True))
+            except StoreNeedsWrite as exc:
+                needs = exc.why
+        if store is None:
+            try:
+                store = Store.open(paths.store, config=config)
+            except StoreFailed as exc:
+                if needs is None:
+                    raise
+                raise StoreFailed(exc.path, f"{exc.reason}; it {needs}", exc.errno) from None
         try:
             return cls(paths, store, agent_dir or default_agent_dir())
         except BaseException:
@@ -464,7 +488,7 @@ class Library:
 
     @classmethod
     def open_unless(cls, paths: NodePaths, agent_dir: Path | None = None, *, wait: float,
-                    pointless: Callable[[], bool]) -> Library | None:
+                    pointless: Callable[[], bool], read_only: bool = False) -> Library | None:
         """The library, waiting up to `wait` s for a store another process holds (then
         StoreLocked), in tries of LOCK_TRY s; None once `pointless()` says so between them (a
         node came up: it keeps the store for as long as it runs)."""
@@ -472,7 +496,8 @@ class Library:
         while not pointless():
             try_for = min(LOCK_TRY, max(0.0, deadline - time.monotonic()))
             try:
-                return cls.open(paths, agent_dir, StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=try_for))
+                return cls.open(paths, agent_dir, StoreConfig(zstd_level=ZSTD_LEVEL, lock_timeout=try_for),
+                                read_only=read_only)
             except StoreLocked:
                 if time.monotonic() >= deadline:
                     raise
@@ -1619,9 +1644,7 @@ class Library:
         again only when the records or the turns changed: it walks every kept turn); both in
         the measures of `gc`'s report (space.GCReport).  A turn record that walk cannot read
         makes the estimate None and is said in `store_damage` (`status` shows it; `gc` refuses)."""
-        with self._lock:
-            if self.store.failure is None:  # as `gc` counts them: in the pack, not raw in the head WAL
-                self.store.pack_pending()
+        with self._lock:  # a read: writes nothing (space.store_bytes counts blobs not packed yet)
             key = (self.sessions.generation, self.store.turn_count, len(self.sessions.all_versions()))
             damage = None
             if self._reclaimable is None or self._reclaimable[0] != key:

@@ -105,8 +105,7 @@ def reclaimable_bytes(sessions: SessionStore, store: Store) -> int:
             turn = store.get_turn(tid)
             live.add(turn.payload_hash)
             tid = turn.parent_turn_id
-    return sum(BLOB_OVERHEAD + len(store.get_stored_blob(h).stored)
-               for h in store.blob_hashes() if h not in live)
+    return sum(BLOB_OVERHEAD + store.stored_size(h) for h in store.blob_hashes() if h not in live)
 
 
 def sweep_fetching(directory: Path, grace_seconds: float) -> int:
@@ -137,11 +136,12 @@ def sweep_fetching(directory: Path, grace_seconds: float) -> int:
 def store_bytes(store: Store) -> int:
     """Bytes of the store's data files, its blob index counted with the entries it keeps in
     memory until it is next written whole (a GC writes it: else a GC that freed a little would
-    show the store grown); not its head WAL, 1-2 MiB of journal that comes and goes with
-    checkpoints."""
+    show the store grown), and the blobs appends left raw in the head WAL as the pack will hold
+    them (as `gc` counts them, without packing them now); not the head WAL itself, 1-2 MiB of
+    journal that comes and goes with checkpoints."""
     files = sum(e.stat().st_size for e in os.scandir(store.root)
                 if e.is_file(follow_symlinks=False) and not is_wal_file(e.name))
-    return files + store.unwritten_index_bytes
+    return files + store.unwritten_index_bytes + store.unpacked_bytes
 
 
 class SpaceReport(TypedDict):

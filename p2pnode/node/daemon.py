@@ -58,7 +58,7 @@ from typing import Any
 from aiohttp import web
 
 from p2pnode.discovery.mdns import Discovery, Peer, listen_addresses
-from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused, from_store
+from p2pnode.errors import InvalidInput, P2PNodeError, PeerUnavailable, Refused, from_store, listen_failed
 from p2pnode.library.api import Library, ShareResult
 from p2pnode.node import upkeep
 from p2pnode.node.answers import known_error, streamed
@@ -191,8 +191,7 @@ class Node:
             except OSError as exc:
                 await server.close()
                 if exc.errno != errno.EADDRINUSE or port != DEFAULT_PORT:
-                    why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # no asyncio tuple
-                    raise P2PNodeError(f"cannot listen on {host}:{port}: {why}") from exc
+                    raise listen_failed(host, port, exc) from exc
                 log.warning("port %d is taken; listening on a free port instead", DEFAULT_PORT)
                 port = 0
 

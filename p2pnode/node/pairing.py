@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.discovery.mdns import Discovery, listen_addresses
-from p2pnode.errors import Conflict, InvalidInput, NotFound, PeerUnavailable
+from p2pnode.errors import Conflict, InvalidInput, NotFound, PeerUnavailable, listen_failed
 from p2pnode.paths import NodePaths
 from p2pnode.peer.identity import Identity, load_or_create_identity, own_name, set_own_name
 from p2pnode.peer.pairing import CODE_TTL, Code, Joiner, Party, Waiter
@@ -44,7 +44,9 @@ class PairingHost:
         self._listener: PairingListener | None = None
         self._code: Code | None = None
 
-    async def start(self, name: str | None) -> dict[str, Any]:
+    async def start(self, name: str | None, mdns: bool = True) -> dict[str, Any]:
+        """Listen for the code's one exchange; announced on the LAN when `mdns` and this host
+        browses it ("mdns" in the answer: else the other side needs --from and an address)."""
         if self._listener is not None and not self._listener.result.done():
             raise Conflict("a pairing code of this node is waiting already: finish or stop that "
                            "`p2pnode pair` first")
@@ -52,14 +54,18 @@ class PairingHost:
         code = Code.generate()
         waiter = Waiter(code, Party(self.identity.node_id, name), time.monotonic())
         listener = PairingListener(waiter, self._paired)
-        await listener.start(self.host)
+        try:
+            await listener.start(self.host)
+        except OSError as exc:
+            raise listen_failed(self.host, 0, exc) from exc
         self._listener, self._code = listener, code
-        if self.discovery is not None:
+        announced = mdns and self.discovery is not None
+        if mdns and self.discovery is not None:
             await self.discovery.announce_pairing(code.channel, listener.port)
         log.info("pairing: waiting on channel %d, port %d, for %g s", code.channel, listener.port, CODE_TTL)
         addresses = await asyncio.to_thread(listen_addresses, self.host)
         return {"code": str(code), "channel": code.channel, "port": listener.port, "addresses": addresses,
-                "expires_in": CODE_TTL}
+                "expires_in": CODE_TTL, "mdns": announced}
 
     def _paired(self, peer: Party) -> None:
         self.trust.trust(peer.node_id, name=self.trust.free_name(peer.name, peer.node_id))
@@ -97,13 +103,17 @@ class NodePairing:
         await self.host.close()
 
     async def _start(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The node's own name is the one `pair --name` saved (the CLI saved it before asking)."""
+        """The node's own name is the one `pair --name` saved (the CLI saved it before asking);
+        `pair --no-mdns` ({"mdns": false}) keeps the code off the LAN also when the node announces."""
+        mdns = body.get("mdns", True)
+        if not isinstance(mdns, bool):
+            raise InvalidInput("control: 'mdns' must be true or false")
         name = own_name(self.node.paths.identity)
         if self.node.discovery is not None and self.node.discovery.name != name:
             self.node.discovery.name = name  # announced from now on
             await self.node.announce()
         self.host.discovery = self.node.discovery  # started after the control endpoints
-        return await self.host.start(name)
+        return await self.host.start(name, mdns)
 
     async def _wait(self, body: dict[str, Any]) -> dict[str, Any]:
         code = body.get("code")

@@ -49,15 +49,16 @@ Asker = Callable[[NodePaths, str, dict[str, Any]], "dict[str, Any] | None"]
 
 
 def routed(paths: NodePaths, op: str, payload: dict[str, Any], here: Callable[[Any], dict[str, Any]],
-           ask: Asker = via_node) -> dict[str, Any]:
-    """A command that writes: `op` through the running node (`ask`), else `here(library)` on
-    the store itself.  A node that started between the two holds the store by then: it is
-    asked after all (its read-only library cannot do the work)."""
+           ask: Asker = via_node, *, read_only: bool = False) -> dict[str, Any]:
+    """A command that writes (or, `read_only`, reads what only the node knows besides: status):
+    `op` through the running node (`ask`), else `here(library)` on the store itself.  A node
+    that started between the two holds the store by then: it is asked after all (its read-only
+    library cannot do the work)."""
     for _ in range(2):
         answer = ask(paths, op, payload)
         if answer is not None:
             return answer
-        lib = open_library(paths)
+        lib = open_library(paths, read_only=read_only)
         if isinstance(lib, NodeLibrary):
             continue
         from store.errors import StoreError  # loaded with the store by now: free
@@ -77,15 +78,17 @@ def routed(paths: NodePaths, op: str, payload: dict[str, Any], here: Callable[[A
     raise PeerUnavailable(f"the node at {paths.home} started and stopped while `{op}` began; run it again")
 
 
-def open_library(paths: NodePaths) -> Any:
+def open_library(paths: NodePaths, *, read_only: bool = False) -> Any:
     """The session library: the running node's (read-only) if there is one, else the store
-    itself; while another process holds the store (StoreConfig.lock_timeout in all, then
-    StoreLocked, reported by main), a node that answers meanwhile is read through (it holds
-    the store from its first moments, its control socket comes a little later)."""
+    itself (`read_only`: opened without writing, Library.open); while another process holds
+    the store (StoreConfig.lock_timeout in all, then StoreLocked, reported by main), a node
+    that answers meanwhile is read through (it holds the store from its first moments, its
+    control socket comes a little later)."""
     from p2pnode.library.api import Library
     from store.config import StoreConfig
 
-    lib = Library.open_unless(paths, wait=StoreConfig().lock_timeout, pointless=lambda: node_running(paths))
+    lib = Library.open_unless(paths, wait=StoreConfig().lock_timeout, pointless=lambda: node_running(paths),
+                              read_only=read_only)
     return NodeLibrary(paths) if lib is None else lib
 
 

@@ -88,10 +88,11 @@ class HeadWal:
     prepared: the fd of a prepare_next() file, renamed to this generation's name (unless
     that exists).  The rename is made durable by the first commit's sync (name_durable).
     at_open: the store is being opened, and a full disk leaves the WAL unextended (reads go
-    on; the first append meets the full disk) instead of failing the open."""
+    on; the first append meets the full disk) instead of failing the open.
+    read_only: opened for reading only, neither made nor zero-filled (a read-only store)."""
 
     def __init__(self, root: Path, gen: int, durable: bool, prepared: int | None = None,
-                 at_open: bool = False) -> None:
+                 at_open: bool = False, read_only: bool = False) -> None:
         self.gen = gen
         self.path = root / wal_name(gen)
         self.name_durable = True
@@ -103,6 +104,10 @@ class HeadWal:
             return
         if prepared is not None:
             os.close(prepared)
+        if read_only:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self.pos = read_wal(self.path, RecoveryNotes()).end
+            return
         made = not self.path.exists()
         self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:

@@ -239,6 +239,24 @@ def test_specific_bad_inputs_have_their_exit_codes(ordinary: OrdinaryUser, corpu
         ordinary.run(env, "--home", str(files / "fresh"), "fsck"), "fsck of a fresh home", {3})
 
 
+def test_an_address_a_server_cannot_listen_on_is_named_with_its_exit_code(ordinary: OrdinaryUser) -> None:
+    """A port another process holds is a conflict (7), an address this machine lacks is input
+    (4), for each command that listens: the node, the peer server alone, a pairing code."""
+    env = ordinary.node("ports")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for command in (["serve", "--no-mdns"], ["serve-peers"]):
+            args = [*command, "--host", "127.0.0.1", "--port", str(port)]
+            err = assert_clean(ordinary.run(env, *args), " ".join(args), {7})
+            assert f"cannot listen on 127.0.0.1:{port}: port {port} is taken by another process" in err, err
+    for command in (["serve", "--no-mdns"], ["serve-peers"], ["pair", "--no-mdns"]):
+        args = [*command, "--host", "198.51.100.7"]  # TEST-NET-2: no machine's
+        err = assert_clean(ordinary.run(env, *args), " ".join(args), {4})
+        assert "cannot listen on 198.51.100.7:" in err and "not an address of this machine" in err, err
+
+
 def test_a_closed_stdout_ends_quietly(ordinary: OrdinaryUser, corpus_dir: Path) -> None:
     """`p2pnode ls | head`: the reader goes away; exit 141 (128 + SIGPIPE, as a shell reports
     it) and nothing on stderr."""
@@ -365,8 +383,8 @@ def test_store_failures_damage_and_a_read_only_disk_have_their_exit_codes(tmp_pa
     args = cli.build_parser().parse_args(["--home", str(tmp_path / "h"), "ls"])
     cases = [(StoreFull("/h/store", "No space left on device", errnos.ENOSPC), 1, "make room"),
              (StoreFailed("/h/store/heads.wal-next", "Permission denied", errnos.EACCES), 4,
-              "/h/store/heads.wal-next could not write (Permission denied) and recorded nothing of it: "
-              "this user may not write there"),
+              "/h/store/heads.wal-next is not writable by this user (Permission denied) and nothing of it "
+              "was recorded"),
              (StoreFailed("/h/store", "Read-only file system", errnos.EROFS), 4, "mount it read-write"),
              (CorruptRecord("turns.log", 320, "turn record CRC mismatch"), 5, "turns.log at offset 320"),
              (UnknownBlob(b"\x01" * 32), 5, "fsck"),

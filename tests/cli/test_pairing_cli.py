@@ -33,8 +33,10 @@ def waiting(node: Node, *extra: str) -> Iterator[tuple[subprocess.Popen[str], st
     try:
         assert proc.stdout is not None
         shown = "".join(proc.stdout.readline() for _ in range(4))
-        m = re.search(r"pairing code: (\S+)\n.*add --from 127\.0\.0\.1:(\d+)\)", shown, re.S)
-        assert m, shown + (proc.stderr.read() if proc.stderr else "")
+        # mDNS off: the command to give names the address, and nothing says it will be found over mDNS
+        m = re.search(r"pairing code: (\S+)\non the other machine run:  p2pnode pair \1 "
+                      r"--from 127\.0\.0\.1:(\d+)\n\(mDNS is off: .* the other side needs --from\)\n", shown)
+        assert m and "mDNS cannot reach" not in shown, shown + (proc.stderr.read() if proc.stderr else "")
         yield proc, m.group(1), int(m.group(2))
     finally:
         if proc.poll() is None:

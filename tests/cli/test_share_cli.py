@@ -134,6 +134,19 @@ def test_bad_input_exit_codes_and_nothing_changes(env: dict[str, str], tmp_path:
     assert run(env, "share", str(orphan), "--no-lineage").returncode == 0
 
 
+def test_a_bad_config_value_fails_the_share_naming_file_key_and_value(env: dict[str, str]) -> None:
+    """One line, exit 4, nothing offered (a typo in the settings is not silently no expiry)."""
+    config = Path(env["P2PNODE_HOME"]) / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('{"share_expires": "fortnight"}')
+    path = agent_of(env) / "sessions" / BETA / B5
+    proc = run(env, "share", str(path), check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 4 and err.count("p2pnode: ") == 1, err
+    assert f"{config}: share_expires 'fortnight': a number and a unit" in err, err
+    assert json.loads(run(env, "ls", "--json").stdout) == []
+
+
 def test_unknown_branches_and_bad_hashes(env: dict[str, str]) -> None:
     proc = run(env, "show", "ab" * 32, check=False)
     assert proc.returncode == 3 and "ab" * 32 in proc.stderr.decode()

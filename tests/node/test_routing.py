@@ -25,7 +25,7 @@ def test_a_node_starting_between_the_ask_and_the_open_is_asked_again(tmp_path: P
         asked.append(op)
         return None if len(asked) == 1 else {"by": "node"}  # no node yet; then it answers
 
-    def node_up(p: NodePaths) -> Any:
+    def node_up(p: NodePaths, *, read_only: bool = False) -> Any:
         return NodeLibrary(p)  # the node holds the store by now: its read-only library
 
     monkeypatch.setattr(routing, "open_library", node_up)

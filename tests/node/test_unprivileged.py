@@ -73,3 +73,59 @@ def test_an_ordinary_users_nodes_share_serve_and_fetch(ordinary: OrdinaryUser, c
     assert ordinary.run(alice, "fsck").returncode == 0
     for env in (alice, bob):
         assert_private(ordinary, env)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else b"")
+            for p in [root, *root.rglob("*")]}
+
+
+def test_read_commands_write_nothing_and_work_on_a_store_this_user_may_only_read(
+        ordinary: OrdinaryUser, corpus_dir: Path) -> None:
+    """`status`, `ls`, `show`, `cat`, `log`, `peers` and `fsck` leave every file of the store as
+    it was (status packed the lines a share left in the head WAL, every open zero-filled and
+    trimmed it), so they work on a store this user may read but not write (chmod -w: they
+    failed, exit 4, naming store/LOCK); what must write there (share, gc, rm) says that the
+    store directory is not writable (it named a journal file that did not exist, after an
+    ERROR line).  A home this user may not write in: `cat` to a pipe spools elsewhere (it
+    named a temp file there), and `rm` names the home (not `.sessions.json.<pid>.tmp`)."""
+    env = ordinary.node("reader", corpus_dir / "sessions")
+    session = Path(env["PI_CODING_AGENT_DIR"]) / "sessions" / B5
+    branch = ok(ordinary, env, "share", str(session)).decode().strip()
+    paths = NodePaths(Path(env["P2PNODE_HOME"]))
+    p2p = f"'{ordinary.python.executable}' -m p2pnode"
+    reads = [("status",), ("status", "--json"), ("ls",), ("show", branch[:12], "--versions"), ("cat", branch),
+             ("log",), ("peers",), ("fsck",)]
+    before = snapshot(paths.store)
+    for args in reads:
+        ok(ordinary, env, *args)
+    assert snapshot(paths.store) == before
+
+    for p in [paths.store, *paths.store.iterdir()]:
+        p.chmod(0o500 if p.is_dir() else 0o400)
+    try:
+        for args in reads:
+            ok(ordinary, env, *args)
+        assert ok(ordinary, env, "cat", branch) == session.read_bytes()
+        assert json.loads(ok(ordinary, env, "status", "--json"))["shared"]
+        for args in (("share", str(session)), ("gc",), ("rm", branch)):
+            proc = ordinary.run(env, *args)
+            err = proc.stderr.decode()
+            assert proc.returncode == 4 and err.count("\n") == 1, f"{args}: {err}"
+            assert f"the directory {paths.store} is not writable by this user" in err, f"{args}: {err}"
+        assert snapshot(paths.store) == before
+    finally:
+        for p in [paths.store, *paths.store.iterdir()]:
+            p.chmod(0o700 if p.is_dir() else 0o600)
+
+    paths.home.chmod(0o500)
+    try:
+        piped = ordinary.shell(env, f"{p2p} cat {branch} | cat")
+        assert piped.returncode == 0 and piped.stdout == session.read_bytes(), piped.stderr.decode()
+        proc = ordinary.run(env, "rm", branch)
+        err = proc.stderr.decode()
+        assert proc.returncode == 4 and f"the directory {paths.home} is not writable by this user" in err, err
+        assert ".tmp" not in err, err
+    finally:
+        paths.home.chmod(0o700)
+    ok(ordinary, env, "rm", branch)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import random
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from store import (
     StoreConfig,
     StoredBlob,
     StoreLocked,
+    StoreNeedsWrite,
     TurnBlobRef,
     TurnInput,
     TurnNotInContext,
@@ -278,6 +281,46 @@ def test_everything_survives_close_and_reopen(tmp_path: Path) -> None:
         assert s.payloads(s.get_last(a, 50)) == [text(i, 3000) for i in range(50)]
         assert s.payload_of(s.get_turn(turns[0].turn_id)) == b"patched"
         assert s.create_context().context_id == gone + 1  # context ids are never reused
+
+
+def files_of(path: Path) -> dict[str, tuple[int, bytes]]:
+    return {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in path.iterdir()}
+
+
+def test_a_read_only_open_reads_and_writes_nothing_unless_a_crash_left_work(tmp_path: Path) -> None:
+    """StoreConfig(read_only=True): the same reads as a writable open, no byte or mtime of any
+    file changed, every write refused; a store never made, or one whose head WAL holds turns
+    turns.log lost (a crash), is StoreNeedsWrite: a writable open restores them first."""
+    path = tmp_path / "s"
+    with pytest.raises(StoreNeedsWrite, match="not been made"):
+        Store.open(path, StoreConfig(read_only=True))
+    with Store.open(path) as s:
+        a = s.create_context().context_id
+        s.append_turns(a, [TurnInput(text(i, 3000)) for i in range(20)])
+        heads = s.list_contexts()
+    before = files_of(path)
+    with Store.open(path, StoreConfig(read_only=True)) as s:
+        assert s.list_contexts() == heads
+        assert s.payloads(s.get_last(a, 20)) == [text(i, 3000) for i in range(20)]
+        with pytest.raises(StoreNeedsWrite, match="opened read-only"):
+            s.append_turn(a, b"more")
+    assert files_of(path) == before
+
+    crash = ("import os; from store import Store, TurnInput\n"  # appended, never closed
+             f"s = Store.open({str(path)!r})\n"
+             "s.append_turns(1, [TurnInput(b'late %d' % i) for i in range(5)])\n"
+             "os._exit(0)")
+    subprocess.run([sys.executable, "-c", crash], check=True, cwd=Path(__file__).resolve().parents[2])
+    log = path / "turns.log"
+    os.truncate(log, log.stat().st_size - 2 * TURN_SIZE)  # a power cut: the unsynced tail of turns.log
+    before = files_of(path)
+    with pytest.raises(StoreNeedsWrite, match="must restore 2 turn record"):
+        Store.open(path, StoreConfig(read_only=True))
+    assert files_of(path) == before
+    with Store.open(path) as s:  # restores them
+        pass
+    with Store.open(path, StoreConfig(read_only=True)) as s:
+        assert s.payloads(s.get_last(a, 5)) == [b"late %d" % i for i in range(5)]
 
 
 def test_non_durable_bulk_mode_round_trips(tmp_path: Path) -> None:
