@@ -501,11 +501,13 @@ class Store:
 
     def _found_damaged(self, h: bytes, reason: str) -> None:
         """A read found blob h damaged: lookups stop finding that record (an append of the same
-        bytes stores a good copy), and damage.log keeps it for fsck."""
+        bytes stores a good copy), and damage.log keeps it for fsck (not from a read-only
+        opening, which writes nothing: fsck's own walk of the pack finds it)."""
         if self._pack.damage_of(h) is None:
             self._pack.mark_damaged(h, reason)
             log.warning("%s: blob %s is damaged: %s", self.root, h.hex(), reason)
-            recovery.record_damage(self.root, [f"{reason} (found when read)"])
+            if not self.config.read_only:
+                recovery.record_damage(self.root, [f"{reason} (found when read)"])
 
     def _payload(self, turn: Turn, h: bytes) -> bytes:
         """Caller holds the gate.  Blob h as the payload of turn: a damaged blob, or one that is

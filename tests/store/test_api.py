@@ -11,10 +11,12 @@ from pathlib import Path
 
 import blake3
 import pytest
+from test_damage import flip_in_pack
 
 from store import (
     NO_TURN,
     BlobMismatch,
+    CorruptRecord,
     ParentConflict,
     PayloadTooLarge,
     Store,
@@ -30,6 +32,7 @@ from store import (
     UnknownContext,
     UnknownTurn,
 )
+from store.files import blobpack
 from store.fsck import fsck
 from store.layout import (
     CODEC_RAW,
@@ -287,10 +290,13 @@ def files_of(path: Path) -> dict[str, tuple[int, bytes]]:
     return {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in path.iterdir()}
 
 
-def test_a_read_only_open_reads_and_writes_nothing_unless_a_crash_left_work(tmp_path: Path) -> None:
+def test_a_read_only_open_reads_and_writes_nothing_unless_a_crash_left_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """StoreConfig(read_only=True): the same reads as a writable open, no byte or mtime of any
-    file changed, every write refused; a store never made, or one whose head WAL holds turns
-    turns.log lost (a crash), is StoreNeedsWrite: a writable open restores them first."""
+    file changed, every write refused, a damaged record read not noted in damage.log; a store
+    never made, or one whose head WAL holds turns turns.log lost (a crash), is StoreNeedsWrite:
+    a writable open restores them first."""
+    monkeypatch.setattr(blobpack, "FOLD_BYTES", 0)  # the blobs behind the index: a read finds damage
     path = tmp_path / "s"
     with pytest.raises(StoreNeedsWrite, match="not been made"):
         Store.open(path, StoreConfig(read_only=True))
@@ -304,6 +310,12 @@ def test_a_read_only_open_reads_and_writes_nothing_unless_a_crash_left_work(tmp_
         assert s.payloads(s.get_last(a, 20)) == [text(i, 3000) for i in range(20)]
         with pytest.raises(StoreNeedsWrite, match="opened read-only"):
             s.append_turn(a, b"more")
+        damaged = s.get_last(a, 20)[3].payload_hash
+    assert files_of(path) == before
+    flip_in_pack(path, damaged, 5)
+    before = files_of(path)
+    with Store.open(path, StoreConfig(read_only=True)) as s, pytest.raises(CorruptRecord):
+        s.get_blob(damaged)  # a damaged record read: noted in memory, not in damage.log
     assert files_of(path) == before
 
     crash = ("import os; from store import Store, TurnInput\n"  # appended, never closed
