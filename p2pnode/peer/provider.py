@@ -264,6 +264,11 @@ class PeerServer:
         fp = _fingerprint(transport)
         if fp is None or not self.trust.is_trusted(fp):  # the handshake pin already refused these
             raise web.HTTPForbidden(text="not trusted\n")
+        resource = request.match_info.route.resource  # routed by the decoded path: the raw one is checked
+        try:
+            wire.check_request_target(request.raw_path, resource.canonical if resource is not None else None)
+        except wire.WireError as exc:
+            raise _closing(web.HTTPBadRequest(text=f"{exc}\n")) from None
         if self._active[fp] >= self.limits.max_concurrent_requests:
             raise web.HTTPTooManyRequests(text="too many concurrent requests\n")
         assert transport is not None

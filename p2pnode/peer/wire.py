@@ -15,6 +15,7 @@ Endpoints (all under the version prefix, see docs/PROTOCOL.md):
   GET  /v1/lines/<src>      the line manifest of a session version (binary, below);
                             ?after=<held>,... the lines after a held version's (version 2)
   POST /v1/batch            body: N × 32-byte hashes; response: framed blobs (below)
+Each in that one form only (check_request_target): no percent-encoding, `..` or other query.
 """
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ PATH_CATALOG = f"{PREFIX}/catalog"
 PATH_OBJECT = PREFIX + "/object/{hash}"
 PATH_LINES = PREFIX + "/lines/{src}"
 PATH_BATCH = f"{PREFIX}/batch"
+QUERY_PARAMETER = {PATH_CATALOG: "wait", PATH_LINES: "after"}
+"""The one query parameter an endpoint takes (by its path above); the others take none."""
+_TARGET_PATH = re.compile(r"(?:/[A-Za-z0-9_-]+)+")
+_TARGET_QUERY = re.compile(r"([a-z]+)=([0-9a-f,]*)")
 
 HASH_LEN = 32
 CODEC_END = 0xFFFF  # a batch's end frame; the blob codecs are the store's (CODEC_RAW, CODEC_ZSTD)
@@ -305,6 +310,25 @@ def parse_count_header(text: str | None) -> int | None:
     if text is None or not text.isascii() or not text.isdigit() or len(text) > 15:
         return None
     return int(text)
+
+
+def check_request_target(target: str, endpoint: str | None) -> None:
+    """A request target as sent, in the one form PROTOCOL.md gives it ("Request targets"), else
+    WireError saying what is not: a server that decoded `%61` or `..` before routing would
+    serve one object under many names.  `endpoint`: the path (above) it was routed to, None
+    for none (its query is not looked at: the answer is 404)."""
+    path, has_query, query = target.partition("?")
+    if not _TARGET_PATH.fullmatch(path):
+        raise WireError(f"request target {target[:100]!r} is not canonical: only ASCII letters, digits, "
+                        "'-' and '_' between single '/' (no percent-encoding, no '.' or '..' segment, "
+                        "no empty segment, no fragment)")
+    if not has_query or endpoint is None:
+        return
+    name = QUERY_PARAMETER.get(endpoint)
+    given = _TARGET_QUERY.fullmatch(query)
+    if name is None or given is None or given.group(1) != name:
+        takes = f"only ?{name}= (lowercase hex, digits, commas)" if name else "no query"
+        raise WireError(f"request target {target[:100]!r} is not canonical: {endpoint} takes {takes}")
 
 
 def parse_wait(text: str) -> int:
