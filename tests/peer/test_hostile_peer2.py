@@ -768,3 +768,37 @@ def test_request_targets_sans_io() -> None:
                              ("/v1/catalog?wait=0", wire.PATH_CATALOG), ("/v1/catalog", wire.PATH_CATALOG),
                              ("/v1/nothing?x=1", None), (f"/v1/lines/{h}?after=", wire.PATH_LINES)]:
         wire.check_request_target(target, endpoint)
+
+
+@pytest.mark.parametrize("trailers", [
+    b"".join(b"X-T%d: %s\r\n" % (i, b"y" * 100) for i in range(40)),  # many small fields
+    b"X-T: " + b"y" * 3000 + b"\r\n",  # one field over max_request_field
+    b"".join(b"X-T%d: %s\r\n" % (i, b"y" * 2000) for i in range(2000)),  # 4 MB of fields under it
+], ids=["many", "long", "endless"])
+async def test_a_requests_trailers_are_bounded_in_all(world, tmp_path: Path, trailers: bytes) -> None:  # noqa: F811
+    """A batch whose chunked body ends in trailers: each field under aiohttp's per-field bound,
+    a peer could send 128 of them (1 MiB) with every request.  The head and the trailers are
+    bounded together (max_request_fields, max_request_field): 400, the connection closed
+    without the rest read, and nothing pipelined behind served."""
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(world["lib"], world["me"], world["trust"])
+    await server.start("127.0.0.1", 0)
+    line = b3(split((world["corpus"] / A2).read_bytes())[0])
+    request = (b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"20\r\n" + line + b"\r\n0\r\n" + trailers + b"\r\n"
+               + f"GET {wire.PATH_CATALOG} HTTP/1.1\r\nHost: p\r\n\r\n".encode())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+        writer.write(request)
+        got = await _closed_within(reader, BOUND)
+        writer.close()
+        assert got.startswith(b"HTTP/1.0 400 ") and b"HTTP/1.1 200" not in got, got[:300]
+        assert world["lib"].line(line)  # within the bounds, the same request is served:
+        fine = request.replace(trailers, b"X-T: y\r\n")
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+        writer.write(fine)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        writer.close()
+    finally:
+        await server.close()
