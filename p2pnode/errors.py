@@ -54,6 +54,15 @@ class Refused(P2PNodeError):
     exit_code = 8
 
 
+def naming(exc: P2PNodeError, subject: str, name: str) -> P2PNodeError:
+    """`exc`, its message led by `subject` unless it names `name` already (same class, same exit
+    code): a fetch's error says which branch or session the user asked for, whatever part of it
+    failed (an ancestor's sidecar, a newer version's line manifest, a session's src)."""
+    if name not in str(exc):
+        exc.args = (f"{subject}: {exc}", *exc.args[1:])
+    return exc
+
+
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
 

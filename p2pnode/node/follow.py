@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, VerificationFailed
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, VerificationFailed, naming
 from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
 from p2pnode.peer import offers, wire
@@ -125,6 +125,16 @@ class Newest:
     """The version asked for, fetched instead when the newer one cannot be had (a catalog
     listed it, but no holder serves it: it expired or was unshared meanwhile, or the catalog lied)."""
 
+    def named(self) -> tuple[str, str]:
+        """How a failure of its fetch names it and what the user asked for: (the words, the
+        name the message must hold)."""
+        if self.session is not None:
+            return f"branch {self.branch}, the latest version of session {self.session}", self.session
+        asked = self.asked.branch if self.asked is not None else None
+        if asked is not None:
+            return f"branch {self.branch}, the latest version of branch {asked}", asked
+        return f"branch {self.branch}", self.branch
+
 
 FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
 
@@ -217,11 +227,12 @@ async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: 
         result = await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
                                     check=check, starts_with=newest.extends, session_id=newest.header_id,
                                     **options)
-    except (NotFound, PeerUnavailable) as exc:
-        if newest.asked is None or not newest.asked.peers:
-            raise
-        log.info("%s; fetching %s, the version asked for", exc, newest.asked.branch)
-        return await fetch_newest(lib, newest.asked, identity, trust, agent_dir=agent_dir, **options)
+    except P2PNodeError as exc:
+        if isinstance(exc, NotFound | PeerUnavailable) and newest.asked is not None and newest.asked.peers:
+            log.info("%s; fetching %s, the version asked for", exc, newest.asked.branch)
+            return await fetch_newest(lib, newest.asked, identity, trust, agent_dir=agent_dir, **options)
+        naming(exc, *newest.named())
+        raise
     result.note = newest.note
     return result
 

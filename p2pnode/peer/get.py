@@ -531,7 +531,8 @@ class _Fetch:
                                    "generations; refused")
             seen.add(current)
             get_sidecar = functools.partial(PeerLink.sidecar, branch=current)
-            raw, sc = await self.pool.run(f"sidecar {current}", get_sidecar)
+            of = "" if current == branch else f" (an ancestor of branch {branch})"
+            raw, sc = await self.pool.run(f"sidecar of branch {current}{of}", get_sidecar)
             chain.append((current, raw, sc))
             current = sc.parent
         return chain
