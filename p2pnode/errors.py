@@ -14,9 +14,10 @@ from __future__ import annotations
 import errno
 
 CALLERS_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
-                                 errno.EACCES, errno.EPERM})
+                                 errno.EACCES, errno.EPERM, errno.EINVAL})
 """OSErrors that a path the caller named causes (too long, a file where a directory must be,
-a loop of symlinks, one this user may not read or write): bad input, exit 4 with the path,
+a loop of symlinks, one this user may not read or write, a name the file system does not
+take): bad input, exit 4 with the path,
 from the CLI and the node alike.  A share of a 10,000-character name through the node was a
 500 and a traceback; a one-shot fetch into a PI_CODING_AGENT_DIR too deep for the system, exit 1."""
 
