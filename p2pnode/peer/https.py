@@ -6,8 +6,8 @@ session (docs/BENCHMARKS.md).  It speaks what a peer server needs: bodies framed
 Content-Length, chunked or by the close; no compression, cookies, proxies, and no redirect is
 followed (link.py refuses them).  Every way a peer can break an exchange is a ClientError; the
 downloader decides what each means.  Bounds: MAX_HEAD bytes of a response head, MAX_INTERIM
-`1xx` answers before it, MAX_CHUNK_LINE, MAX_TRAILERS, the `read` timeout for each wait for bytes, the
-`connect` timeout for the TCP connect and the TLS handshake."""
+`1xx` answers before it, MAX_CHUNK_LINE, MAX_TRAILERS, the `read` timeout for each wait for
+bytes, the `connect` timeout for the TCP connect and the TLS handshake."""
 from __future__ import annotations
 
 import asyncio

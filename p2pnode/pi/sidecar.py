@@ -55,8 +55,8 @@ class Sidecar:
     def encode(self) -> bytes:
         """The canonical bytes (see docs/FORMAT.md, "Sessions and branch sidecars")."""
         parent = "null" if self.parent is None else f'"{self.parent}"'
-        v = SIDECAR_VERSION
-        return f'{{"type":"branch","version":{v},"src":"{self.src}","parent":{parent}}}'.encode()
+        return (f'{{"type":"branch","version":{SIDECAR_VERSION},"src":"{self.src}",'
+                f'"parent":{parent}}}').encode()
 
     @property
     def branch(self) -> str:
