@@ -151,12 +151,13 @@ class Limits:
     """Server: seconds a connection has to deliver a request's headers (from the handshake or
     the previous answer) and, separately, its body; then it is closed (slowloris, a huge
     Content-Length with a few bytes)."""
-    max_request_fields: int = 32
-    max_request_field: int = 2048
+    max_request_fields: int = 16
+    max_request_field: int = 8190
     """Server: the fields of a request's head and of its chunked body's trailer section, counted
-    together, and the bytes of each (name and value): both sections at most 64 KiB in all; past
-    either bound the request is 400 and the connection closed (aiohttp's parser, whose own
-    bounds, 128 fields of 8 KiB, let a peer's trailers take 1 MiB per request)."""
+    together, and the bytes of each (name and value: a Range of 4,400 digits is answered, 416):
+    both sections at most 128 KiB in all; past either bound the request is 400 and the
+    connection closed (aiohttp's parser counts trailers with the headers; its own 128 fields
+    let a peer's trailers take 1 MiB per request).  A fetcher sends at most 8 fields."""
     tls_handshake_timeout: float = 5.0
     """Server: seconds an incoming connection has to complete its TLS handshake."""
     max_connections_per_peer: int = 16
