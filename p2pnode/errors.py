@@ -18,9 +18,10 @@ import socket
 from pathlib import Path
 
 CALLERS_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
-                                 errno.EACCES, errno.EPERM})
+                                 errno.EACCES, errno.EPERM, errno.EINVAL})
 """OSErrors that a path the caller named causes (too long, a file where a directory must be,
-a loop of symlinks, one this user may not read or write): bad input, exit 4 with the path,
+a loop of symlinks, one this user may not read or write, a name the file system does not
+take): bad input, exit 4 with the path,
 from the CLI and the node alike.  A share of a 10,000-character name through the node was a
 500 and a traceback; a one-shot fetch into a PI_CODING_AGENT_DIR too deep for the system, exit 1."""
 
@@ -56,6 +57,15 @@ class Conflict(P2PNodeError):
 
 class Refused(P2PNodeError):
     exit_code = 8
+
+
+def naming(exc: P2PNodeError, subject: str, name: str) -> P2PNodeError:
+    """`exc`, its message led by `subject` unless it names `name` already (same class, same exit
+    code): a fetch's error says which branch or session the user asked for, whatever part of it
+    failed (an ancestor's sidecar, a newer version's line manifest, a session's src)."""
+    if name not in str(exc):
+        exc.args = (f"{subject}: {exc}", *exc.args[1:])
+    return exc
 
 
 EXIT_INTERRUPTED = 130

@@ -13,7 +13,7 @@ from typing import Any
 
 from p2pnode.cli.render import one_line, print_json, short, shown
 from p2pnode.errors import EXIT_INTERRUPTED, InvalidInput, P2PNodeError, PeerUnavailable
-from p2pnode.node.control_client import call_node, node_running
+from p2pnode.node.control_client import NodeError, call_node, node_running
 from p2pnode.paths import NodePaths, PiDirs
 
 EVENTS_WAIT = 20.0
@@ -147,6 +147,8 @@ def _print_events(paths: NodePaths, key: str, epoch: str, as_json: bool) -> int:
             epoch, after = reply["epoch"], 0
         for event in reply["events"]:
             after = event["seq"]
+            if event["kind"] == "failed":  # the node ended the follow: its error, its exit code
+                raise NodeError(event["message"], event["exit_code"])
             if as_json:
                 print(json.dumps(event), flush=True)
             else:

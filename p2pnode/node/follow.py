@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from p2pnode.errors import InvalidInput, NotFound, PeerUnavailable, VerificationFailed
+from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, PeerUnavailable, VerificationFailed, naming
+from p2pnode.node.answers import callers_path_error
 from p2pnode.node.tasks import PersistedTasks
 from p2pnode.paths import PiDirs
 from p2pnode.peer import offers, wire
@@ -53,6 +54,8 @@ FOLLOWS_FILE = "follows.json"
 RETRY_MAX = 10.0
 """Longest pause between attempts to reach a session's peers again."""
 EVENTS_KEPT = 200
+ENDED_KEPT = 16
+"""Follows that ended by themselves kept for their command to read why (the oldest dropped)."""
 EVENTS_WAIT = 20.0
 """The longest `/v1/follow-events` holds a request open waiting for something to report."""
 CATALOG_TIMEOUT = 5.0
@@ -124,6 +127,16 @@ class Newest:
     asked: Newest | None = None
     """The version asked for, fetched instead when the newer one cannot be had (a catalog
     listed it, but no holder serves it: it expired or was unshared meanwhile, or the catalog lied)."""
+
+    def named(self) -> tuple[str, str]:
+        """How a failure of its fetch names it and what the user asked for: (the words, the
+        name the message must hold)."""
+        if self.session is not None:
+            return f"branch {self.branch}, the latest version of session {self.session}", self.session
+        asked = self.asked.branch if self.asked is not None else None
+        if asked is not None:
+            return f"branch {self.branch}, the latest version of branch {asked}", asked
+        return f"branch {self.branch}", self.branch
 
 
 FindPeers = Callable[[str], Awaitable[list[PeerAddress]]]
@@ -217,11 +230,12 @@ async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: 
         result = await fetch_branch(lib, newest.branch, newest.peers, identity, trust, agent_dir=agent_dir,
                                     check=check, starts_with=newest.extends, session_id=newest.header_id,
                                     **options)
-    except (NotFound, PeerUnavailable) as exc:
-        if newest.asked is None or not newest.asked.peers:
-            raise
-        log.info("%s; fetching %s, the version asked for", exc, newest.asked.branch)
-        return await fetch_newest(lib, newest.asked, identity, trust, agent_dir=agent_dir, **options)
+    except P2PNodeError as exc:
+        if isinstance(exc, NotFound | PeerUnavailable) and newest.asked is not None and newest.asked.peers:
+            log.info("%s; fetching %s, the version asked for", exc, newest.asked.branch)
+            return await fetch_newest(lib, newest.asked, identity, trust, agent_dir=agent_dir, **options)
+        naming(exc, *newest.named())
+        raise
     result.note = newest.note
     return result
 
@@ -305,6 +319,9 @@ class Follows:
         self._seq = 0
         self._arrived = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None
+        self._ended: dict[str, Follow] = {}
+        """Follows that ended by themselves (`_end`), the last ENDED_KEPT: their command is yet
+        to read the event that says why."""
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         return {"follow": self._c_follow, "follow-events": self._c_events, "unfollow": self._c_unfollow}
@@ -419,7 +436,8 @@ class Follows:
         try:
             while True:
                 f = self.follows.get(key) if isinstance(key, str) else None
-                new = [e for e in f.events if e["seq"] > after] if f else []
+                told = f or (self._ended.get(key) if isinstance(key, str) else None)  # why it ended
+                new = [e for e in told.events if e["seq"] > after] if told else []
                 left = deadline - asyncio.get_running_loop().time()
                 if new or f is None or left <= 0:
                     return {"events": new, "epoch": self.epoch, "following": f is not None,
@@ -441,6 +459,8 @@ class Follows:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the peer went away, or a fetch failed: try again later
+                if (final := _final(exc)) is not None:
+                    return self._end(f, final)
                 why = str(exc) or type(exc).__name__
                 f.state = f"waiting: {why}"
                 self._event(f, "waiting", message=f"{why}; trying again in {delay:g} s")
@@ -449,6 +469,18 @@ class Follows:
                 delay = min(delay * 2, RETRY_MAX)
             else:
                 delay = 1.0
+
+    def _end(self, f: Follow, error: P2PNodeError) -> None:
+        """End follow `f` for `error`, which trying again cannot mend: its command is told (a
+        `failed` event with the error's exit code) and it is no longer followed, nor after a restart."""
+        f.state = f"failed: {error}"
+        self._event(f, "failed", message=f"{error} (the follow ended: trying again cannot mend that)",
+                    exit_code=error.exit_code)
+        self.follows.forget(f.key)
+        self._ended[f.key] = f
+        while len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
+        log.warning("follow %s: ended: %s", f.key[:16], error)
 
     async def _peers(self, f: Follow) -> list[PeerAddress]:
         if f.peers:
@@ -472,6 +504,8 @@ class Follows:
             try:
                 await self._poll(f, link, connections)
             except Exception as exc:  # this peer is gone or refuses: the next one
+                if _final(exc) is not None:  # not the peer's doing: no other peer does better
+                    raise
                 failures.append(f"{address}: {exc or type(exc).__name__}")
             finally:
                 await connections.close()
@@ -542,6 +576,14 @@ class Follows:
         log.info("follow %s: version %s (%d lines, +%d) from %s", f.key[:16], entry.branch[:16], info.lines,
                  info.lines - before, address)
         self.node.announce_soon()  # the catalog's generation moved (the fetched branch is not offered)
+
+
+def _final(exc: BaseException) -> P2PNodeError | None:
+    """The error that ends a follow, for a failure trying again cannot mend: a path of this
+    node's that the system refuses (too long, not a directory, not this user's, a name the file
+    system does not take: CALLERS_PATH_ERRNOS), exit 4.  None for one that may pass: a peer
+    offline or lying, a directory Pi has not made yet (ENOENT), a full disk."""
+    return callers_path_error(exc) if isinstance(exc, OSError) and exc.filename is not None else None
 
 
 def _follows_one_of(saved: dict[str, Any], branches: Collection[str]) -> bool:

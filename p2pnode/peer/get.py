@@ -538,13 +538,16 @@ class _Fetch:
                 raise LineageError(f"lineage of {branch} is deeper than {self.limits.max_chain_depth} "
                                    "generations; refused")
             seen.add(current)
-            chain.append(await self.sidecar(current))
+            of = "" if current == branch else f" (an ancestor of branch {branch})"
+            chain.append(await self.sidecar(current, of))
             current = chain[-1][2].parent
         return chain
 
-    async def sidecar(self, branch: str) -> tuple[str, bytes, Sidecar]:
-        """(branch, its sidecar's bytes, parsed) from a peer, verified to hash to `branch`."""
-        raw, sc = await self.pool.run(f"sidecar {branch}", functools.partial(PeerLink.sidecar, branch=branch))
+    async def sidecar(self, branch: str, of: str = "") -> tuple[str, bytes, Sidecar]:
+        """(branch, its sidecar's bytes, parsed) from a peer, verified to hash to `branch`;
+        `of`: what the branch is to the one the user asked for, for the errors."""
+        get_sidecar = functools.partial(PeerLink.sidecar, branch=branch)
+        raw, sc = await self.pool.run(f"sidecar of branch {branch}{of}", get_sidecar)
         return branch, raw, sc
 
     async def session(self, src: str, place: Placing | None, held: list[str] | None = None,

@@ -6,8 +6,8 @@ session (docs/BENCHMARKS.md).  It speaks what a peer server needs: bodies framed
 Content-Length, chunked or by the close; no compression, cookies, proxies, and no redirect is
 followed (link.py refuses them).  Every way a peer can break an exchange is a ClientError; the
 downloader decides what each means.  Bounds: MAX_HEAD bytes of a response head, MAX_INTERIM
-`1xx` answers before it, MAX_CHUNK_LINE, the `read` timeout for each wait for bytes, the
-`connect` timeout for the TCP connect and the TLS handshake."""
+`1xx` answers before it, MAX_CHUNK_LINE, MAX_TRAILERS, the `read` timeout for each wait for
+bytes, the `connect` timeout for the TCP connect and the TLS handshake."""
 from __future__ import annotations
 
 import asyncio
@@ -28,6 +28,9 @@ MAX_INTERIM = 16
 """`1xx` answers skipped before a response (a peer's endless `102 Processing` is refused)."""
 MAX_CHUNK_LINE = 1024
 """A chunked body's size line (hex digits and extensions)."""
+MAX_TRAILERS = 8 << 10
+"""A chunked body's trailer section in all: its lines, their CRLFs and the empty line that ends
+it (a peer server sends none; bounded per line only, endless short lines were read for ever)."""
 _DIGITS = re.compile(r"[0-9]{1,19}")
 BUFFERED = 128 << 10
 """Bytes received and not yet read at which the connection stops reading from its socket
@@ -237,8 +240,7 @@ class Response:
                 raise PayloadError(f"bad chunk size line {line[:40]!r}")
             self._left = int(digits, 16)
             if self._left == 0:
-                while await self._line(MAX_HEAD, "the trailers"):
-                    pass
+                await self._skip_trailers()
                 self.done = True
                 return b""
         data = await self._more()
@@ -253,6 +255,12 @@ class Response:
                               lambda: PayloadError("a chunk not followed by CRLF"),
                               lambda partial: PayloadError("the body was cut after a chunk"))
         return data
+
+    async def _skip_trailers(self) -> None:
+        """The trailer section, read and dropped: at most MAX_TRAILERS bytes in all, else PayloadError."""
+        left = MAX_TRAILERS
+        while line := await self._line(left - 2, f"the trailer section (at most {MAX_TRAILERS} bytes)"):
+            left -= len(line) + 2
 
     async def _line(self, limit: int, what: str) -> bytes:
         """A CRLF-ended line of the body's framing (at most `limit` bytes before it), without it."""

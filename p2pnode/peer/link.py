@@ -96,7 +96,7 @@ class PeerLink:
 
     async def sidecar(self, branch: str) -> tuple[bytes, Sidecar]:
         raw = await self.get_small(wire.PATH_OBJECT.format(hash=branch), self.limits.max_sidecar,
-                                   f"sidecar {branch}", InvalidSidecar)
+                                   f"sidecar of branch {branch}", InvalidSidecar)
         return raw, parse_sidecar(raw, branch)
 
     async def line_manifest(self, src: str) -> list[LineRef]:

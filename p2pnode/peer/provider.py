@@ -23,7 +23,8 @@ never waits for the audit log's fsync).
 
 Per peer: at most `limits.max_concurrent_requests` requests at once (more get 429),
 `limits.max_connections_per_peer` connections, request bodies up to
-`limits.max_batch_request` bytes, and a peer that stops reading for
+`limits.max_batch_request` bytes, a head and its trailers `limits.max_request_fields` fields
+of `limits.max_request_field` bytes at most (400, closed), and a peer that stops reading for
 `limits.slow_reader_timeout` seconds is disconnected.  Before trust is known: pending TLS
 handshakes are bounded per source and in all, each with a deadline (_HandshakeGate); after
 it, a request head and a body each have `limits.request_timeout` (_HeadDeadline, slowloris),
@@ -157,7 +158,9 @@ class PeerServer:
         app.router.add_get(wire.PATH_LINES, self._lines, allow_head=False)
         app.router.add_post(wire.PATH_BATCH, self._batch)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_http_log(),
-                                     lingering_time=LINGER_SECONDS)
+                                     lingering_time=LINGER_SECONDS,
+                                     max_headers=self.limits.max_request_fields,  # trailers count too
+                                     max_field_size=self.limits.max_request_field)
         await self._runner.setup()
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         site = _DeadlineSite(self, host, port)
@@ -264,6 +267,11 @@ class PeerServer:
         fp = _fingerprint(transport)
         if fp is None or not self.trust.is_trusted(fp):  # the handshake pin already refused these
             raise web.HTTPForbidden(text="not trusted\n")
+        resource = request.match_info.route.resource  # routed by the decoded path: the raw one is checked
+        try:
+            wire.check_request_target(request.raw_path, resource.canonical if resource is not None else None)
+        except wire.WireError as exc:
+            raise _closing(web.HTTPBadRequest(text=f"{exc}\n")) from None
         if self._active[fp] >= self.limits.max_concurrent_requests:
             raise web.HTTPTooManyRequests(text="too many concurrent requests\n")
         assert transport is not None

@@ -15,6 +15,7 @@ Endpoints (all under the version prefix, see docs/PROTOCOL.md):
   GET  /v1/lines/<src>      the line manifest of a session version (binary, below);
                             ?after=<held>,... the lines after a held version's (version 2)
   POST /v1/batch            body: N × 32-byte hashes; response: framed blobs (below)
+Each in that one form only (check_request_target): no percent-encoding, `..` or other query.
 """
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ PATH_CATALOG = f"{PREFIX}/catalog"
 PATH_OBJECT = PREFIX + "/object/{hash}"
 PATH_LINES = PREFIX + "/lines/{src}"
 PATH_BATCH = f"{PREFIX}/batch"
+QUERY_PARAMETER = {PATH_CATALOG: "wait", PATH_LINES: "after"}
+"""The one query parameter an endpoint takes (by its path above); the others take none."""
+_TARGET_PATH = re.compile(r"(?:/[A-Za-z0-9_-]+)+")
+_TARGET_QUERY = re.compile(r"([a-z]+)=([0-9a-f,]*)")
 
 HASH_LEN = 32
 CODEC_END = 0xFFFF  # a batch's end frame; the blob codecs are the store's (CODEC_RAW, CODEC_ZSTD)
@@ -146,6 +151,13 @@ class Limits:
     """Server: seconds a connection has to deliver a request's headers (from the handshake or
     the previous answer) and, separately, its body; then it is closed (slowloris, a huge
     Content-Length with a few bytes)."""
+    max_request_fields: int = 16
+    max_request_field: int = 8190
+    """Server: the fields of a request's head and of its chunked body's trailer section, counted
+    together, and the bytes of each (name and value: a Range of 4,400 digits is answered, 416):
+    both sections at most 128 KiB in all; past either bound the request is 400 and the
+    connection closed (aiohttp's parser counts trailers with the headers; its own 128 fields
+    let a peer's trailers take 1 MiB per request).  A fetcher sends at most 8 fields."""
     tls_handshake_timeout: float = 5.0
     """Server: seconds an incoming connection has to complete its TLS handshake."""
     max_connections_per_peer: int = 16
@@ -305,6 +317,25 @@ def parse_count_header(text: str | None) -> int | None:
     if text is None or not text.isascii() or not text.isdigit() or len(text) > 15:
         return None
     return int(text)
+
+
+def check_request_target(target: str, endpoint: str | None) -> None:
+    """A request target as sent, in the one form PROTOCOL.md gives it ("Request targets"), else
+    WireError saying what is not: a server that decoded `%61` or `..` before routing would
+    serve one object under many names.  `endpoint`: the path (above) it was routed to, None
+    for none (its query is not looked at: the answer is 404)."""
+    path, has_query, query = target.partition("?")
+    if not _TARGET_PATH.fullmatch(path):
+        raise WireError(f"request target {target[:100]!r} is not canonical: only ASCII letters, digits, "
+                        "'-' and '_' between single '/' (no percent-encoding, no '.' or '..' segment, "
+                        "no empty segment, no fragment)")
+    if not has_query or endpoint is None:
+        return
+    name = QUERY_PARAMETER.get(endpoint)
+    given = _TARGET_QUERY.fullmatch(query)
+    if name is None or given is None or given.group(1) != name:
+        takes = f"only ?{name}= (lowercase hex, digits, commas)" if name else "no query"
+        raise WireError(f"request target {target[:100]!r} is not canonical: {endpoint} takes {takes}")
 
 
 def parse_wait(text: str) -> int:

@@ -19,6 +19,8 @@ from p2pnode.errors import InvalidInput, VerificationFailed
 MAX_SIDECAR_BYTES = 4096
 """Canonical sidecars are 116 (root) or 178 bytes; anything far larger is not a sidecar."""
 
+SIDECAR_VERSION = 1
+"""The sidecar version this p2pnode reads and writes."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -53,7 +55,8 @@ class Sidecar:
     def encode(self) -> bytes:
         """The canonical bytes (see docs/FORMAT.md, "Sessions and branch sidecars")."""
         parent = "null" if self.parent is None else f'"{self.parent}"'
-        return f'{{"type":"branch","version":1,"src":"{self.src}","parent":{parent}}}'.encode()
+        return (f'{{"type":"branch","version":{SIDECAR_VERSION},"src":"{self.src}",'
+                f'"parent":{parent}}}').encode()
 
     @property
     def branch(self) -> str:
@@ -64,7 +67,7 @@ class Sidecar:
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]
     if len(keys) != len(set(keys)):
-        raise InvalidSidecar(f"sidecar has duplicate keys: {sorted(keys)}")
+        raise InvalidSidecar(f"duplicate keys: {sorted(keys)}")
     return dict(pairs)
 
 
@@ -73,7 +76,7 @@ def parse_sidecar(data: bytes, expected_branch: str | None = None) -> Sidecar:
 
     Unknown extra keys are ignored: the bytes are identified by their hash, not re-encoded.
     """
-    where = f"sidecar {expected_branch}" if expected_branch else "sidecar"
+    where = f"sidecar of branch {expected_branch}" if expected_branch else "sidecar"
     if len(data) > MAX_SIDECAR_BYTES:
         raise InvalidSidecar(f"{where} is {len(data)} bytes, over the limit of {MAX_SIDECAR_BYTES}")
     if expected_branch is not None:
@@ -86,13 +89,17 @@ def parse_sidecar(data: bytes, expected_branch: str | None = None) -> Sidecar:
         raise InvalidSidecar(f"{where} is not UTF-8 JSON: {exc}") from None
     except RecursionError:  # 4096 bytes of '[' nest deeper than the parser recurses
         raise InvalidSidecar(f"{where} is JSON nested too deeply to be a sidecar") from None
+    except InvalidSidecar as exc:  # _no_duplicate_keys's
+        raise InvalidSidecar(f"{where} has {exc}") from None
     if not isinstance(obj, dict):
         raise InvalidSidecar(f"{where} is not a JSON object")
     if obj.get("type") != "branch":
         raise InvalidSidecar(f"{where} has type {obj.get('type')!r}, expected 'branch'")
     version = obj.get("version")
-    if type(version) is not int or version != 1:
-        raise InvalidSidecar(f"{where} has version {version!r}, expected 1")
+    if type(version) is not int or version != SIDECAR_VERSION:
+        newer = type(version) is int and version > SIDECAR_VERSION
+        raise InvalidSidecar(f"{where} has version {version!r}; this p2pnode reads version {SIDECAR_VERSION} "
+                             f"only{' (made by a newer p2pnode? update this one)' if newer else ''}")
     if "src" not in obj or "parent" not in obj:
         raise InvalidSidecar(f"{where} lacks the src or parent field")
     try:

@@ -561,3 +561,42 @@ def test_unshare_or_rm_ends_the_live_share(tmp_path: Path, corpus_new_dir: Path,
             time.sleep(1.5)
             assert status(a)["live"] == []
             assert json.loads(a.run("ls", "--json").stdout) == []
+
+
+def test_a_follow_that_cannot_place_ends_with_exit_4(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """A --session-dir the system refuses (a name too long for it, a file where the directory
+    must be): each fetched version failed to be placed and the follow retried for ever.  Now
+    `follow` says why and exits 4 (README), and the node no longer follows it."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session):
+        shared = json.loads(a.run("share", str(session), "--json").stdout)
+        (tmp_path / "a-file").write_text("not a directory\n")
+        with a.serving() as port, b.node_running():
+            for session_dir, why in [(tmp_path / ("x" * 300), "file name too long"),
+                                     (tmp_path / "a-file" / "sessions", "not a directory")]:
+                follower = subprocess.run(
+                    [PY, "-m", "p2pnode", "follow", shared["branch"], "--from", f"{a.id}@127.0.0.1:{port}",
+                     "--session-dir", str(session_dir), "--json"],
+                    env=b.env, capture_output=True, text=True, timeout=WAIT)
+                assert follower.returncode == 4, follower.stderr
+                assert why in follower.stderr and "the follow ended" in follower.stderr
+                assert "Traceback" not in follower.stderr
+                *events, last = map(json.loads, follower.stdout.splitlines())
+                assert last["error"]["kind"] == "invalid_input" and why in last["error"]["message"]
+                assert [e["kind"] for e in events] == ["following"]
+                assert status(b)["following"] == []
+                assert json.loads((b.home / "follows.json").read_text()) == []
+
+
+def test_which_failures_end_a_follow() -> None:
+    """Sans-IO: a path of this node's the system refuses ends it (exit 4); what may pass does not."""
+    import errno
+
+    from p2pnode.node.follow import _final
+
+    for code in (errno.ENAMETOOLONG, errno.EACCES, errno.ENOTDIR, errno.EINVAL):
+        final = _final(OSError(code, os.strerror(code), "/some/path"))
+        assert final is not None and final.exit_code == 4 and "/some/path" in str(final)
+    for exc in (OSError(errno.ENOENT, "No such file or directory", "/some/path"), ConnectionRefusedError(),
+                OSError(errno.EACCES, "Permission denied"), OSError(errno.ENOSPC, "No space left", "/p"),
+                NotFound("gone"), VerificationFailed("lied")):
+        assert _final(exc) is None

@@ -5,6 +5,8 @@
   served a root session.
 * A catalog listing a newer version of the branch asked for that no holder serves: the branch
   asked for is fetched, and the note says so (it was exit 3 naming a hash never typed).
+* A sidecar of a newer format (an ancestor's, or that of the newer version fetched in place of
+  the one asked for): the error names the branch asked for, and the version found and read.
 
 Real mutual-TLS server (test_hostile_peer.LyingPeer), the real fetcher, library and store.
 """
@@ -14,9 +16,11 @@ import json
 from pathlib import Path
 
 import blake3
+import pytest
 from aiohttp import web
 from test_hostile_peer import A1, LyingPeer, split, world  # noqa: F401
 
+from p2pnode.errors import InvalidInput
 from p2pnode.node.follow import fetch_newest, newest_to_fetch
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
@@ -111,3 +115,54 @@ async def test_a_newer_version_no_holder_serves_falls_back_to_the_branch_asked_f
 
 async def _no_lan(target: str) -> list[PeerAddress]:
     return []
+
+
+NEWER_SIDECAR = b'{"type":"branch","version":2,"src":"' + b"a" * 64 + b'","parent":null}'
+NEWER = "has version 2; this p2pnode reads version 1 only (made by a newer p2pnode? update this one)"
+
+
+async def test_a_newer_sidecar_of_an_ancestor_names_the_branch_asked_for(world) -> None:  # noqa: F811
+    """The branch asked for is fine, its parent's sidecar is of a newer format: the message
+    named only that parent, a hash the user never typed, and said "expected 1"."""
+    liar = world["liar"]
+    parent = blake3.blake3(NEWER_SIDECAR).hexdigest()
+    liar.objects[parent] = NEWER_SIDECAR
+    child = liar.add((world["corpus"] / A1).read_bytes(), parent=parent)
+    with pytest.raises(InvalidInput) as raised:
+        await fetch_named(world, child, None)
+    message = str(raised.value)
+    assert message.startswith(f"sidecar of branch {parent} (an ancestor of branch {child}): ")
+    assert f"sidecar of branch {parent} {NEWER}" in message
+
+
+async def test_a_newer_sidecar_of_the_latest_version_names_the_branch_asked_for(world) -> None:  # noqa: F811
+    """`fetch <older version>` fetches the latest one a catalog lists; its sidecar is of a newer
+    format: the error names the branch asked for, the one fetched in its place, and the
+    versions (exit 4, the fallback to the one asked for is only for a version not served)."""
+    liar = world["liar"]
+    data = (world["corpus"] / A1).read_bytes()
+    branch = liar.add(data)
+    src = blake3.blake3(data).hexdigest()
+    header = {"id": session_id(data), "timestamp": None, "cwd": None, "parent_session": None}
+    asked = wire.CatalogEntry(branch, src, None, len(data), len(split(data)), header, version=1)
+    newer = blake3.blake3(NEWER_SIDECAR).hexdigest()
+    liar.objects[newer] = NEWER_SIDECAR
+    latest = wire.CatalogEntry(newer, "a" * 64, None, len(data) + 10, len(split(data)) + 1, header,
+                               previous=branch, version=2)
+
+    async def catalog(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=wire.encode_catalog(wire.CatalogMessage(1, liar.identity.node_id,
+                                                                         [asked, latest])))
+
+    liar.handlers["catalog"] = catalog
+    peer: PeerAddress = await liar.start()
+    try:
+        newest = await newest_to_fetch(branch, [peer], world["me"], world["trust"], _no_lan)
+        with pytest.raises(InvalidInput) as raised:
+            await fetch_newest(world["lib"], newest, world["me"], world["trust"], agent_dir=world["agent"])
+    finally:
+        await liar.close()
+    message = str(raised.value)
+    assert message.startswith(f"branch {newer}, the latest version of branch {branch}: "
+                              f"sidecar of branch {newer}: ")
+    assert NEWER in message and raised.value.exit_code == 4

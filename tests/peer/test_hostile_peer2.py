@@ -707,3 +707,98 @@ async def test_a_long_poll_whose_peer_went_away_as_the_catalog_changed(world, mo
     server.limits = dataclasses.replace(server.limits, catalog_wait=0.3)  # asked again at its end
     answered = await asyncio.wait_for(server._wait_for_change(request, catalog), 10)  # type: ignore[arg-type]
     assert answered.generation == catalog.generation
+
+
+def _non_canonical(h: str, src: str) -> list[str]:
+    """Targets that name an offered object (or the catalog) in a form PROTOCOL.md does not give
+    it: aiohttp routes the decoded path, so each was served as the plain one."""
+    return [f"/v1/object/%{ord(h[0]):02x}{h[1:]}", f"/v1/object/%{ord(h[0]):02X}{h[1:]}",
+            f"/v1%2Fobject/{h}", f"/v1//object/{h}", f"/v1/x/../object/{h}", f"/v1/./object/{h}",
+            f"/v1/object/{h}/", f"/v1/object/{h}#part", f"https://p/v1/object/{h}", f"/v1/object/{h}?x=1",
+            f"/v1/object/{h}?", "/v1/catalog?wait=%31", "/v1/catalog?wait=1&wait=2", "/v1/catalog?x=1",
+            f"/v1/lines/{src}?after={src}&x=1", f"/v1/lines/{src}?after={src.upper()}", "/v1/batch?wait=1"]
+
+
+async def test_a_non_canonical_request_target_is_400_and_the_connection_closed(world, tmp_path: Path) -> None:  # noqa: F811
+    """A protocol client written from PROTOCOL.md alone found the server serving `%61bc…`, an
+    encoded slash or a query it takes none of as the plain path.  Each target is answered 400
+    naming the rule, and the connection closes after it (nothing pipelined behind is served),
+    on a connection of its own; the canonical targets are served as before, and a hash in
+    uppercase is the malformed hash it always was (404)."""
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(world["lib"], world["me"], world["trust"])
+    await server.start("127.0.0.1", 0)
+    shown = world["lib"].branches()[0]
+    catalog = f"GET {wire.PATH_CATALOG} HTTP/1.1\r\nHost: p\r\n\r\n".encode()
+    try:
+        for target in _non_canonical(shown.branch, shown.src):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+            method = "POST" if target.startswith(wire.PATH_BATCH) else "GET"
+            head = f"{method} {target} HTTP/1.1\r\nHost: p\r\nContent-Length: 0\r\n\r\n"
+            writer.write(head.encode() + catalog)
+            got = await _closed_within(reader, BOUND)
+            writer.close()
+            assert got.startswith(b"HTTP/1.1 400 "), (target, got[:200])
+            assert b"is not canonical" in got and got.count(b"HTTP/1.1 ") == 1, (target, got)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+        for target, status in [(wire.PATH_OBJECT.format(hash=shown.branch), b"200"),
+                               (wire.PATH_OBJECT.format(hash=shown.branch.upper()), b"404"),
+                               (f"{wire.PATH_LINES.format(src=shown.src)}?after={shown.src}", b"200"),
+                               (f"{wire.PATH_CATALOG}?wait=123", b"200"), ("/v1/nothing?x=%41", b"404")]:
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: p\r\n\r\n".encode())  # one kept-alive connection
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
+            assert head.startswith(b"HTTP/1.1 " + status), (target, head)
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+        writer.close()
+    finally:
+        await server.close()
+
+
+def test_request_targets_sans_io() -> None:
+    """wire.check_request_target, the rule the server applies (PROTOCOL.md "Request targets")."""
+    h = "ab" * 32
+    for target in _non_canonical(h, h):
+        endpoint = next((e for e in (wire.PATH_OBJECT, wire.PATH_LINES, wire.PATH_BATCH, wire.PATH_CATALOG)
+                         if target.startswith(e.split("{")[0].rstrip("/"))), None)
+        with pytest.raises(wire.WireError, match="is not canonical"):
+            wire.check_request_target(target, endpoint)
+    for target, endpoint in [(f"/v1/object/{h}", wire.PATH_OBJECT),
+                             (f"/v1/lines/{h}?after={h},{h}", wire.PATH_LINES),
+                             ("/v1/catalog?wait=0", wire.PATH_CATALOG), ("/v1/catalog", wire.PATH_CATALOG),
+                             ("/v1/nothing?x=1", None), (f"/v1/lines/{h}?after=", wire.PATH_LINES)]:
+        wire.check_request_target(target, endpoint)
+
+
+@pytest.mark.parametrize("trailers", [
+    b"".join(b"X-T%d: %s\r\n" % (i, b"y" * 100) for i in range(40)),  # many small fields
+    b"X-T: " + b"y" * 9000 + b"\r\n",  # one field over max_request_field
+    b"".join(b"X-T%d: %s\r\n" % (i, b"y" * 2000) for i in range(2000)),  # 4 MB of fields under it
+], ids=["many", "long", "endless"])
+async def test_a_requests_trailers_are_bounded_in_all(world, tmp_path: Path, trailers: bytes) -> None:  # noqa: F811
+    """A batch whose chunked body ends in trailers: each field under aiohttp's per-field bound,
+    a peer could send 128 of them (1 MiB) with every request.  The head and the trailers are
+    bounded together (max_request_fields, max_request_field): 400, the connection closed
+    without the rest read, and nothing pipelined behind served."""
+    client, tls = trusted_client(world, tmp_path)
+    server = PeerServer(world["lib"], world["me"], world["trust"])
+    await server.start("127.0.0.1", 0)
+    line = b3(split((world["corpus"] / A2).read_bytes())[0])
+    request = (b"POST /v1/batch HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"20\r\n" + line + b"\r\n0\r\n" + trailers + b"\r\n"
+               + f"GET {wire.PATH_CATALOG} HTTP/1.1\r\nHost: p\r\n\r\n".encode())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+        writer.write(request)
+        got = await _closed_within(reader, BOUND)
+        writer.close()
+        assert got.startswith(b"HTTP/1.0 400 ") and b"HTTP/1.1 200" not in got, got[:300]
+        assert world["lib"].line(line)  # within the bounds, the same request is served:
+        fine = request.replace(trailers, b"X-T: y\r\n")
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=tls)
+        writer.write(fine)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        writer.close()
+    finally:
+        await server.close()

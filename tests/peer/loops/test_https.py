@@ -105,6 +105,26 @@ async def test_chunked_bodies_with_extensions_and_trailers(serve) -> None:
     assert peer.connections == 1
 
 
+@pytest.mark.parametrize("over", [0, 1])
+async def test_the_trailer_section_is_bounded_in_all(serve, over: int) -> None:
+    """Short trailer lines, each far under any per-line bound, were read for as long as the
+    peer sent them: the section (its lines, CRLFs and the empty line) is at most MAX_TRAILERS
+    bytes, exactly that is read, one more is a PayloadError and the connection is not kept."""
+    fields = b"X-T: 12345678\r\n" * (https.MAX_TRAILERS // 15 - 1)  # 15 bytes each
+    last = https.MAX_TRAILERS - len(fields) - len(b"X-T: \r\n\r\n") + over
+    section = fields + b"X-T: " + b"y" * last + b"\r\n\r\n"
+    assert len(section) == https.MAX_TRAILERS + over
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
+    peer = await serve(raw(head + section, then_close=False))
+    if over:
+        bound = rf"trailer section \(at most {https.MAX_TRAILERS} bytes\)"
+        with pytest.raises(https.PayloadError, match=bound):
+            await get(peer)
+        assert peer.session._idle == []
+    else:
+        assert (await get(peer))[2] == b"ok"
+
+
 async def test_a_body_is_read_as_it_comes(serve) -> None:
     """The first bytes are there before the rest is sent (a batch is verified as it comes)."""
     more = asyncio.Event()
