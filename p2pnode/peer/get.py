@@ -59,7 +59,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import blake3
 
-from p2pnode.errors import Conflict, NotFound, VerificationFailed
+from p2pnode.errors import Conflict, NotFound, P2PNodeError, VerificationFailed, naming
 from p2pnode.library.api import BranchInfo, Library
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.library.sessions import DamagedCopy
@@ -880,11 +880,11 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     pool = PeerPool(peers, identity, trust, limits, connections)
     placed: Placement | PlacementConflict | None = None
     kept: Library | None = None
+    healed = 0
     try:
         job = _Fetch(lib, pool, limits, progress)
         t0 = time.perf_counter()
         chain = await job.walk(branch_hex)
-        healed = 0
         if not chain:
             held_checks = [] if check is None else [check]
             if starts_with is not None:
@@ -935,6 +935,11 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
                              dropped_peers=pool.dropped(), seconds_transfer=round(transfer, 4),
                              seconds_store=round(store, 4), served=pool.served(), healed=healed)
+    except P2PNodeError as exc:
+        if healed:  # what made it fetch a branch held here
+            naming(exc, f"branch {branch_hex} is held, but {healed} of its lines cannot be read back from "
+                        "this node's store (damaged), and fetching them again failed", "damaged")
+        raise
     finally:
         await pool.close()
         if kept is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,10 +18,11 @@ import pytest
 from test_stream_engine import PROJECT, Duo, duo
 from test_stream_fetch import pi_session
 
-from p2pnode.errors import VerificationFailed
+from p2pnode.errors import PeerUnavailable, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
 from p2pnode.peer import batches, getter
+from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import OpenPerUse, fetch_branch
 from p2pnode.peer.getter import SessionGetter
 from p2pnode.pi.lines import LineRef, split_lines
@@ -231,6 +233,13 @@ async def test_a_held_branch_whose_stored_lines_are_damaged_is_fetched_again(
     victims = [lines[3], lines[len(lines) // 2], lines[-2]]
     paths = NodePaths(tmp_path / "fetcher")
     _flip_lines(paths.store / "blobs.pack", victims)
+    with socket.socket() as unused:  # no peer answers there: the error says why it fetched at all
+        unused.bind(("127.0.0.1", 0))
+        gone = PeerAddress(duo.peer.node_id, "127.0.0.1", unused.getsockname()[1])
+        with pytest.raises(PeerUnavailable, match=f"branch {branch} is held, but 3 of its lines cannot"):
+            await fetch_branch(OpenPerUse(paths, duo.agent), branch, [gone], duo.me, duo.trust,
+                               agent_dir=duo.agent)
+    assert not duo.placed.exists()
     if one_shot:
         got = await fetch_branch(OpenPerUse(paths, duo.agent), branch, [duo.peer], duo.me, duo.trust,
                                  agent_dir=duo.agent)
