@@ -87,19 +87,11 @@ async def test_a_newer_version_no_holder_serves_falls_back_to_the_branch_asked_f
     takes the branch asked for and says why."""
     liar = world["liar"]
     data = (world["corpus"] / A1).read_bytes()
-    branch = liar.add(data)
-    src = blake3.blake3(data).hexdigest()
-    header = {"id": session_id(data), "timestamp": None, "cwd": None, "parent_session": None}
-    asked = wire.CatalogEntry(branch, src, None, len(data), len(split(data)), header, version=1)
+    branch, asked = _asked(liar, data)
     phantom_src = "9" * 64
     phantom = wire.CatalogEntry(Sidecar(phantom_src, None).branch, phantom_src, None, len(data) + 10,
-                                len(split(data)) + 1, header, previous=branch, version=2)
-
-    async def catalog(request: web.Request) -> web.StreamResponse:
-        return web.Response(body=wire.encode_catalog(wire.CatalogMessage(1, liar.identity.node_id,
-                                                                         [asked, phantom])))
-
-    liar.handlers["catalog"] = catalog
+                                len(split(data)) + 1, asked.header, previous=branch, version=2)
+    _lists(liar, [asked, phantom])
     peer: PeerAddress = await liar.start()
     try:
         newest = await newest_to_fetch(branch, [peer], world["me"], world["trust"], _no_lan)
@@ -115,6 +107,22 @@ async def test_a_newer_version_no_holder_serves_falls_back_to_the_branch_asked_f
 
 async def _no_lan(target: str) -> list[PeerAddress]:
     return []
+
+
+def _asked(liar: LyingPeer, data: bytes) -> tuple[str, wire.CatalogEntry]:
+    """The branch of `data` the liar serves, and its catalog entry (version 1)."""
+    branch = liar.add(data)
+    header = {"id": session_id(data), "timestamp": None, "cwd": None, "parent_session": None}
+    src = blake3.blake3(data).hexdigest()
+    return branch, wire.CatalogEntry(branch, src, None, len(data), len(split(data)), header, version=1)
+
+
+def _lists(liar: LyingPeer, entries: list[wire.CatalogEntry]) -> None:
+    """The liar's catalog lists `entries`."""
+    async def catalog(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=wire.encode_catalog(wire.CatalogMessage(1, liar.identity.node_id, entries)))
+
+    liar.handlers["catalog"] = catalog
 
 
 NEWER_SIDECAR = b'{"type":"branch","version":2,"src":"' + b"a" * 64 + b'","parent":null}'
@@ -141,20 +149,12 @@ async def test_a_newer_sidecar_of_the_latest_version_names_the_branch_asked_for(
     versions (exit 4, the fallback to the one asked for is only for a version not served)."""
     liar = world["liar"]
     data = (world["corpus"] / A1).read_bytes()
-    branch = liar.add(data)
-    src = blake3.blake3(data).hexdigest()
-    header = {"id": session_id(data), "timestamp": None, "cwd": None, "parent_session": None}
-    asked = wire.CatalogEntry(branch, src, None, len(data), len(split(data)), header, version=1)
+    branch, asked = _asked(liar, data)
     newer = blake3.blake3(NEWER_SIDECAR).hexdigest()
     liar.objects[newer] = NEWER_SIDECAR
-    latest = wire.CatalogEntry(newer, "a" * 64, None, len(data) + 10, len(split(data)) + 1, header,
+    latest = wire.CatalogEntry(newer, "a" * 64, None, len(data) + 10, len(split(data)) + 1, asked.header,
                                previous=branch, version=2)
-
-    async def catalog(request: web.Request) -> web.StreamResponse:
-        return web.Response(body=wire.encode_catalog(wire.CatalogMessage(1, liar.identity.node_id,
-                                                                         [asked, latest])))
-
-    liar.handlers["catalog"] = catalog
+    _lists(liar, [asked, latest])
     peer: PeerAddress = await liar.start()
     try:
         newest = await newest_to_fetch(branch, [peer], world["me"], world["trust"], _no_lan)
