@@ -54,6 +54,8 @@ def log_line(e: dict[str, Any], names: Mapping[str, str] | None = None) -> str:
                 what += f", until {time.strftime('%Y-%m-%d %H:%M', until)}"
             if e.get("secrets_allowed"):
                 what += " (secrets allowed)"
+            if changed := e.get("audience_changed"):
+                what += f"; the audience of {', '.join(short(c.get('branch')) for c in changed)} too"
         elif event == "fetched":
             what += f"  {e.get('bytes')} bytes"
         elif event == "dropped":

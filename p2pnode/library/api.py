@@ -1434,22 +1434,33 @@ class Library:
     def _grant(self, infos: list[BranchInfo], audience: access.Audience,
                live: dict[str, BranchRecord]) -> list[BranchInfo]:
         """Give the branches a share offered their audience (the shared one exactly; ancestors
-        that were offered already keep whom they had: access.Audience.widened) and log it."""
+        that were offered already keep whom they had: access.Audience.widened) and log it, with
+        each branch offered before whose audience this share changed."""
         granted = []
+        changed: dict[str, BranchRecord] = {}
+
+        def give(branch: str, to: access.Audience) -> BranchRecord:
+            record = self.sessions.set_access(branch, to.expires_at, to.to)
+            if (was := live.get(branch)) is not None and (was.expires_at, was.to) != (to.expires_at, to.to):
+                changed[branch] = record
+            return record
+
         for info in infos:
             mine = audience
             old = live.get(info.branch)
             if info is not infos[-1] and old is not None:
                 mine = audience.widened(old.expires_at, old.to)
-            record = self.sessions.set_access(info.branch, mine.expires_at, mine.to)
-            granted.append(self._info(record, info.path))
+            granted.append(self._info(give(info.branch, mine), info.path))
         for other in self._session_versions(self.sessions.branch(granted[-1].branch)):
             if other.offered:  # its other versions go to whom the session now goes, until then
-                self.sessions.set_access(other.branch, audience.expires_at, audience.to)
+                give(other.branch, audience)
         last = granted[-1]
+        changed.pop(last.branch, None)  # the event says whom it goes to
         self.audit.append("shared", branch=last.branch, src=last.src, bytes=last.size, title=last.title,
                           expires_at=last.expires_at, to=last.to, secrets_allowed=last.secrets_allowed,
-                          lineage=[i.branch for i in granted[:-1]])
+                          lineage=[i.branch for i in granted[:-1]],
+                          audience_changed=[{"branch": r.branch, "to": r.to, "expires_at": r.expires_at}
+                                            for r in changed.values()])
         self._next_expiry = 0
         self._changed()
         return granted

@@ -98,6 +98,9 @@ def test_log_lines_say_who_got_what() -> None:
     # a share's peers by the name each is trusted by here; one no longer trusted by its whole id
     to = dict(shared, to=["B" * 63, "C" * 63])
     assert f"to bob, {'C' * 63}" in log_line(to, {"B" * 63: "bob"})
+    # the branches offered before whose audience a share changed (its other versions, ancestors)
+    wider = dict(shared, audience_changed=[{"branch": "ef" * 32, "to": None, "expires_at": None}])
+    assert log_line(wider).endswith(f"; the audience of {'ef' * 8} too")
 
 
 def test_log_names_a_shares_peers_as_trusted_here(nodes) -> None:

@@ -117,6 +117,8 @@ def test_an_expired_lineage_is_offered_again_with_a_child(lib: Library, agent: P
     child = lib.share(str(find(agent, A6)), expires="1d", to=[BOB])
     widened = lib.branch(parent.branch)
     assert widened.expires_at == child.expires_at and widened.to is None
+    assert events(lib, "shared")[-1]["audience_changed"] == [  # the log says so
+        {"branch": parent.branch, "to": None, "expires_at": child.expires_at}]
     monkeypatch.setattr(access, "now_ms", lambda: parent.expires_at + 1)
     assert lib.offered_object(parent.branch, ALICE) == "sidecar"  # the child's expiry holds it
     assert lib.offered_object(child.branch, ALICE) is None  # not named
@@ -172,6 +174,8 @@ def test_versions_of_a_session_are_unshared_and_narrowed_together(lib: Library, 
     with open(path, "ab") as f:
         f.write(b'{"type":"custom","id":"c0ffee02","parentId":null,"data":{}}\n')
     v3 = lib.share(str(path), to=[ALICE])
+    assert events(lib, "shared")[-1]["audience_changed"] == [
+        {"branch": v2.branch, "to": [ALICE], "expires_at": None}]  # v2 went to everyone
     assert lib.offered_object(v3.src, BOB) is None and lib.offered_object(v2.src, BOB) is None
     assert lib.offered_object(v2.src, ALICE) == "session" and lib.branch(v2.branch).to == [ALICE]
     # a version shared --to a peer is the base of its growth's short manifest for that peer alone
@@ -221,6 +225,7 @@ def test_every_event_is_logged(lib: Library, agent: Path, tmp_path: Path) -> Non
     shared = events(lib, "shared")[-1]
     assert shared["branch"] == info.branch and shared["to"] == [ALICE]
     assert shared["expires_at"] == info.expires_at and shared["lineage"] == [info.ancestors[0].branch]
+    assert shared["audience_changed"] == []  # nothing was offered before
     lib.record_served([ServedAnswer(ALICE, "alice", "batch", (info.src, "f" * 64), 1234)])
     served = events(lib, "served")[-1]
     assert served["peer"] == ALICE and served["peer_name"] == "alice" and served["bytes"] == 1234
