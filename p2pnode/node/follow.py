@@ -236,7 +236,7 @@ async def fetch_newest(lib: FetchTarget | OpenPerUse, newest: Newest, identity: 
             return await fetch_newest(lib, newest.asked, identity, trust, agent_dir=agent_dir, **options)
         naming(exc, *newest.named())
         raise
-    result.note = newest.note
+    result.note = "; ".join(n for n in (newest.note, result.note) if n) or None
     return result
 
 

@@ -124,7 +124,8 @@ class FetchResult:
     """Committing the verified sessions (`Library.add_staged`) and publishing the file: what
     is left after the last byte arrived."""
     note: str | None = None
-    """What the user is told when the branch fetched is not the one named (node/follow.py)."""
+    """What the user is told when the branch fetched is not the one named (node/follow.py), or
+    when its path holds a newer version of the session, which was kept (Placement.newer)."""
     healed: int = 0
     """Lines of a branch held already whose stored copy could not be read back (a damaged
     record): the branch was fetched again, those lines from peers, and storing them healed
@@ -948,6 +949,10 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
         result.path, result.conflict = str(placed.path), str(placed)
     elif placed is not None:
         result.path, result.written = str(placed.path), placed.written
+        if placed.newer is not None:
+            result.note = (f"{placed.path} holds a newer version of this session (blake3 {placed.newer})"
+                           f" that starts with the one fetched, and was kept; `p2pnode cat {branch_hex}`"
+                           " prints the one fetched")
     return result
 
 

@@ -99,6 +99,9 @@ class Placement:
     which starts with them (a follow placed it meanwhile)."""
     replaced: str | None = None
     """The hash of the older version that was replaced by its grown version."""
+    newer: str | None = None
+    """The BLAKE3 of the newer version's bytes the file holds, which start with this one's (not
+    written): the path holds more than was asked for."""
 
 
 def pi_readable(data: bytes) -> bytes:
@@ -197,8 +200,8 @@ def _existing(target: Path, tmp: Path, content: Content, placed: PlacedFiles | N
         raise PlacementConflict(target, src_hex, f"with different content (blake3 {theirs}) that no fetch "
                                                  "placed: it is this node's user's own file")
     assert record is not None and placed is not None
-    if _holds(target, content, placed):
-        return Placement(target, written=False)
+    if (held := _holding(target, content, placed)) is not None:
+        return held
     # the new bytes extend the placed version: their prefix of its size hashes to it
     if not (record.size < content.size and hash_prefix(tmp, record.size) == record.blake3):
         raise PlacementConflict(target, src_hex, f"as a version a fetch placed (blake3 {theirs}) that the "
@@ -346,8 +349,8 @@ class SessionFile:
     def _append(self, to: Appendable, start: int, content: Content, placed: PlacedFiles) -> Placement:
         """append_to's work, the target's placement lock held: checked, then written."""
         if stamp_of(to.target) != to.stamp:
-            if _holds(to.target, content, placed):
-                return Placement(to.target, written=False)
+            if (held := _holding(to.target, content, placed)) is not None:
+                return held
             why = f"and changed since this node placed version {to.base} there"
             raise PlacementConflict(to.target, content.src, why)
         have = to.stamp[1] - start
@@ -381,15 +384,18 @@ class SessionFile:
                 self.target.parent.rmdir()
 
 
-def _holds(target: Path, content: Content, placed: PlacedFiles) -> bool:
-    """Whether the file is, unchanged since a fetch placed it, this version or a newer one
-    that starts with it (another fetch or a follow placed it meanwhile): nothing to write."""
+def _holding(target: Path, content: Content, placed: PlacedFiles) -> Placement | None:
+    """Nothing to write (not written) if the file is, unchanged since a fetch placed it, this
+    version or a newer one that starts with it (another fetch or a follow placed it meanwhile:
+    `newer`); else None."""
     record = placed.get(target)
     if record is None or record.size < content.size or placed.stamp(target) != stamp_of(target):
-        return False
+        return None
     if record.size == content.size:
-        return record.blake3 == content.blake3
-    return hash_prefix(target, content.size) == content.blake3
+        return Placement(target, written=False) if record.blake3 == content.blake3 else None
+    if hash_prefix(target, content.size) != content.blake3:
+        return None
+    return Placement(target, written=False, newer=record.blake3)
 
 
 _PLACING: dict[Path, threading.Lock] = {}

@@ -270,6 +270,24 @@ async def test_a_held_branch_still_placed_is_not_read_again(duo: Duo,
     assert (await duo.fetch(branch)).written and duo.placed.read_bytes() == path.read_bytes()
 
 
+async def test_an_older_version_fetched_where_a_newer_one_is_placed_says_so(duo: Duo) -> None:
+    """`fetch --exact v1` where the placed file holds v2 (v1 grown, placed by a later fetch):
+    the file is kept, nothing written, and the result says the path holds a newer version, and
+    how to get the one fetched; a version whose own bytes are there says nothing."""
+    path = duo.write(pi_session(1_000_000, seed=17))
+    v1 = duo.sharer.share(str(path)).branch
+    assert (await duo.fetch(v1)).note is None
+    _grow(path, seed=18)
+    v2 = duo.sharer.share(str(path))
+    assert (await duo.fetch(v2.branch)).written
+    older = await duo.fetch(v1)
+    assert not older.written and older.path == str(duo.placed)
+    assert duo.placed.read_bytes() == path.read_bytes()  # v2, kept
+    assert older.note is not None and f"holds a newer version of this session (blake3 {v2.src})" in older.note
+    assert f"`p2pnode cat {v1}`" in older.note
+    assert (await duo.fetch(v2.branch)).note is None
+
+
 async def test_pi_appended_locally_is_a_conflict(duo: Duo) -> None:
     """The placed copy was continued by Pi here: the grown version from the peer is not
     written over it (a conflict naming the file); the file keeps the local lines."""
