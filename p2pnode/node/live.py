@@ -82,12 +82,24 @@ class LiveShares:
     async def start(self) -> None:
         for entry in self.live.load():
             if isinstance(entry.get("path"), str):
+                if "to" not in entry and isinstance(entry.get("branch"), str):  # saved by an older p2pnode
+                    entry = dict(entry, **await asyncio.to_thread(self._audience_of, entry["branch"]))
                 self.live.begin(entry["path"], Live(entry["path"], entry.get("pi"), entry.get("cwd"),
                                                     bool(entry.get("allow_secrets")), entry.get("branch"),
                                                     _to(entry.get("to")), _moment(entry.get("expires_at"))))
 
     async def close(self) -> None:
         await self.live.close()
+
+    def _audience_of(self, branch: str) -> dict[str, Any]:
+        """The audience of the branch a live share offered last, for a live.json entry that an
+        older p2pnode saved without it: its growth goes on to whom that branch went, not to
+        every trusted peer (an entry naming no branch held here keeps that default)."""
+        try:
+            info = self.node.lib.branch(branch)
+        except NotFound:
+            return {}
+        return {"to": info.to, "expires_at": info.expires_at}
 
     def status(self) -> list[dict[str, Any]]:
         return self.live.status()

@@ -459,7 +459,8 @@ def test_a_session_id_prefix_is_followed_and_json_is_one_object_a_line(tmp_path:
 def test_a_live_share_keeps_its_audience_and_end(tmp_path: Path, corpus_new_dir: Path) -> None:
     """`share --live --to C --expires 1h`: every share of the grown file, also after the node
     restarts, goes to C only and ends when the first one does (not an hour after each line);
-    B, trusted but not named, cannot fetch it.  `share --live` again replaces the options."""
+    B, trusted but not named, cannot fetch it; so too from a live.json an older p2pnode saved
+    without them (the branch's own).  `share --live` again replaces the options."""
     with pair(tmp_path, corpus_new_dir) as (a, b, session):
         c = Node(tmp_path, "c")
         TrustStore(NodePaths(a.home).trust).trust(c.id)
@@ -480,6 +481,8 @@ def test_a_live_share_keeps_its_audience_and_end(tmp_path: Path, corpus_new_dir:
             assert b.run("fetch", first["header"]["id"], "--from", a_addr, check=False).returncode == 3
         saved = json.loads((a.home / "live.json").read_bytes())
         assert [(e["to"], e["expires_at"]) for e in saved] == [([c.id], first["expires_at"])]
+        older = [{k: v for k, v in e.items() if k not in ("to", "expires_at")} for e in saved]
+        (a.home / "live.json").write_text(json.dumps(older))  # as a p2pnode before 2026-11-28 saved it
         grow(session, "two")  # while the node is down: shared as it comes back, to the same
         with a.node_running():
             row = wait_for("the share after a restart", offered_grown)
