@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,9 @@ that command last asked for events: a command killed or whose terminal closed sa
 and the node must not follow for it for good."""
 ATTACHED_CHECK = 5.0
 WORDS = 12
+SUMMARY_RUN = 8 << 20
+"""Raw bytes of a new version's lines read from the store at a time for its event's summary: a
+first version is the whole session, never in memory at once (a 2 GB one was)."""
 _HEX = re.compile(r"[0-9a-f]{4,64}")
 
 
@@ -250,7 +253,22 @@ def _check_newest(held: FetchTarget, branch: str, newest: Newest) -> None:
                                  "not placed")
 
 
-def summary(lines: Sequence[bytes]) -> tuple[int, str | None]:
+def new_lines(lib: FetchTarget, src: str, skip: int) -> Iterator[bytes]:
+    """A held version's lines after its first `skip`, read from the store in runs of about
+    SUMMARY_RUN bytes."""
+    run: list[bytes] = []
+    size = 0
+    for ref in lib.line_manifest(src)[skip:]:
+        run.append(ref.hash)
+        size += ref.length
+        if size >= SUMMARY_RUN:
+            yield from lib.lines(run)
+            run, size = [], 0
+    if run:
+        yield from lib.lines(run)
+
+
+def summary(lines: Iterable[bytes]) -> tuple[int, str | None]:
     """(message entries among `lines`, the first words of the last one that has text)."""
     turns, words = 0, None
     for line in lines:
@@ -565,9 +583,7 @@ class Follows:
         result = await fetch_newest(lib, newest, self.node.identity, self.node.trust, agent_dir=pi.agent,
                                     limits=FETCH_LIMITS, session_dir=pi.sessions)
         info = await asyncio.to_thread(lib.branch, entry.branch)
-        new = await asyncio.to_thread(lambda: [lib.line(r.hash)
-                                               for r in lib.line_manifest(info.src)[before:]])
-        turns, words = summary(new)
+        turns, words = await asyncio.to_thread(lambda: summary(new_lines(lib, info.src, before)))
         f.branch, f.size, f.session, f.path = entry.branch, info.size, info.header.get("id"), result.path
         self.follows.save()
         self._event(f, "version", branch=entry.branch, version=entry.version, lines=info.lines,

@@ -26,6 +26,7 @@ from procnode import PY, Node
 
 from p2pnode.errors import NotFound, VerificationFailed
 from p2pnode.library.api import Library
+from p2pnode.node import follow
 from p2pnode.node.daemon import Node as InProcessNode
 from p2pnode.node.daemon import NodeConfig
 from p2pnode.node.follow import Newest, _check_newest, _session_id, newest_entry
@@ -201,6 +202,26 @@ def test_a_newer_version_is_checked_before_it_is_placed(tmp_path: Path, corpus_n
                 check_starts_with(lib, branch, starts)
         with pytest.raises(VerificationFailed, match="is a version of session"):
             _check_newest(lib, unrelated.branch, Newest(unrelated.branch, [], None, v1.header["id"]))
+
+
+def test_a_versions_summary_reads_its_new_lines_in_bounded_runs(tmp_path: Path, corpus_new_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follow's event counts the new version's messages from its new lines, read from the store
+    in runs of about SUMMARY_RUN bytes: a first version is the whole session, which was read
+    into memory at once (a 2 GB one)."""
+    session = tmp_path / "s.jsonl"
+    shutil.copyfile(corpus_new_dir / ROOT_FORK["1.5.2"][0], session)
+    monkeypatch.setattr(follow, "SUMMARY_RUN", 4096)
+    with Library.open(NodePaths(tmp_path / "node"), agent_dir=tmp_path / "agent") as lib:
+        v1 = lib.share(str(session))
+        read: list[int] = []
+        lines = lib.lines
+        monkeypatch.setattr(lib, "lines", lambda hashes: read.append(len(hashes)) or lines(hashes))
+        whole = session.read_bytes().splitlines(keepends=True)
+        assert list(follow.new_lines(lib, v1.src, 0)) == whole
+        assert len(read) > 1 and sum(read) == len(whole)  # in runs, each line once
+        assert list(follow.new_lines(lib, v1.src, 5)) == whole[5:]
+        assert follow.summary(follow.new_lines(lib, v1.src, 0)) == follow.summary(whole)
 
 
 def test_newest_entry_follows_previous_links_and_old_peers() -> None:
