@@ -1219,8 +1219,8 @@ class Library:
     def damaged_lines_of(self, src_hex: str) -> list[bytes]:
         """The lines of held version `src_hex` whose stored copy cannot be read back, each line
         read and checked once, alone (a failure path: the lines of a version a read found
-        damaged).  The store names each one damaged from then on, so `has_lines` says it is not
-        held: a fetch asks peers for it again, and storing its bytes again heals the store."""
+        damaged).  This opening of the store names each one damaged from then on, so `has_lines`
+        says it is not held: a fetch asks peers for it again, and storing its bytes heals the store."""
         with self._lock:
             hashes = dict.fromkeys(self.sessions.line_hashes(src_hex))
         damaged = []
