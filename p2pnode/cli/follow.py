@@ -60,7 +60,8 @@ def print_event(event: dict[str, Any]) -> None:
         elif event.get("written"):
             print(f"{when}  updated {shown(event['path'])}", flush=True)
     elif kind == "following":
-        print(f"{when}  following {short(event['branch'])} from {shown(event['peer'])}", flush=True)
+        print(f"{when}  following {short(event['branch'])} from {shown(event['peer'])}  "
+              f"{one_line(event.get('title'), 80)}".rstrip(), flush=True)
     else:
         print(f"{when}  {kind}: {one_line(event.get('message'), 200)}", flush=True)
 

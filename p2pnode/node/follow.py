@@ -560,7 +560,7 @@ class Follows:
                 raise NotFound(f"peer {link.addr} does not offer {f.key}")
             if f.state != "following":
                 f.state = "following"
-                self._event(f, "following", peer=str(link.addr), branch=newest.branch)
+                self._event(f, "following", peer=str(link.addr), branch=newest.branch, title=newest.title)
             if newest.branch != f.branch and (f.branch is None or newest.size > f.size):
                 await self._fetch(f, newest, link.addr)
             generation = catalog.generation

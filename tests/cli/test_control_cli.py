@@ -103,6 +103,20 @@ def test_log_lines_say_who_got_what() -> None:
     assert log_line(wider).endswith(f"; the audience of {'ef' * 8} too")
 
 
+def test_a_follows_first_event_says_what_is_followed(capsys: pytest.CaptureFixture[str]) -> None:
+    """`follow`'s first line names the session by its title (a peer's text: shown escaped), not
+    by its hash alone; a follow event without one (an older node's) prints as before."""
+    from p2pnode.cli.follow import print_event
+
+    event = {"time": 0, "kind": "following", "branch": "ab" * 32, "peer": "N@127.0.0.1:7",
+             "title": "fix\x1b[2J the  flaky\ntest"}
+    print_event(event)
+    print_event({k: v for k, v in event.items() if k != "title"})
+    titled, bare = capsys.readouterr().out.splitlines()
+    assert titled.endswith(f"following {'ab' * 8} from N@127.0.0.1:7  fix\\x1b[2J the flaky test")
+    assert bare.endswith(f"following {'ab' * 8} from N@127.0.0.1:7")
+
+
 def test_log_names_a_shares_peers_as_trusted_here(nodes) -> None:
     a, b, _ = nodes
     a.run("share", "01a1ff93-69ef", "--to", "bob")
