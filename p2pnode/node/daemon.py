@@ -331,7 +331,10 @@ class Node:
         seen = {p.node_id for p in peers}
         listed = [dict(p.as_dict(), trusted=True) if self.is_trusted(p.node_id)
                   else dict(p.as_dict(), trusted=False, online=None) for p in peers]
-        listed += [trusted_peer(t, False) for t in self.trust.peers() if t.node_id not in seen]
+        connected = self.peer_server.connected_peers()  # online, mDNS or not
+        unseen = False if self.discovery else None  # with mDNS off, not seen says nothing
+        listed += [trusted_peer(t, True if t.node_id in connected else unseen)
+                   for t in self.trust.peers() if t.node_id not in seen]
         names = {t.node_id: t.name for t in self.trust.peers()}
         for entry in listed:
             entry.setdefault("name", names.get(str(entry["node_id"])))

@@ -395,6 +395,11 @@ class PeerServer:
                 _reset(request.transport)
             raise ConnectionResetError("the peer stopped reading") from None
 
+    def connected_peers(self) -> set[str]:
+        """The node ids of the peers with an authenticated connection to this server open now:
+        online, whatever mDNS sees (off, or another subnet)."""
+        return {format_node_id(fp) for fp, open_now in self._connections.items() if open_now}
+
     # -- handlers -----------------------------------------------------------------------
 
     def notify_changed(self) -> None:

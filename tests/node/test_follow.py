@@ -341,6 +341,22 @@ async def test_an_attached_follow_ends_when_its_command_stops_asking(tmp_path: P
         await node.close()
 
 
+def test_without_mdns_a_peer_is_online_while_it_is_connected(tmp_path: Path, corpus_new_dir: Path) -> None:
+    """With mDNS off a node cannot see its peers: a trusted peer is listed as not known (it was
+    "offline" while it fetched from this node), and as online while it holds a connection here
+    (a follow's long poll)."""
+    with pair(tmp_path, corpus_new_dir) as (a, b, session), a.node_running(), b.node_running():
+        def b_at_a() -> dict[str, Any]:
+            return next(p for p in json.loads(a.run("peers", "--json").stdout) if p["id"] == b.id)
+
+        assert b_at_a()["online"] is None and "offline" not in a.run("peers").stdout
+        branch = json.loads(a.run("share", str(session), "--json").stdout)["branch"]
+        b.run("follow", branch, "--from", f"{a.id}@127.0.0.1:{status(a)['port']}", "--detach")
+        wait_for("b's follow connected to a", lambda: b_at_a()["online"])
+        assert "online" in a.run("peers").stdout
+        b.run("follow", "--stop", branch)
+
+
 def test_a_follow_told_to_end_stops_following(tmp_path: Path) -> None:
     """SIGTERM or SIGHUP (a closed terminal) of a `follow` stops the node's follow at once, as
     Ctrl-C does, and the command ends by that signal."""
