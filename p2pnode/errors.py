@@ -110,7 +110,6 @@ def from_store(exc: BaseException, store: str, then: str) -> P2PNodeError | None
     return None
 
 
-
 def listen_failed(host: str, port: int, exc: OSError) -> P2PNodeError:
     """Why a server could not listen on host:port (the peer server, `serve-peers`, a pairing
     code's listener), naming that address: a port another process holds is a conflict (exit 7),
