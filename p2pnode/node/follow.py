@@ -41,6 +41,7 @@ from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
+from p2pnode.pi.lines import ref_runs
 from p2pnode.pi.session import is_session_id
 from p2pnode.pi.sidecar import Sidecar
 
@@ -256,16 +257,8 @@ def _check_newest(held: FetchTarget, branch: str, newest: Newest) -> None:
 def new_lines(lib: FetchTarget, src: str, skip: int) -> Iterator[bytes]:
     """A held version's lines after its first `skip`, read from the store in runs of about
     SUMMARY_RUN bytes."""
-    run: list[bytes] = []
-    size = 0
-    for ref in lib.line_manifest(src)[skip:]:
-        run.append(ref.hash)
-        size += ref.length
-        if size >= SUMMARY_RUN:
-            yield from lib.lines(run)
-            run, size = [], 0
-    if run:
-        yield from lib.lines(run)
+    for run in ref_runs(lib.line_manifest(src)[skip:], SUMMARY_RUN):
+        yield from lib.lines([r.hash for r in run])
 
 
 def summary(lines: Iterable[bytes]) -> tuple[int, str | None]:

@@ -74,7 +74,7 @@ from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import Prefix, new_hasher, prefix_hasher
-from p2pnode.pi.lines import LineRef, line_runs
+from p2pnode.pi.lines import LineRef, line_runs, ref_runs
 from p2pnode.pi.placement import (
     Appendable,
     Content,
@@ -807,14 +807,8 @@ def _in_background(fn: Callable[[], T]) -> Future[T]:
 def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:
     """Held lines from the store, in order, joined in runs of about READ_BACK raw bytes: one
     store call per run (each line checked against its hash there), one write or update each."""
-    start = 0
-    while start < len(refs):
-        end, size = start, 0
-        while end < len(refs) and size < READ_BACK:
-            size += refs[end].length
-            end += 1
-        yield b"".join(lib.lines([r.hash for r in refs[start:end]]))
-        start = end
+    for run in ref_runs(refs, READ_BACK):
+        yield b"".join(lib.lines([r.hash for r in run]))
 
 
 def _held_versions(lib: FetchTarget, parent: str | None, session_id: str | None) -> list[str]:

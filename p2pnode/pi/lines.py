@@ -88,6 +88,19 @@ class LineRef:
     length: int
 
 
+def ref_runs(refs: Sequence[LineRef], limit: int) -> Iterator[Sequence[LineRef]]:
+    """`refs` in consecutive runs of about `limit` raw bytes (a run ends at the line that
+    reaches it; at least one line): what one store read of held lines takes at a time."""
+    start = 0
+    while start < len(refs):
+        end, size = start, 0
+        while end < len(refs) and size < limit:
+            size += refs[end].length
+            end += 1
+        yield refs[start:end]
+        start = end
+
+
 def count_newlines(data: bytes | bytearray, lo: int, hi: int) -> int:
     """How many newlines data[lo:hi] holds.  `bytes.count` runs at ~1.8 GB/s while `find`
     hops with memchr at several GB/s: hop over long lines (Pi's are KBs, images MBs), and
