@@ -84,7 +84,10 @@ WINDOW_SHARE, MIN_WINDOW, MAX_WINDOW = 1 / 16, 4 << 20, 32 << 20
 that the answers' pace evens out, short enough that trying the other format costs little."""
 REPROBE = 8
 """Windows after which the format not taken is tried again (what limits a fetch can change:
-another process's load, the holders' CPU)."""
+another process's load, the holders' CPU); per-line frames not while the stream delivers
+LINES_MARGIN more than they did: to be taken they would need (1 + LINES_MARGIN)² of their
+rate, a change of that size comes with a change of holders (both measured anew), and each
+try cost a window at twice the stream's bytes (a 100 Mbit/s link: 5 % more wire bytes)."""
 PROBE_ROOM = 3
 """Per-line frames are tried only while this many windows of the fetch are left: one to
 measure them, two to go on in them if they are faster.  The stream, the default, is offered
@@ -352,11 +355,14 @@ class FetchPace:
         log.debug("batch format %s: %.1f MB/s raw (window of %.1f MB: %.3f wire bytes per raw byte, "
                   "%.1f ms decoding CPU per raw MB; %d MB decoded)", self._name(self.streaming), rate / 1e6,
                   w.raw / 1e6, w.wire / w.raw, w.cpu / w.raw * 1e9, self.raw // 1_000_000)
-        if other.rate is None or self.raw - other.at > REPROBE * self.window_bytes():
+        stream, lines = self.delivered[True].rate, self.delivered[False].rate
+        if stream is None or lines is None:
             self._try_other("to measure it")
             return
-        stream, lines = self.delivered[True].rate, self.delivered[False].rate
-        assert stream is not None and lines is not None
+        if (self.raw - other.at > REPROBE * self.window_bytes()
+                and not (self.streaming and stream >= lines * (1 + LINES_MARGIN))):
+            self._try_other("to measure it again")
+            return
         if (lines > stream * (1 + LINES_MARGIN)) == self.streaming:
             self._switch(f"stream {stream / 1e6:.1f} MB/s raw, per-line frames {lines / 1e6:.1f}")
 

@@ -192,6 +192,19 @@ def test_the_stream_is_kept_unless_per_line_frames_are_clearly_faster() -> None:
     assert far.count(False) > 0.75 * len(far)
 
 
+def test_per_line_frames_are_not_tried_again_while_the_stream_leads_by_the_margin() -> None:
+    """Per-line frames measured once at 30 MB/s against a stream at 50 (a 100 Mbit/s link:
+    their bytes take it twice as long) are not tried again: each try was a window at twice
+    the stream's wire bytes.  A stream that leads by less than LINES_MARGIN is still
+    checked against them every REPROBE windows."""
+    pace = paced()
+    window = pace.window_bytes() // MB
+    offers = fetch(pace, {True: 50 * MB, False: 30 * MB}, 256)
+    assert offers.count(False) == window and switches(offers) == [window + 1, 2 * window + 1]
+    close = fetch(paced(), {True: 33 * MB, False: 30 * MB}, 256)
+    assert close.count(False) >= 2 * window
+
+
 def test_a_format_that_got_faster_is_taken_again() -> None:
     """What limits a fetch changes (another process's load ends): the format not taken is
     tried again and taken once it delivers more.  Priced once at the start, a fetch stayed
