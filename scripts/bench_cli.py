@@ -51,7 +51,7 @@ class Home:
     def argv(self, *args: str) -> list[str]:
         prof = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
         how = [str(Path(__file__).with_name("fetch_spans.py"))] if self.spans else ["-m", "p2pnode"]
-        return [sys.executable, *prof, *how, *args]
+        return [sys.executable, "-P", *prof, *how, *args]  # -P: not the working directory's p2pnode
 
     def run(self, *args: str) -> tuple[str, float, float]:
         """stdout, wall seconds, CPU seconds of the command."""

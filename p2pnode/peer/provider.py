@@ -626,7 +626,8 @@ class PeerServer:
     def _frames(self, hashes: list[bytes], pos: int, peer: str,
                 stream: wire.BatchStreamEncoder | None = None) -> Group:
         """(frames, the hashes they carry, where the next group starts, the raw bytes of their
-        lines, this worker thread's CPU seconds for them): the line blobs
+        lines that went through the `stream` (all, without one), this worker thread's CPU
+        seconds for them): the line blobs
         offered to `peer` among `hashes[pos:]`, about GROUP_BYTES of them.  The others are
         left out, exactly as if they did not exist.  Without a `stream`, stored bytes are sent
         as they are: the store's codec numbers (store/layout.py) are the wire's (0 raw, 1 zstd);
@@ -651,7 +652,8 @@ class PeerServer:
                       else wire.batch_frame_parts(h, blob.codec, blob.raw_len, blob.stored))
             carried.append(h.hex())
             size += len(blob.stored)
-            raw += blob.raw_len
+            if stream is None or stream.streams(blob.raw_len):  # what the stream's CPU is priced by
+                raw += blob.raw_len
         return parts, carried, pos, raw, time.thread_time() - cpu
 
 

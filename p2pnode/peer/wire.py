@@ -76,6 +76,12 @@ STREAM_CONTINUED_WINDOW_LOG = 23
 bound): a Pi session repeats itself at distances of a few MB, beyond one answer."""
 STREAM_LEVEL = 3
 """zstd level of a batch stream (docs/BENCHMARKS.md: ratio and CPU per MB of levels 1-6)."""
+STREAM_LINE_MAX = 8 << 20
+"""A line over this many raw bytes goes in a stream response as it is stored (codec 0 or 1:
+a per-line frame, which every fetcher that offers the stream takes among its segments), not
+through the stream: decoded and compressed into the stream, a 200 MB line was held about three
+times over on each side (727 MB on the server, 723 MB in the fetcher), for a few percent
+fewer bytes."""
 ZSTD_BLOCK_MAX = 128 << 10
 """The most one zstd block holds, compressed or decompressed (the format's Block_Maximum_Size)."""
 
@@ -602,9 +608,16 @@ class BatchStreamEncoder:
         """Answers this stream carried in full (a continued stream's next answer says so)."""
         self._stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
 
+    @staticmethod
+    def streams(raw_len: int) -> bool:
+        """Whether a line of `raw_len` bytes goes through the stream (else as it is stored)."""
+        return raw_len <= STREAM_LINE_MAX
+
     def frame_parts(self, blob: StoredBlob) -> tuple[bytes, bytes]:
         """A stored line as a stream frame (header, bytes): decoded (the store's bounded
-        decoder), then compressed into the stream."""
+        decoder), then compressed into the stream; one over STREAM_LINE_MAX as it is stored."""
+        if not self.streams(blob.raw_len):
+            return batch_frame_parts(blob.hash, blob.codec, blob.raw_len, blob.stored)
         raw = blob.stored if blob.codec == CODEC_RAW else decode_stored(blob.codec, blob.stored, blob.raw_len)
         data = self._stream.compress(raw) + self._stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
         return batch_frame_parts(blob.hash, CODEC_ZSTD_STREAM, blob.raw_len, data)

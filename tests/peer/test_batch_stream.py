@@ -84,6 +84,24 @@ def test_a_stream_carries_what_whole_stream_zstd_would() -> None:
     assert decode(encode(lines), [h(ln) for ln in lines], chunk=4093) == lines
 
 
+def test_a_line_over_the_stream_line_max_goes_as_it_is_stored() -> None:
+    """A stream response carries a line over STREAM_LINE_MAX as its stored per-line frame (not
+    decoded and compressed again: a 200 MB line was held three times over on each side), and
+    the lines after it go on in the stream, with the lines before it as history."""
+    data = random.Random(5).randbytes(wire.STREAM_LINE_MAX // 2).hex().encode()
+    big = b'{"type":"custom","data":"' + data + b'"}\n'
+    assert len(big) > wire.STREAM_LINE_MAX
+    lines = [LINES[0], big, LINES[1]]
+    body = encode(lines)
+    decoder = wire.BatchDecoder([h(ln) for ln in lines], stream=True)
+    blobs = decoder.feed(body)
+    decoder.finish()
+    assert [b.codec for b in blobs] == [wire.CODEC_ZSTD_STREAM, CODEC_ZSTD, wire.CODEC_ZSTD_STREAM]
+    assert blobs[1].stored == zstandard.compress(big, 1)  # the store's bytes, as they are
+    assert blobs[2].stored == bytes.fromhex("740000402c226e223a327d0a0100364f20")  # a match into line 1
+    assert decode(body, [h(ln) for ln in lines], chunk=65521) == lines
+
+
 def test_a_stream_segment_is_refused_unless_asked_for() -> None:
     body = encode(LINES)
     with pytest.raises(wire.WireError, match="unknown codec 256"):
