@@ -39,7 +39,8 @@ class Home:
 
     def __init__(self, root: Path, name: str, repo: Path) -> None:
         self.env = dict(os.environ, P2PNODE_HOME=str(root / name / "node"),
-                        PI_CODING_AGENT_DIR=str(root / name / "agent"), PYTHONPATH=str(repo))
+                        PI_CODING_AGENT_DIR=str(root / name / "agent"), PYTHONPATH=str(repo),
+                        PYTHONSAFEPATH="1")  # not the working directory's p2pnode (python -m puts it first)
         (root / name / "agent").mkdir(parents=True)
 
     profile: Path | None = None
@@ -51,7 +52,7 @@ class Home:
     def argv(self, *args: str) -> list[str]:
         prof = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
         how = [str(Path(__file__).with_name("fetch_spans.py"))] if self.spans else ["-m", "p2pnode"]
-        return [sys.executable, "-P", *prof, *how, *args]  # -P: not the working directory's p2pnode
+        return [sys.executable, *prof, *how, *args]
 
     def run(self, *args: str) -> tuple[str, float, float]:
         """stdout, wall seconds, CPU seconds of the command."""

@@ -94,7 +94,8 @@ class Server:
         cmd = [sys.executable, "-m", "p2pnode", "serve-peers", "--host", host, "--port", "0"]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
-        proc = subprocess.Popen(cmd, env=dict(os.environ, P2PNODE_HOME=str(self.home), PYTHONPATH=str(ROOT)),
+        proc = subprocess.Popen(cmd, env=dict(os.environ, P2PNODE_HOME=str(self.home), PYTHONPATH=str(ROOT),
+                                                 PYTHONSAFEPATH="1"),
                                 stdout=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline() if proc.stdout else ""

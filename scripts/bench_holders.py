@@ -67,7 +67,8 @@ class Holder:
     def serving(self) -> Iterator[tuple[int, int]]:
         """(port, pid) of the running server."""
         cmd = [sys.executable, "-m", "p2pnode", "serve-peers", "--host", "127.0.0.1", "--port", "0"]
-        proc = subprocess.Popen(cmd, env=dict(os.environ, P2PNODE_HOME=str(self.home), PYTHONPATH=str(ROOT)),
+        proc = subprocess.Popen(cmd, env=dict(os.environ, P2PNODE_HOME=str(self.home), PYTHONPATH=str(ROOT),
+                                                 PYTHONSAFEPATH="1"),
                                 stdout=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline() if proc.stdout else ""

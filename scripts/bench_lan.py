@@ -139,7 +139,9 @@ def python(lab: Lab, host: str, code: str, *args: str, env: dict[str, str] | Non
 
 
 def bench_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO))
+    """The environment of the commands run in the lab: this tree's p2pnode, whatever the working
+    directory (PYTHONSAFEPATH: `python -m` would put the working directory first)."""
+    return dict(os.environ, PYTHONPATH=str(REPO), PYTHONSAFEPATH="1")
 
 
 # --- announce -> resolved --------------------------------------------------------------------
