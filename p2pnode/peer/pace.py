@@ -87,7 +87,7 @@ REPROBE = 8
 another process's load, the holders' CPU); per-line frames not while the stream delivers
 LINES_MARGIN more than they did: to be taken they would need (1 + LINES_MARGIN)² of their
 rate, a change of that size comes with a change of holders (both measured anew), and each
-try cost a window at twice the stream's bytes (a 100 Mbit/s link: 5 % more wire bytes)."""
+try cost a window at 1.7 times the stream's bytes (a 100 Mbit/s link: 5 % more wire bytes)."""
 PROBE_ROOM = 3
 """Per-line frames are tried only while this many windows of the fetch are left: one to
 measure them, two to go on in them if they are faster.  The stream, the default, is offered

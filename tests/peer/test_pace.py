@@ -194,7 +194,7 @@ def test_the_stream_is_kept_unless_per_line_frames_are_clearly_faster() -> None:
 
 def test_per_line_frames_are_not_tried_again_while_the_stream_leads_by_the_margin() -> None:
     """Per-line frames measured once at 30 MB/s against a stream at 50 (a 100 Mbit/s link:
-    their bytes take it twice as long) are not tried again: each try was a window at twice
+    their bytes take it 1.7 times as long) are not tried again: each try was a window at 1.7 times
     the stream's wire bytes.  A stream that leads by less than LINES_MARGIN is still
     checked against them every REPROBE windows."""
     pace = paced()
