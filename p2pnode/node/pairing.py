@@ -59,13 +59,13 @@ class PairingHost:
         except OSError as exc:
             raise listen_failed(self.host, 0, exc) from exc
         self._listener, self._code = listener, code
-        announced = mdns and self.discovery is not None
-        if mdns and self.discovery is not None:
-            await self.discovery.announce_pairing(code.channel, listener.port)
+        discovery = self.discovery if mdns else None
+        if discovery is not None:
+            await discovery.announce_pairing(code.channel, listener.port)
         log.info("pairing: waiting on channel %d, port %d, for %g s", code.channel, listener.port, CODE_TTL)
         addresses = await asyncio.to_thread(listen_addresses, self.host)
         return {"code": str(code), "channel": code.channel, "port": listener.port, "addresses": addresses,
-                "expires_in": CODE_TTL, "mdns": announced}
+                "expires_in": CODE_TTL, "mdns": discovery is not None}
 
     def _paired(self, peer: Party) -> None:
         self.trust.trust(peer.node_id, name=self.trust.free_name(peer.name, peer.node_id))
