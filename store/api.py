@@ -72,6 +72,7 @@ from store.layout import (
     ZERO_HASH,
     BlobLocation,
     WalRecord,
+    blob_record,
     encode_blob,
     encode_turn,
     encode_wal,
@@ -322,17 +323,17 @@ class Store:
                     # stored is None only for a blob found when prepared; GC cannot have dropped
                     # it since: callers hold the gate from packer.prepare through here
                     assert p.stored is not None
-                    rec = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
+                    rec = blob_record(p.hash, p.codec, p.raw_len, p.stored)
                     if p.deferred:
                         with self._pending_lock:
                             self._pending[p.hash] = p.stored
                             self._pending_bytes += p.raw_len
-                        return rec
+                        return b"".join(rec)
                     self._pack.append(rec)
                     return self._copy_or_sync(rec)
         if loc.offset < self._pack_synced:
             return b""
-        return self._copy_or_sync(self._pack.read_record(loc))
+        return self._copy_or_sync((self._pack.read_record(loc),))
 
     def _stored_at(self, p: packer.Prepared) -> BlobLocation | None:
         """Where the pack has p's blob: only what was appended since, when p was prepared as
@@ -351,7 +352,7 @@ class Store:
                  if p.stored is not None and not p.deferred and self._stored_at(p) is None]
         if len(fresh) < 2:
             return [self._ensure_blob(p) for p in prepared]
-        written: dict[bytes, bytes] = {}
+        written: dict[bytes, tuple[bytes, bytes, bytes]] = {}
         with contextlib.ExitStack() as held:
             for shard in sorted({p.hash[0] & 63 for p in fresh}):
                 held.enter_context(self._shards[shard])
@@ -359,9 +360,10 @@ class Store:
                 new = p.hash not in written and p.hash not in self._pending
                 if new and self._stored_at(p) is None:
                     assert p.stored is not None
-                    written[p.hash] = encode_blob(p.hash, p.codec, p.raw_len, p.stored)
+                    written[p.hash] = blob_record(p.hash, p.codec, p.raw_len, p.stored)
             self._pack.append_many(list(written.values()))
-        if sum(map(len, written.values())) > BATCH_COPY_MAX and self.config.durable:
+        copied = sum(BLOB_OVERHEAD + len(stored) for _, stored, _ in written.values())
+        if copied > BATCH_COPY_MAX and self.config.durable:
             self._pack_wanted = True
             return [b"" if p.hash in written else self._ensure_blob(p) for p in prepared]
         return [self._copy_or_sync(written[p.hash]) if p.hash in written else self._ensure_blob(p)
@@ -374,11 +376,13 @@ class Store:
         with self._gate.shared():
             packer.pack_pending(self)
 
-    def _copy_or_sync(self, rec: bytes) -> bytes:
+    def _copy_or_sync(self, rec: Sequence[bytes]) -> bytes:
+        """The WAL's copy of a BlobRecord (given as its parts) when it is small enough, else
+        b'' and the pack is synced before the WAL."""
         if not self.config.durable:
             return b""  # nothing is synced anyway; a process crash keeps the page cache
-        if len(rec) <= headwal.EMBED_MAX:
-            return rec
+        if sum(map(len, rec)) <= headwal.EMBED_MAX:
+            return b"".join(rec)
         self._pack_wanted = True
         return b""
 

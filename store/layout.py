@@ -39,10 +39,16 @@ class BlobHeader:
         return BLOB_OVERHEAD + self.stored_len
 
 
-def encode_blob(blob_hash: bytes, codec: int, raw_len: int, stored: bytes) -> bytes:
+def blob_record(blob_hash: bytes, codec: int, raw_len: int, stored: bytes) -> tuple[bytes, bytes, bytes]:
+    """A BlobRecord as its header, stored bytes and CRC: written as they are (BlobPack.append),
+    a 200 MB record is not copied into one bytes beside its payload."""
     head = BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, codec, raw_len, len(stored), blob_hash)
     crc = zlib.crc32(stored, zlib.crc32(head))
-    return b"".join((head, stored, BLOB_CRC.pack(crc)))
+    return head, stored, BLOB_CRC.pack(crc)
+
+
+def encode_blob(blob_hash: bytes, codec: int, raw_len: int, stored: bytes) -> bytes:
+    return b"".join(blob_record(blob_hash, codec, raw_len, stored))
 
 
 def decode_blob_header(buf: bytes | memoryview, offset: int = 0) -> BlobHeader | None:

@@ -125,7 +125,7 @@ def _restore_blobs(store: Store, blobs: dict[bytes, bytes]) -> None:
     wait in memory as an append's raw blob does (the checkpoint that drops the WAL packs them)."""
     try:
         for rec in blobs.values():
-            store._pack.append(packer.repacked(store, rec))
+            store._pack.append((packer.repacked(store, rec),))
     except OSError as exc:
         if disk_full(exc):
             for h, rec in blobs.items():

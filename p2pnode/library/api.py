@@ -338,8 +338,11 @@ class _ScanningSink:
 
     def feed(self, data: bytes) -> None:
         assert self.inner is not None and self._scanner is not None
+        # scanned in place (bytes), before the splitter: a line that ends here is joined by
+        # each, and the scan's copy goes before the splitter's is made (a long line twice in
+        # memory at most, not three times)
+        self._scanner.feed(data)
         self.inner.feed(data)
-        self._scanner.feed(data)  # scanned in place (bytes): the chunk is not copied again
         self._done += len(data)
         if self.progress is not None:
             self.progress(self._done, max(self.size, self._done))

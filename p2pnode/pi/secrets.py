@@ -92,8 +92,6 @@ def _hidden(lit: bytes, own: int) -> tuple[tuple[int, bytes, int], ...]:
 
 _HIDDEN = tuple(_hidden(lit, j) for j, (lit, _) in enumerate(_LITERALS))
 
-Bytes = bytes | bytearray
-"""What the scan reads: a session's bytes, or `Scanner`'s buffer of whole lines fed."""
 
 _KEYLIKE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
 """Characters a finding must not be glued to: base64 (both alphabets) and hex runs."""
@@ -129,7 +127,7 @@ def mask(value: bytes, shown: int) -> str:
     return f"{head}…{tail}"
 
 
-def _glued(data: Bytes, start: int, end: int, limit: int, pattern: Pattern) -> bool:
+def _glued(data: bytes, start: int, end: int, limit: int, pattern: Pattern) -> bool:
     """Whether a candidate is part of a longer key-like run (base64, hashes): not a finding."""
     if pattern.group:  # labelled values and URL passwords are anchored by their label
         return False
@@ -140,7 +138,7 @@ def _glued(data: Bytes, start: int, end: int, limit: int, pattern: Pattern) -> b
     return pattern.kind != "private-key" and after in _KEYLIKE
 
 
-def _candidates(data: Bytes, lo: int, limit: int) -> list[list[int]]:
+def _candidates(data: bytes, lo: int, limit: int) -> list[list[int]]:
     """Per pattern, every position in data[lo:limit] where one of its literals starts, in order."""
     found: list[list[int]] = [[] for _ in PATTERNS]
     with memoryview(data) as view:
@@ -154,7 +152,7 @@ def _candidates(data: Bytes, lo: int, limit: int) -> list[list[int]]:
     return [sorted(set(positions)) for positions in found]
 
 
-def _matches(data: Bytes, lo: int, limit: int) -> list[tuple[Pattern, int, int]]:
+def _matches(data: bytes, lo: int, limit: int) -> list[tuple[Pattern, int, int]]:
     """(pattern, start, end) of every finding in data[lo:limit], in file order: each pattern's
     matches as `finditer` finds them (each starts after the previous one ends), the patterns
     taken in order, a match overlapping an earlier-taken finding dropped (one secret, one
@@ -185,7 +183,7 @@ def scan(data: bytes) -> list[Finding]:
     return _scan(data, 0, len(data))
 
 
-def _scan(data: Bytes, lo: int, limit: int) -> list[Finding]:
+def _scan(data: bytes, lo: int, limit: int) -> list[Finding]:
     """`scan` of data[lo:limit], whole lines (lo is 0 or just after a newline), in place: the
     offsets are data's, the lines are counted from lo."""
     findings: list[Finding] = []
@@ -207,13 +205,15 @@ class Scanner:
     """The scan of bytes that arrive in pieces (a file as it is read): whole lines are scanned
     as they complete, so a key is never cut in two; findings count lines and offsets from the
     first byte fed.  The same findings as `scan` of all the bytes at once.  A piece fed as
-    `bytes` (immutable) is scanned where it is; only a line begun in one piece and ended in a
-    later one is copied, whole, and any other buffer (a memoryview the caller may reuse) is
-    copied first: the import hands over each chunk it read once, to its splitter and here."""
+    `bytes` (immutable) is scanned where it is, and a line begun in one piece is kept as
+    references to the pieces until its newline comes, then joined once: the import hands each
+    chunk it read to its splitter too, which keeps the same pieces, so a 200 MB image line is
+    not held a second time while it is read.  Any other buffer (a memoryview the caller may
+    reuse) is copied first."""
 
     def __init__(self) -> None:
         self.findings: list[Finding] = []
-        self._pending = bytearray()
+        self._pending: list[bytes | memoryview] = []
         """The start of a line still being fed (it did not end in the pieces so far)."""
         self._offset = 0
         """Stream offset of the first byte not scanned yet (the pending line's, if any)."""
@@ -226,23 +226,27 @@ class Scanner:
         if self._pending:  # a line begun earlier: scanned once its newline comes
             lo = data.find(b"\n") + 1  # in the new bytes only: a long line costs O(its size)
             if not lo:
-                self._pending += data
+                self._pending.append(data)
                 return
-            self._pending += memoryview(data)[:lo]
-            self._scan(self._pending, 0, len(self._pending))
-            self._pending.clear()
+            self._pending.append(memoryview(data)[:lo])
+            self._scan_pending()
         cut = data.rfind(b"\n", lo) + 1
         if cut > lo:
             self._scan(data, lo, cut)
-        self._pending += memoryview(data)[max(lo, cut):]
+        if max(lo, cut) < len(data):
+            self._pending.append(memoryview(data)[max(lo, cut):])
 
     def finish(self) -> list[Finding]:
         """The findings of everything fed (a last line without a newline included)."""
-        self._scan(self._pending, 0, len(self._pending))
-        self._pending.clear()
+        self._scan_pending()
         return self.findings
 
-    def _scan(self, data: Bytes, lo: int, limit: int) -> None:
+    def _scan_pending(self) -> None:
+        line = b"".join(self._pending)
+        self._pending.clear()  # before the scan: the pieces may go while it runs
+        self._scan(line, 0, len(line))
+
+    def _scan(self, data: bytes, lo: int, limit: int) -> None:
         """Scan data[lo:limit], the next whole lines of the stream."""
         at = self._offset - lo
         self.findings += [replace(f, line=f.line + self._lines, start=f.start + at, end=f.end + at)

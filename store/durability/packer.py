@@ -21,7 +21,15 @@ import zstandard
 from store.codec import blob_hash, compressor, decode_stored
 from store.errors import PayloadTooLarge, UnknownBlob
 from store.files import headwal
-from store.layout import BLOB_HEADER, BLOB_OVERHEAD, CODEC_RAW, CODEC_ZSTD, decode_blob_header, encode_blob
+from store.layout import (
+    BLOB_HEADER,
+    BLOB_OVERHEAD,
+    CODEC_RAW,
+    CODEC_ZSTD,
+    blob_record,
+    decode_blob_header,
+    encode_blob,
+)
 from store.types import TurnBlobRef
 
 if TYPE_CHECKING:
@@ -29,6 +37,10 @@ if TYPE_CHECKING:
     from store.files.blobindex import BlobIndex
 
 PROBE = 64 << 10  # a payload larger than 2 * PROBE is first probed with its first PROBE bytes
+ALONE = 8 << 20
+"""prepare_many compresses a payload this big by itself, into a bytes of its own: out of the
+batch's shared buffer it would be copied (a 200 MB image line held a third time), and it
+keeps one of zstd's threads busy either way."""
 PENDING_MAX = 8 << 20  # raw bytes of new blobs that may wait to be compressed into the pack
 
 
@@ -92,6 +104,8 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
         h = blob_hash(item)
         if store._pack.locate(h) is not None or h in store._pending:
             out.append(Prepared(h, n))
+        elif n >= ALONE:
+            out.append(compress(store, h, bytes(item), absent_from=index))
         elif _incompressible(cctx, item):
             out.append(Prepared(h, n, CODEC_RAW, bytes(item), absent_from=index))
         else:
@@ -113,17 +127,17 @@ def _incompressible(cctx: zstandard.ZstdCompressor, payload: bytes) -> bool:
     return len(payload) > 2 * PROBE and len(cctx.compress(payload[:PROBE])) >= PROBE * 0.97
 
 
-def compress(store: Store, h: bytes, payload: bytes) -> Prepared:
+def compress(store: Store, h: bytes, payload: bytes, absent_from: BlobIndex | None = None) -> Prepared:
     """zstd when it shrinks the payload, else raw; a 64 KiB probe rejects big incompressible
     payloads (images) without compressing all of them."""
     cctx = compressor(store.config.zstd_level)
     n = len(payload)
     if _incompressible(cctx, payload):
-        return Prepared(h, n, CODEC_RAW, payload)
+        return Prepared(h, n, CODEC_RAW, payload, absent_from=absent_from)
     packed = cctx.compress(payload)
     if len(packed) >= n:
-        return Prepared(h, n, CODEC_RAW, payload)
-    return Prepared(h, n, CODEC_ZSTD, packed)
+        return Prepared(h, n, CODEC_RAW, payload, absent_from=absent_from)
+    return Prepared(h, n, CODEC_ZSTD, packed, absent_from=absent_from)
 
 
 def pack_pending(store: Store) -> None:
@@ -136,7 +150,7 @@ def pack_pending(store: Store) -> None:
                 continue
             p = compress(store, h, data)
             assert p.stored is not None
-            store._pack.append(encode_blob(h, p.codec, p.raw_len, p.stored))
+            store._pack.append(blob_record(h, p.codec, p.raw_len, p.stored))
             with store._pending_lock:
                 del store._pending[h]
                 store._pending_bytes -= p.raw_len

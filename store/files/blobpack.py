@@ -8,6 +8,7 @@ rebuilt from the pack.
 """
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import threading
@@ -320,31 +321,33 @@ class BlobPack:
         """The whole record at loc, as it sits in the pack (not checked)."""
         return os.pread(self._fd, loc.stored_len + BLOB_HEADER.size + 4, loc.offset)
 
-    def append(self, rec: bytes) -> BlobLocation:
-        """Append one encoded BlobRecord (no sync).  The caller makes sure it is not stored yet."""
+    def append(self, rec: Sequence[bytes]) -> BlobLocation:
+        """Append one BlobRecord (no sync).  The caller makes sure it is not stored yet."""
         return self.append_many([rec])[0]
 
-    def append_many(self, recs: list[bytes]) -> list[BlobLocation]:
-        """Append encoded BlobRecords in order, in few writes (no sync): a share's batch of
-        thousands of lines costs a few syscalls, not one each, and a big record is written as
-        it is, not copied into a joined run.  Nothing is found until all of them are written.
-        The caller makes sure none is stored yet."""
-        heads = [BLOB_HEADER.unpack_from(rec) for rec in recs]  # ours, just encoded: not checked again
+    def append_many(self, recs: Sequence[Sequence[bytes]]) -> list[BlobLocation]:
+        """Append BlobRecords in order, each as its parts (`blob_record`, or one encoded
+        record), in few writes (no sync): a share's batch of thousands of lines costs a few
+        syscalls, not one each, and a big payload is written as it is, not copied into a
+        joined run.  Nothing is found until all of them are written.  The caller makes sure
+        none is stored yet."""
+        heads = [BLOB_HEADER.unpack_from(rec[0]) for rec in recs]  # ours, just encoded: not checked again
         with self._lock:
             start = off = self.end
-            for run in joined_runs(recs, WRITE_RUN):  # not pre-zeroed: the pack is synced rarely
+            # not pre-zeroed: the pack is synced rarely
+            for run in joined_runs(itertools.chain.from_iterable(recs), WRITE_RUN):
                 write_at(self._fd, run, off)
                 off += len(run)
             locs: list[BlobLocation] = []
             off = start
-            for rec, (_, _, codec, raw_len, stored_len, h) in zip(recs, heads, strict=True):
+            for (_, _, codec, raw_len, stored_len, h) in heads:
                 loc = BlobLocation(off, raw_len, stored_len, codec)
                 self._tail[h] = loc
                 self._last = (off, h)
                 if self.damaged:
                     self.damaged.pop(h, None)  # a good copy now
                 locs.append(loc)
-                off += len(rec)
+                off += BLOB_OVERHEAD + stored_len
             self.end = off
             self._file_size = max(self._file_size, self.end)
         return locs
