@@ -112,8 +112,8 @@ def sweep_fetching(directory: Path, grace_seconds: float) -> int:
     """Remove what fetches that no longer run left in the node's fetch staging dir; the bytes
     removed.  Called by GC only while no fetch runs (FETCHING_LOCK and the library's leases):
     every temp session file there is a killed or failed fetch's, and a kept line manifest
-    (peer/get.py's KeptManifests) older than `grace_seconds` belongs to a fetch nobody ran
-    again (a younger one still spares a rerun its manifest)."""
+    (peer/get.py's KeptManifests) or batch format measures older than `grace_seconds` belong
+    to a fetch nobody ran again (a younger one still spares a rerun its manifest, its tries)."""
     freed = 0
     now = time.time()
     try:
@@ -125,7 +125,8 @@ def sweep_fetching(directory: Path, grace_seconds: float) -> int:
             st = e.stat(follow_symlinks=False)
             if not e.is_file(follow_symlinks=False):
                 continue
-            if e.name.endswith(".tmp") or (e.name.endswith(".lines") and now - st.st_mtime > grace_seconds):
+            if e.name.endswith(".tmp") or (e.name.endswith((".lines", ".pace"))
+                                           and now - st.st_mtime > grace_seconds):
                 os.unlink(e.path)
                 freed += st.st_size
         except FileNotFoundError:

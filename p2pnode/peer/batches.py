@@ -18,7 +18,7 @@ from p2pnode.library.api import ZSTD_LEVEL
 from p2pnode.peer import wire
 from p2pnode.peer.downloader import PeerPool, Share
 from p2pnode.peer.link import PeerLink
-from p2pnode.peer.pace import FetchPace
+from p2pnode.peer.pace import FetchPace, Measures
 from p2pnode.pi.lines import LineRef
 from store.codec import compressor
 from store.layout import CODEC_RAW, CODEC_ZSTD
@@ -59,22 +59,26 @@ Have = Callable[[bytes], bool]
 
 async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: wire.Limits,
                     have: Have, received: Received, sized_as: int | None = None,
-                    not_shared: Callable[[], float] | None = None) -> None:
+                    not_shared: Callable[[], float] | None = None, hint: Measures | None = None,
+                    keep: Callable[[Measures], None] | None = None) -> None:
     """Every line of `missing` from the pool's peers, handed to `received` once verified: the
     lines are shared out among all holders (downloader.Share); a broken link or a dropped
     holder leaves its lines not received yet to the others.  `sized_as`: the raw bytes the
     groups are sized for, when not `missing`'s (a resumed fetch is cut as the fetch it
     continues: smaller groups are smaller zstd streams, which compress worse).  `not_shared`:
-    the CPU seconds so far of work the received lines do not cause (pace.FetchPace)."""
+    the CPU seconds so far of work the received lines do not cause (pace.FetchPace); `hint`:
+    what a stopped run of this fetch measured of the batch formats, and `keep`: where this
+    one's measures go, for a run after it (FetchPace.hint and .keep)."""
     wanted = [r for r in missing if not have(r.hash)]
     holders = sum(1 for p in pool.peers if not p.dropped)
     total = sum(r.length for r in wanted) if sized_as is None else sized_as
     groups = _groups(wanted, limits, group_bytes(total, holders, limits))
     share = Share(pool, what, groups, BATCHES_IN_FLIGHT)
-    pace = FetchPace(sum(r.length for r in wanted),
-                     live=share.delivering)
+    pace = FetchPace(sum(r.length for r in wanted), live=share.delivering, hint=hint)
     if not_shared is not None:
         pace.not_shared = not_shared
+    if keep is not None:
+        pace.keep = keep
     lanes = Lanes()
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:

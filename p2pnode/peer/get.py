@@ -72,6 +72,7 @@ from p2pnode.peer.heldlines import PlacedLines, placed_lines, read_held
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
+from p2pnode.peer.pace import KEPT_BYTES, Measures
 from p2pnode.peer.trust import TrustStore
 from p2pnode.pi.hashing import Prefix, new_hasher, prefix_hasher
 from p2pnode.pi.lines import LineRef, line_runs, ref_runs
@@ -200,12 +201,17 @@ class KeptManifests:
     line: ~1 % of a session's wire bytes), and cuts its batches as the first run did.  Not
     trusted: decoded and checked as a peer's is, and its lines must hash to `src` as a peer's
     must; one that fails is removed and a peer asked.  Not durable (no fsync): a lost or torn
-    one fails the decode and costs one manifest."""
+    one fails the decode and costs one manifest.  Beside it (`fetching/<src>.pace`), what the
+    fetch measured of its batch formats (pace.Measures): a hint for the next run, decoded
+    defensively, and one that does not decode is removed."""
 
     directory: Path
 
     def path(self, src: str) -> Path:
         return self.directory / f"{src}.lines"
+
+    def pace_path(self, src: str) -> Path:
+        return self.directory / f"{src}.pace"
 
     def load(self, src: str, limits: wire.Limits) -> tuple[list[LineRef], int] | None:
         """The kept manifest of `src` and the raw bytes its first run asked for, if any."""
@@ -225,14 +231,41 @@ class KeptManifests:
 
     def save(self, src: str, body: bytes, sized: int) -> None:
         """Keep `body` (a version-1 manifest of `src`); a failure only costs the next run a manifest."""
+        self._write(self.path(src), KEPT_HEAD.pack(sized) + body, f"line manifest of {src}")
+
+    def load_pace(self, src: str) -> Measures | None:
+        """What the last run of the fetch of `src` measured of its batch formats, if kept."""
+        path = self.pace_path(src)
+        try:
+            with path.open("rb") as f:
+                data = f.read(KEPT_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.info("batch format measures of %s not read: %s", src, exc)
+            return None
+        try:
+            return Measures.decode(data)
+        except ValueError as exc:
+            log.info("kept batch format measures of %s: %s; measured anew", src, exc)
+            path.unlink(missing_ok=True)
+            return None
+
+    def save_pace(self, src: str, measures: Measures) -> None:
+        """Keep `measures` (a few hundred bytes, a few times a fetch: written where they are
+        taken, on the event loop); a failure only costs the next run a try of each format."""
+        self._write(self.pace_path(src), measures.encode(), f"batch format measures of {src}")
+
+    def _write(self, path: Path, data: bytes, what: str) -> None:
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            atomic_write(self.path(src), KEPT_HEAD.pack(sized) + body, durable=False)
+            atomic_write(path, data, durable=False)
         except OSError as exc:
-            log.info("line manifest of %s not kept: %s", src, exc)
+            log.info("%s not kept: %s", what, exc)
 
     def drop(self, src: str) -> None:
         self.path(src).unlink(missing_ok=True)
+        self.pace_path(src).unlink(missing_ok=True)
 
 
 class _ManifestStop(Exception):
@@ -600,9 +633,11 @@ class _Fetch:
                     if missing:
                         self._total = missing_bytes
                         self._done = 0
+                        hint = await asyncio.to_thread(self.kept.load_pace, src)
+                        keep = functools.partial(self.kept.save_pace, src)
                         await batches.get_lines(self.pool, f"lines of session {src}", missing, self.limits,
                                                 stream.have, stream.received, sized_as,
-                                                stream.held_cpu)
+                                                stream.held_cpu, hint, keep)
                     await stream.flush()
                     assembled = stream.getter.finish()
                 except BaseException:

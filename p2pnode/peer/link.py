@@ -52,6 +52,10 @@ class PeerLink:
         self.bytes_served = 0
         """Lines (and their raw bytes) this peer was the first to deliver verified in this fetch."""
 
+    def __str__(self) -> str:
+        """Its address: the holder a fetch run again finds it the same as (pace.Measures)."""
+        return str(self.addr)
+
     def _accepted(self, fingerprint: bytes) -> None:
         self.accepted = fingerprint
         self.proven = True

@@ -11,7 +11,9 @@ is faster is a question of what limits the transfer, so each side prices both:
   that offer.  It starts with the stream, offers per-line frames after a warm-up window,
   then the stream again, keeps the stream unless per-line frames delivered LINES_MARGIN
   more, and tries the other one again every REPROBE windows and whenever the holders
-  delivering change.  Only a
+  delivering change.  A fetch run again after it was stopped (kill -9) starts from what the
+  stopped run measured with the same holders (Measures, kept beside its line manifest:
+  get.KeptManifests), so it does not try per-line frames again where the stream led.  Only a
   measure of the whole fetch in each format sees what limits it in that format: the
   fetcher's CPU, the holders' CPU to make the stream (on a busy machine a holder made its
   stream at 5 MB/s where the link carried 12.5), the links.  Priced with one rate measured
@@ -34,7 +36,9 @@ lane, 8 MiB window: peer/batches.py's Lanes, PeerServer's lanes).
 """
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,6 +217,59 @@ class LinkPace:
             self.cpu[level] = _average(self.cpu.get(level), cpu / raw)
 
 
+KEPT_HOLDERS, KEPT_BYTES = 16, 16 << 10
+"""Bounds of kept Measures: a fetch with more holders keeps none (a rerun measures anew),
+and a kept file longer than KEPT_BYTES is not read."""
+
+
+@dataclass(frozen=True)
+class Measures:
+    """What a fetch measured, kept for a rerun of it: a hint, not trusted (a file in the node's
+    `fetching/`, get.KeptManifests).  Its rates stand in for the rerun's own until it
+    measures them, where the holders are the same (by their names, `str`: a PeerLink's
+    address; the link to a holder may differ between runs, a hint may be wrong): a rerun after a kill
+    -9 had tried per-line frames again, a window at 1.7 times the stream's bytes, where the
+    stopped run had found the stream faster (docs/BENCHMARKS.md, 2026-11-29 (14))."""
+
+    holders: frozenset[str]
+    """The holders delivering when the rates were measured."""
+    stream: float
+    lines: float
+    """Raw bytes per second the whole fetch received with each offer (FetchPace.delivered)."""
+    links: dict[str, float]
+    """Each holder's link rate as measured on per-line frames (FetchPace.link_rate)."""
+
+    def encode(self) -> bytes:
+        return json.dumps({"holders": sorted(self.holders), "stream": self.stream, "lines": self.lines,
+                           "links": self.links}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Measures:
+        """Measures from `encode`'s bytes; ValueError for anything else (a torn or foreign file)."""
+        if len(data) > KEPT_BYTES:
+            raise ValueError(f"{len(data)} bytes")
+        try:
+            got = json.loads(data)
+        except RecursionError:
+            raise ValueError("nested too deep") from None
+        if not isinstance(got, dict) or set(got) != {"holders", "stream", "lines", "links"}:
+            raise ValueError("not kept measures")
+        holders, links = got["holders"], got["links"]
+        if (not isinstance(holders, list) or not 0 < len(holders) <= KEPT_HOLDERS
+                or not all(isinstance(h, str) for h in holders)):
+            raise ValueError("bad holders")
+        if not isinstance(links, dict) or not set(links) <= set(holders):
+            raise ValueError("bad link rates")
+        return cls(frozenset(holders), _rate(got["stream"]), _rate(got["lines"]),
+                   {h: _rate(r) for h, r in links.items()})
+
+
+def _rate(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"bad rate {value!r}")
+    return float(value)
+
+
 @dataclass
 class Delivered:
     """What the fetch received while one format was offered."""
@@ -275,6 +332,12 @@ class FetchPace:
     stalled changes what either format can deliver (a cut holder's rate had kept the fetch on
     per-line frames from the one left)."""
     clock: Callable[[], float] = time.monotonic
+    hint: Measures | None = None
+    """What a stopped run of this fetch measured: its rates are this fetch's own until the
+    warm-up ends, where the holders are the same; its link rates until measured here."""
+    keep: Callable[[Measures], None] = lambda measures: None
+    """Called with what is measured, each time a format's measure after a change of offer
+    gives both rates (a few times a fetch): kept for a rerun."""
 
     def link(self, holder: object, stream: bool) -> WaitMeter:
         """The meter of the answers from `holder` in one format."""
@@ -286,11 +349,16 @@ class FetchPace:
         than the link carries it.  Measured on the stream alone, the holder's own pace came back
         to it as the link's: at 100 Mbit/s it then took level 6, which made it slower still
         (22-26 MB/s of lines where level 3 made 35-39)."""
-        for stream in (False, True):
-            meter = self.links.get((holder, stream))
-            if meter is not None and meter.rate is not None:
-                return meter.rate
-        return None
+        lines = self._lines_rate(holder)
+        meter = self.links.get((holder, True))
+        return lines if lines is not None or meter is None else meter.rate
+
+    def _lines_rate(self, holder: object) -> float | None:
+        """`holder`'s link rate measured on per-line frames, here or else by the stopped run."""
+        meter = self.links.get((holder, False))
+        if meter is not None and meter.rate is not None:
+            return meter.rate
+        return None if self.hint is None else self.hint.links.get(str(holder))
 
     def window_bytes(self) -> int:
         return min(MAX_WINDOW, max(MIN_WINDOW, int(self.fetch_bytes * WINDOW_SHARE)))
@@ -323,14 +391,15 @@ class FetchPace:
         """A run of `raw` bytes of lines was decoded and verified with `cpu` seconds of its
         worker thread's CPU (`stream`: they came as a stream segment).  Once a window of them
         came while every request in flight had the current offer, that offer's rate is
-        measured (per-line frames after the warm-up), and the next requests get the other
+        measured (per-line frames after the warm-up, unless a stopped run measured them:
+        `hint`), and the next requests get the other
         offer if it was not measured with these holders or was REPROBE windows ago (tried once
         more), else the stream unless per-line frames delivered LINES_MARGIN more."""
         self.raw += raw
         now = self.clock()
         holders = frozenset(h for h, _ in self.links if self.live(h))
         if holders != self.holders:
-            self.holders, self.delivered, self.window = holders, {True: Delivered(), False: Delivered()}, None
+            self.holders, self.delivered, self.window = holders, self._measured_before(holders), None
         if self.asked[not self.streaming]:  # answers to the other offer are still coming: no sample
             self.window = None
             return
@@ -344,21 +413,43 @@ class FetchPace:
             self.window = Window(now, self.not_shared())
             if self.warm:
                 self._measured(w, w.raw / max(now - w.start, 1e-6))
-            else:
+            else:  # nothing measured: per-line frames next, unless a stopped run measured them (hint)
                 self.warm = True
-                self._try_other("measured first: the holders then make the stream for the link's rate")
+                self._choose(keep=False)
+
+    def _measured_before(self, holders: frozenset[object]) -> dict[bool, Delivered]:
+        """What each offer delivered with `holders`, as the holders change: nothing (measured
+        anew), but for the stopped run's rates (`hint`) while this fetch has measured nothing."""
+        hint = self.hint
+        if self.warm or hint is None or hint.holders != {str(h) for h in holders}:
+            return {True: Delivered(), False: Delivered()}
+        log.debug("batch format: a stopped run of this fetch measured the stream at %.1f MB/s raw, "
+                  "per-line frames at %.1f", hint.stream / 1e6, hint.lines / 1e6)
+        return {True: Delivered(hint.stream, at=self.raw), False: Delivered(hint.lines, at=self.raw)}
 
     def _measured(self, w: Window, rate: float) -> None:
-        current, other = self.delivered[self.streaming], self.delivered[not self.streaming]
-        current.rate = _average(current.rate if current.phase == self.phase else None, rate)
+        current = self.delivered[self.streaming]
+        first = current.phase != self.phase
+        current.rate = _average(current.rate if not first else None, rate)
         current.phase, current.at = self.phase, self.raw
         log.debug("batch format %s: %.1f MB/s raw (window of %.1f MB: %.3f wire bytes per raw byte, "
                   "%.1f ms decoding CPU per raw MB; %d MB decoded)", self._name(self.streaming), rate / 1e6,
                   w.raw / 1e6, w.wire / w.raw, w.cpu / w.raw * 1e9, self.raw // 1_000_000)
+        self._choose(keep=first)
+
+    def _choose(self, keep: bool) -> None:
+        """The next offer from what both delivered (`keep`: a new measure, kept for a rerun):
+        the one not measured yet, the other one again after REPROBE windows (per-line frames
+        not while the stream leads by LINES_MARGIN), else the stream unless per-line frames
+        delivered LINES_MARGIN more."""
+        other = self.delivered[not self.streaming]
         stream, lines = self.delivered[True].rate, self.delivered[False].rate
         if stream is None or lines is None:
             self._try_other("to measure it")
             return
+        if keep and len(self.holders) <= KEPT_HOLDERS:
+            self.keep(Measures(frozenset(str(h) for h in self.holders), stream, lines,
+                               {str(h): r for h in self.holders if (r := self._lines_rate(h)) is not None}))
         if (self.raw - other.at > REPROBE * self.window_bytes()
                 and not (self.streaming and stream >= lines * (1 + LINES_MARGIN))):
             self._try_other("to measure it again")

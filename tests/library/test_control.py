@@ -487,9 +487,9 @@ def test_gc_killed_at_random_moments_leaves_every_live_session_readable(agent: P
 
 def test_gc_removes_what_killed_fetches_left_in_the_staging_dir(lib: Library) -> None:
     """A fetch killed mid-way leaves its temp session file (as large as what it had written)
-    and its kept line manifest in <home>/fetching; GC, which runs only while no fetch does,
-    removes the temp files and the manifests older than the GC grace (a younger one still
-    saves a rerun its manifest)."""
+    and its kept line manifest and batch format measures in <home>/fetching; GC, which runs
+    only while no fetch does, removes the temp files and the kept files older than the GC
+    grace (a younger one still saves a rerun its manifest, its tries of the formats)."""
     from p2pnode.peer.get import KeptManifests
 
     staging = lib.paths.fetching
@@ -498,13 +498,16 @@ def test_gc_removes_what_killed_fetches_left_in_the_staging_dir(lib: Library) ->
     temp.write_bytes(b"x" * 5000)
     kept = KeptManifests(staging)
     old, young = kept.path("c" * 64), kept.path("d" * 64)
-    old.write_bytes(b"m" * 300)
-    young.write_bytes(b"m" * 200)
+    old_pace, young_pace = kept.pace_path("c" * 64), kept.pace_path("d" * 64)
+    for path, size in ((old, 300), (young, 200), (old_pace, 40), (young_pace, 30)):
+        path.write_bytes(b"m" * size)
     hours_ago = time.time() - 2 * 3600
-    os.utime(old, (hours_ago, hours_ago))
+    for path in (old, old_pace):
+        os.utime(path, (hours_ago, hours_ago))
     assert lib.leases.try_acquire()  # a fetch runs: nothing is touched
-    assert lib.gc().skipped and temp.exists() and old.exists()
+    assert lib.gc().skipped and temp.exists() and old.exists() and old_pace.exists()
     lib.leases.release()
     report = lib.gc()
-    assert not temp.exists() and not old.exists() and young.exists()
-    assert report.staging_bytes_freed == 5300
+    assert not temp.exists() and not old.exists() and not old_pace.exists()
+    assert young.exists() and young_pace.exists()
+    assert report.staging_bytes_freed == 5340

@@ -5,7 +5,9 @@ slow link (100 KB/s per connection) and loopback are far either side of the thre
 server is given (`THRESHOLD`)."""
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,16 +15,20 @@ import aiohttp
 import blake3
 import pytest
 import test_holders
-from test_holders import World
+from test_holders import World, placed
 
-from p2pnode.peer import wire
+from p2pnode.peer import batches, pace, wire
+from p2pnode.peer.get import KeptManifests
 from p2pnode.peer.pace import (
+    KEPT_BYTES,
+    KEPT_HOLDERS,
     LINES_MARGIN,
     MIN_COST_BYTES,
     MIN_WINDOW,
     PROBE_ROOM,
     FetchPace,
     LinkPace,
+    Measures,
     stream_level,
 )
 from p2pnode.peer.tls import client_context
@@ -279,6 +285,128 @@ def test_no_try_in_the_last_windows_and_the_faster_format_taken_back_at_once(mb:
     assert all(n <= window + 1 for n in runs), (runs, window)
     tries = [i for i in switches(offers) if not offers[i]]
     assert all(mb - i >= PROBE_ROOM * window - 1 for i in tries), (tries, window)
+
+
+def test_a_rerun_does_not_try_per_line_frames_where_the_stopped_run_found_the_stream_ahead() -> None:
+    """A fetch killed at about half (kill -9) kept what it measured: per-line frames at 30 MB/s
+    against a stream at 50.  Run again, the fetch does not try them again (a window at 1.7
+    times the stream's bytes: 0.02 of a whole fetch's, on a rerun of half of it); without the
+    kept measures it does."""
+    kept: list[Measures] = []
+    first = paced()
+    first.keep = kept.append
+    rates = {True: 50 * MB, False: 30 * MB}
+    fetch(first, rates, 128)
+    assert kept and kept[-1].holders == {"a"}
+    assert kept[-1].stream == pytest.approx(50 * MB) and kept[-1].lines == pytest.approx(30 * MB)
+    hint = Measures.decode(kept[-1].encode())
+    assert fetch(FetchPace(128 * MB, clock=Clock(), hint=hint), rates, 128) == [True] * 128
+    assert False in fetch(paced(128 * MB), rates, 128)
+
+
+def test_a_rerun_takes_per_line_frames_at_once_where_the_stopped_run_found_them_ahead() -> None:
+    """The kept measures say per-line frames delivered clearly more: the rerun takes them after
+    its warm-up, without a window of the stream first; the kept measures are its until it
+    measures each format itself, and what it measures is kept in turn."""
+    kept: list[Measures] = []
+    hint = Measures(frozenset({"a"}), 30 * MB, 50 * MB, {})
+    rerun = FetchPace(128 * MB, clock=Clock(), hint=hint, keep=kept.append)
+    window = rerun.window_bytes() // MB
+    offers = fetch(rerun, {True: 30 * MB, False: 50 * MB}, 128)
+    assert offers[: window + 1] == [True] * (window + 1)
+    assert offers[window + 1 : 3 * window + 1] == [False] * 2 * window  # no stream window first
+    assert kept[0].lines == pytest.approx(50 * MB)
+
+
+def test_measures_of_other_holders_are_not_taken() -> None:
+    """A rerun from another holder (or the same one at another address) measures both formats
+    anew; the kept link rate of a holder is what it reports to it until its reads measure one."""
+    hint = Measures(frozenset({"b"}), 50 * MB, 30 * MB, {"b": 12_500_000})
+    rerun = FetchPace(128 * MB, clock=Clock(), hint=hint)
+    window = rerun.window_bytes() // MB
+    offers = fetch(rerun, {True: 50 * MB, False: 30 * MB}, 128)
+    assert offers[window + 1 : 2 * window + 1] == [False] * window  # tried after the warm-up
+    assert rerun.offer("b", LIMITS)[wire.LINK_RATE_HEADER] == "12500000"
+    assert wire.LINK_RATE_HEADER not in rerun.offer("a", LIMITS)
+    rerun.link("b", False).rate = 9_000_000
+    assert rerun.offer("b", LIMITS)[wire.LINK_RATE_HEADER] == "9000000"
+
+
+def test_a_fetch_with_more_holders_than_kept_keeps_no_measures() -> None:
+    kept: list[Measures] = []
+    many = paced()
+    many.keep = kept.append
+    for h in range(KEPT_HOLDERS):
+        many.link(f"h{h}", False)
+    fetch(many, {True: 50 * MB, False: 30 * MB}, 64)
+    assert len(many.holders) == KEPT_HOLDERS + 1 and not kept
+
+
+GOOD = {"holders": ["a"], "stream": 5e7, "lines": 3e7, "links": {"a": 1.25e7}}
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"{", b"\xff\xfe", b"[]", b"[" * 10_000 + b"]" * 10_000, json.dumps({**GOOD, "x": 1}).encode(),
+    json.dumps({**GOOD, "holders": []}).encode(), json.dumps({**GOOD, "holders": "a"}).encode(),
+    json.dumps({**GOOD, "holders": [1]}).encode(),
+    json.dumps({**GOOD, "holders": [f"h{i}" for i in range(KEPT_HOLDERS + 1)]}).encode(),
+    json.dumps({**GOOD, "stream": -1}).encode(), json.dumps({**GOOD, "lines": True}).encode(),
+    json.dumps({**GOOD, "lines": "3e7"}).encode(), json.dumps({**GOOD, "stream": float("nan")}).encode(),
+    json.dumps({**GOOD, "stream": float("inf")}).encode(), json.dumps({**GOOD, "links": {"b": 1.0}}).encode(),
+    json.dumps({**GOOD, "links": []}).encode(), json.dumps({**GOOD, "links": {"a": 0}}).encode(),
+    json.dumps({**GOOD, "holders": ["a" * KEPT_BYTES]}).encode(),
+])
+def test_kept_measures_are_not_trusted(data: bytes, tmp_path: Path) -> None:
+    """Kept measures are a file in the node's home, read back by a later run: anything but
+    what `encode` writes is refused, and a fetch removes the file and measures anew."""
+    assert Measures.decode(json.dumps(GOOD).encode()) == Measures(frozenset({"a"}), 5e7, 3e7, {"a": 1.25e7})
+    with pytest.raises(ValueError):
+        Measures.decode(data)
+    kept = KeptManifests(tmp_path)
+    kept.pace_path("c" * 64).write_bytes(data)
+    assert kept.load_pace("c" * 64) is None and not kept.pace_path("c" * 64).exists()
+
+
+async def test_a_fetch_run_again_starts_from_what_the_stopped_run_measured(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real fetch, stopped once it kept its measures beside its line manifest (windows made
+    small enough for the 3 MB session), then run again: the rerun reports the kept link rate
+    from its first request and, the kept rates putting the stream far ahead, never offers
+    per-line frames (it had tried them after its warm-up); the verified version removes the
+    kept files."""
+    monkeypatch.setattr(pace, "MIN_WINDOW", 64 << 10)
+    kept = KeptManifests(world.lib.paths.fetching)
+    saved = asyncio.Event()
+    save = KeptManifests.save_pace
+
+    def saving(self: KeptManifests, src: str, measures: Measures) -> None:
+        save(self, src, measures)
+        saved.set()
+
+    monkeypatch.setattr(KeptManifests, "save_pace", saving)
+    addr = await world.serve(0)
+    first = asyncio.ensure_future(world.fetch([addr]))
+    await asyncio.wait_for(saved.wait(), 30)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    src = blake3.blake3(world.data).hexdigest()
+    measured = kept.load_pace(src)
+    assert measured is not None and measured.holders == {str(addr)}
+    kept.save_pace(src, Measures(measured.holders, 100 * MB, 1.0, {str(addr): 12_500_000}))
+
+    offers: list[dict[str, str]] = []
+
+    class Watched(FetchPace):
+        def offer(self, holder: object, limits: wire.Limits) -> dict[str, str]:
+            offers.append(super().offer(holder, limits))
+            return offers[-1]
+
+    monkeypatch.setattr(batches, "FetchPace", Watched)
+    result = await world.fetch([addr])
+    assert placed(world, result) == world.data and 0 < result.lines_fetched < len(world.lines())
+    assert offers[0][wire.LINK_RATE_HEADER] == "12500000"
+    assert all(wire.BATCH_FORMAT_HEADER in o for o in offers)
+    assert not kept.path(src).exists() and not kept.pace_path(src).exists()
 
 
 def test_a_small_fetch_keeps_the_stream() -> None:
