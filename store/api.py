@@ -585,8 +585,8 @@ class Store:
         self._check_open()
         with self._gate.shared():
             out = []
-            for h, loc in zip(hashes, self._pack.locate_many(hashes), strict=True):
-                if loc is not None:
+            for h in hashes:
+                if (loc := self._pack.locate(h)) is not None:
                     out.append(loc.raw_len)
                 elif (waiting := self._pending.get(h)) is not None:
                     out.append(len(waiting))

@@ -262,16 +262,6 @@ class BlobPack:
             return self.locate(h)
         return loc
 
-    def locate_many(self, hashes: Sequence[bytes]) -> list[BlobLocation | None]:
-        """`locate` of each hash; many at once by one pass over the index (BlobIndex.locate_many)."""
-        out = []
-        for h, indexed in zip(hashes, self._index.locate_many(hashes), strict=True):
-            loc = self._tail.get(h)
-            if loc is None and not (self.damaged and h in self.damaged):
-                loc = indexed
-            out.append(loc)
-        return out
-
     def mark_damaged(self, h: bytes, reason: str) -> None:
         """A read found blob h's record damaged: lookups stop finding it (see locate)."""
         self.damaged[h] = reason

@@ -92,16 +92,19 @@ def test_a_small_tail_is_left_to_the_next_open_and_a_big_one_folded(tmp_path: Pa
     assert fsck(path, full=True).ok
 
 
-def test_locate_many_finds_what_locate_finds(tmp_path: Path) -> None:
-    """Many hashes at once (a line manifest) by bisecting the keys read once: the same answers
-    as one binary search each, for held and absent hashes, at both ends of the index."""
+def test_locate_bisects_the_key_prefixes(tmp_path: Path) -> None:
+    """A lookup bisects each entry's first 8 key bytes and compares whole the keys alike in
+    those: a dict's answers, for held and absent hashes, at both ends of the index and among
+    keys that share their first 8 bytes."""
     rng = random.Random(3)
     held = {rng.randbytes(32): _loc(i) for i in range(2000)}
     held[bytes(32)], held[b"\xff" * 32] = _loc(1), _loc(2)
+    twins = b"\x7f" * 8
+    held.update({twins + rng.randbytes(24): _loc(3000 + i) for i in range(5)})
     entries = [index_entry(h, held[h]) for h in sorted(held)]
     index = _mapped(tmp_path / "a.idx", encode_index(entries, 1, None))
-    asked = list(held) + [rng.randbytes(32) for _ in range(300)] + [b"\x00" * 31 + b"\x01"]
+    asked = [*held, *(rng.randbytes(32) for _ in range(300)), b"\x00" * 31 + b"\x01",
+             *(twins + rng.randbytes(24) for _ in range(5)), twins + bytes(24), twins + b"\xff" * 24]
     rng.shuffle(asked)
-    assert index.locate_many(asked) == [held.get(h) for h in asked]  # all at once
-    assert index.locate_many(asked[:10]) == [held.get(h) for h in asked[:10]]  # few: one by one
-    assert BlobIndex().locate_many(asked[:3]) == [None] * 3
+    assert [index.locate(h) for h in asked] == [held.get(h) for h in asked]
+    assert BlobIndex().locate(asked[0]) is None
