@@ -7,7 +7,10 @@ import os
 import random
 from pathlib import Path
 
+import pytest
+
 from store import Store
+from store.files import blobindex
 from store.files.blobindex import BlobIndex, encode_index, index_entry
 from store.files.blobpack import FOLD_BLOBS, FOLD_BYTES
 from store.fsck import fsck
@@ -92,10 +95,14 @@ def test_a_small_tail_is_left_to_the_next_open_and_a_big_one_folded(tmp_path: Pa
     assert fsck(path, full=True).ok
 
 
-def test_locate_bisects_the_key_prefixes(tmp_path: Path) -> None:
-    """A lookup bisects each entry's first 8 key bytes and compares whole the keys alike in
-    those: a dict's answers, for held and absent hashes, at both ends of the index and among
-    keys that share their first 8 bytes."""
+@pytest.mark.parametrize("prefixes_after", [0.0, 1 / 64, 1e9])
+def test_locate_finds_what_a_dict_finds(tmp_path: Path, prefixes_after: float,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup searches the mapping, or (once searched PREFIXES_AFTER times an entry)
+    bisects each entry's first 8 key bytes and compares whole the keys alike in those: a
+    dict's answers either way, for held and absent hashes, at both ends of the index and
+    among keys that share their first 8 bytes."""
+    monkeypatch.setattr(blobindex, "PREFIXES_AFTER", prefixes_after)
     rng = random.Random(3)
     held = {rng.randbytes(32): _loc(i) for i in range(2000)}
     held[bytes(32)], held[b"\xff" * 32] = _loc(1), _loc(2)
