@@ -409,8 +409,9 @@ class Node:
         log.info("shared %s (%s)", result.branch, result.path)
         self.live.restate(result)
         self.announce_soon()
-        self._warm([result.src])
-        return dict(result.as_dict(), **await asyncio.to_thread(self._share_handoff, result.branch))
+        handoff = await asyncio.to_thread(self._share_handoff, result.branch)
+        self._warm([result.src])  # after: its manifest holds the library's lock the handoff takes
+        return dict(result.as_dict(), **handoff)
 
     def _shared_meanwhile(self, result: ShareResult) -> None:
         log.info("shared %s (%s; its command went away)", result.branch, result.path)
