@@ -578,8 +578,8 @@ class Store:
         if blob.raw_len > self.config.max_payload:
             raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
         index = self._pack.index  # before the lookup, as locate_since wants it
-        if self._pack.locate(blob.hash) is not None:
-            return packer.Prepared(blob.hash, blob.raw_len)
+        if self._pack.locate(blob.hash) is not None:  # its bytes kept: a GC before the gate may drop it
+            return packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored))
         if blob.codec == CODEC_RAW:
             return packer.compress(self, blob.hash, bytes(blob.stored), absent_from=index)
         return packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored), absent_from=index)
