@@ -80,6 +80,13 @@ def process_cpu(pid: int, reaped_children: bool = False) -> float:
     return own + (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_env(repo: os.PathLike[str] | str) -> dict[str, str]:
+    """What makes `python -m p2pnode` run the p2pnode of the checkout `repo`, whatever the
+    working directory: `python -m` puts the working directory first on sys.path, so a benchmark
+    run from one checkout compared it with itself (PYTHONSAFEPATH keeps it off)."""
+    return {"PYTHONPATH": str(repo), "PYTHONSAFEPATH": "1"}
+
+
 def log(*parts: object) -> None:
     """Human-readable progress, on stderr so that stdout stays one JSON object."""
     print(*parts, file=sys.stderr, flush=True)

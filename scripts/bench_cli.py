@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import median, process_cpu  # noqa: E402
+from _benchlib import median, process_cpu, tree_env  # noqa: E402
 from bench_share import SessionWriter  # noqa: E402
 
 MB = 1_000_000
@@ -38,9 +38,8 @@ class Home:
     """One node's state dir and Pi agent dir, and running `p2pnode` as that node."""
 
     def __init__(self, root: Path, name: str, repo: Path) -> None:
-        self.env = dict(os.environ, P2PNODE_HOME=str(root / name / "node"),
-                        PI_CODING_AGENT_DIR=str(root / name / "agent"), PYTHONPATH=str(repo),
-                        PYTHONSAFEPATH="1")  # not the working directory's p2pnode (python -m puts it first)
+        self.env = dict(os.environ, **tree_env(repo), P2PNODE_HOME=str(root / name / "node"),
+                        PI_CODING_AGENT_DIR=str(root / name / "agent"))
         (root / name / "agent").mkdir(parents=True)
 
     profile: Path | None = None

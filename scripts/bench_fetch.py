@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zstandard  # noqa: E402
-from _benchlib import emit, goal, goals_met, log, median, now  # noqa: E402
+from _benchlib import emit, goal, goals_met, log, median, now, tree_env  # noqa: E402
 from bench_share import SessionWriter, session_path  # noqa: E402  (the same Pi-like generator)
 
 from p2pnode.library.api import Library  # noqa: E402
@@ -94,8 +94,7 @@ class Server:
         cmd = [sys.executable, "-m", "p2pnode", "serve-peers", "--host", host, "--port", "0"]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
-        proc = subprocess.Popen(cmd, env=dict(os.environ, P2PNODE_HOME=str(self.home), PYTHONPATH=str(ROOT),
-                                                 PYTHONSAFEPATH="1"),
+        proc = subprocess.Popen(cmd, env=dict(os.environ, **tree_env(ROOT), P2PNODE_HOME=str(self.home)),
                                 stdout=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline() if proc.stdout else ""

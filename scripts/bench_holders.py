@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _benchlib import emit, goal, goals_met, log, median, now, process_cpu  # noqa: E402
+from _benchlib import emit, goal, goals_met, log, median, now, process_cpu, tree_env  # noqa: E402
 from bench_share import SessionWriter, session_path  # noqa: E402
 
 from p2pnode.library.api import Library  # noqa: E402
@@ -67,8 +67,7 @@ class Holder:
     def serving(self) -> Iterator[tuple[int, int]]:
         """(port, pid) of the running server."""
         cmd = [sys.executable, "-m", "p2pnode", "serve-peers", "--host", "127.0.0.1", "--port", "0"]
-        proc = subprocess.Popen(cmd, env=dict(os.environ, P2PNODE_HOME=str(self.home), PYTHONPATH=str(ROOT),
-                                                 PYTHONSAFEPATH="1"),
+        proc = subprocess.Popen(cmd, env=dict(os.environ, **tree_env(ROOT), P2PNODE_HOME=str(self.home)),
                                 stdout=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline() if proc.stdout else ""

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO / "tests"), str(REPO)]
 
-from _benchlib import emit, goal, log, median  # noqa: E402
+from _benchlib import emit, goal, log, median, tree_env  # noqa: E402
 from lab import Lab, unavailable_reason  # noqa: E402
 from lannode import LanNode, grow, place, wait_for  # noqa: E402
 
@@ -139,9 +139,8 @@ def python(lab: Lab, host: str, code: str, *args: str, env: dict[str, str] | Non
 
 
 def bench_env() -> dict[str, str]:
-    """The environment of the commands run in the lab: this tree's p2pnode, whatever the working
-    directory (PYTHONSAFEPATH: `python -m` would put the working directory first)."""
-    return dict(os.environ, PYTHONPATH=str(REPO), PYTHONSAFEPATH="1")
+    """The environment of the commands run in the lab: this tree's p2pnode."""
+    return dict(os.environ, **tree_env(REPO))
 
 
 # --- announce -> resolved --------------------------------------------------------------------

@@ -55,7 +55,7 @@ class LanNode:
     @property
     def env(self) -> dict[str, str]:
         return dict(os.environ, P2PNODE_HOME=str(self.paths.home), PI_CODING_AGENT_DIR=str(self.agent),
-                    PYTHONPATH=str(REPO), PYTHONSAFEPATH="1")
+                    PYTHONPATH=str(REPO), PYTHONSAFEPATH="1")  # this tree's, whatever the cwd (python -m)
 
     def trust(self, *others: LanNode) -> None:
         store = TrustStore(self.paths.trust)

@@ -227,9 +227,10 @@ class Measures:
     """What a fetch measured, kept for a rerun of it: a hint, not trusted (a file in the node's
     `fetching/`, get.KeptManifests).  Its rates stand in for the rerun's own until it
     measures them, where the holders are the same (by their names, `str`: a PeerLink's
-    address; the link to a holder may differ between runs, a hint may be wrong): a rerun after a kill
-    -9 had tried per-line frames again, a window at 1.7 times the stream's bytes, where the
-    stopped run had found the stream faster (docs/BENCHMARKS.md, 2026-11-29 (14))."""
+    address; the link to a holder may differ between runs, a hint may be wrong): a rerun
+    after a kill -9 had tried per-line frames again, a window at 1.7 times the stream's
+    bytes, where the stopped run had found the stream faster (docs/BENCHMARKS.md, 2026-11-29
+    (14) and (15))."""
 
     holders: frozenset[str]
     """The holders delivering when the rates were measured."""
