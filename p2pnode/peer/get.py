@@ -548,6 +548,8 @@ class _Fetch:
         self.lines_fetched = 0
         self.lines_total = 0
         self._done = self._total = 0
+        self.ahead: _HashAhead | None = None
+        """Set by fetch_branch when it knows the session fetched and where it goes."""
 
     async def _lib(self, fn: Callable[[FetchTarget], T]) -> T:
         """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
@@ -565,7 +567,10 @@ class _Fetch:
         chain: list[tuple[str, bytes, Sidecar]] = []
         seen: set[str] = set()
         current: str | None = branch
-        while current is not None and not await self._lib(functools.partial(_has_branch, branch=current)):
+        ahead = self.ahead
+        while current is not None and not await self._lib(functools.partial(_has_branch, branch=current,
+                                                                            ahead=ahead)):
+            ahead = None
             if current in seen:
                 raise LineageError(f"lineage of {branch}: parent cycle at branch {current}")
             if len(chain) >= self.limits.max_chain_depth:
@@ -612,8 +617,8 @@ class _Fetch:
             if isinstance(got, wire.ManifestAfter):
                 assert manifest_peer is not None  # only a peer's manifest continues a held version
                 try:
-                    held_start, found, missing = await self._lib(functools.partial(_start_after, after=got,
-                                                                                   place=place))
+                    held_start, found, missing = await self._lib(functools.partial(
+                        _start_after, after=got, place=place, ahead=self.ahead))
                 except ManifestLied as exc:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
                     continue
@@ -771,22 +776,22 @@ def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
     return [r for r, held in zip(unique, lib.has_lines([r.hash for r in unique]), strict=True) if not held]
 
 
-def _start_after(lib: FetchTarget, after: wire.ManifestAfter,
-                 place: Placing | None) -> tuple[Held | None, _Prefix, list[LineRef]]:
+def _start_after(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None,
+                 ahead: _HashAhead | None) -> tuple[Held | None, _Prefix, list[LineRef]]:
     """An incremental fetch's start and the new lines the store lacks: one opening of the store."""
-    return *_held_prefix(lib, after, place), _missing_in(lib, after.lines)
+    return *_held_prefix(lib, after, place, ahead), _missing_in(lib, after.lines)
 
 
-def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter,
-                 place: Placing | None) -> tuple[Held | None, _Prefix]:
+def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None,
+                 ahead: _HashAhead | None = None) -> tuple[Held | None, _Prefix]:
     """Where an incremental fetch starts: the held version's first lines (those the peer said
     the new version begins with: the hash of the whole proves it), their size (from the
     version's record when they are all its lines or all but its last: no turn is read) and
     their hash state: the node's live one; else (a one-shot process) the file this node
     placed, if its stat says it is still that version whole (hashed on a thread of its own
-    while the new lines come: `_Prefix.hashing`), else the lines re-read from the store
-    (decompressed: the slowest).  No Held for a version placed with its header moved first:
-    the getter walks its lines again (`_Prefix.walked`)."""
+    while the new lines come: `_Prefix.hashing`; `ahead` may have started that already),
+    else the lines re-read from the store (decompressed: the slowest).  No Held for a version
+    placed with its header moved first: the getter walks its lines again (`_Prefix.walked`)."""
     base = after.base.hex()
     version = lib.version(base)
     if after.first > version.lines:
@@ -807,9 +812,11 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter,
     hasher = LIVE.get(base, size)
     hashing = None
     if hasher is None and place is not None and size == version.size:
-        target = target_path(place.agent_dir, header, place.session_dir)
-        if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
-            hashing = _in_background(functools.partial(prefix_hasher, target, size))
+        hashing = ahead.take(base, size) if ahead is not None else None
+        if hashing is None:
+            target = target_path(place.agent_dir, header, place.session_dir)
+            if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
+                hashing = _in_background(functools.partial(prefix_hasher, target, size))
     if hasher is None and hashing is None:
         hasher = _store_hasher(lib, refs if refs is not None else lib.line_manifest(base)[:after.first])
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
@@ -866,8 +873,42 @@ async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
     return await asyncio.to_thread(run)
 
 
-def _has_branch(lib: FetchTarget, branch: str) -> bool:
+def _has_branch(lib: FetchTarget, branch: str, ahead: _HashAhead | None) -> bool:
+    if ahead is not None:
+        ahead.start(lib)
     return lib.has_branch(branch)
+
+
+class _HashAhead:
+    """The hash of the placed file of the largest held version of the session fetched, started
+    in the fetch's first opening of the store, before the peers say which held version the new
+    one extends (a grown session extends its largest): a one-shot process (no live state)
+    starts hashing two round trips and two openings of the store sooner than _held_prefix
+    would.  When the new version turns out to extend another, the thread's work is lost."""
+
+    def __init__(self, session_id: str, place: Placing) -> None:
+        self.session_id, self.place = session_id, place
+        self._started: tuple[str, int, Future[blake3.blake3]] | None = None
+
+    def start(self, lib: FetchTarget) -> None:
+        mine = (b for b in lib.branches(include_unshared=True) if b.header.get("id") == self.session_id)
+        largest = max(mine, key=lambda b: b.size, default=None)
+        if largest is None:
+            return
+        version = lib.version(largest.src)
+        if LIVE.get(largest.src, version.size) is not None:
+            return
+        target = target_path(self.place.agent_dir, SessionHeader(**version.header), self.place.session_dir)
+        if appendable(target, PlacedFiles(lib.paths.placed), largest.src, version.size, True) is not None:
+            hashing = _in_background(functools.partial(prefix_hasher, target, version.size))
+            self._started = (largest.src, version.size, hashing)
+
+    def take(self, base: str, size: int) -> Future[blake3.blake3] | None:
+        """The hash started, if it is of version `base`'s first `size` bytes (once)."""
+        if self._started is None or self._started[:2] != (base, size):
+            return None
+        hashing, self._started = self._started[2], None
+        return hashing
 
 
 async def _with_peer(peer: PeerLink, coro: Awaitable[T]) -> tuple[PeerLink, T]:
@@ -913,6 +954,8 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     healed = 0
     try:
         job = _Fetch(lib, pool, limits, progress)
+        if session_id is not None and agent_dir is not None:
+            job.ahead = _HashAhead(session_id, Placing(agent_dir, session_dir))
         t0 = time.perf_counter()
         chain = await job.walk(branch_hex)
         if not chain:

@@ -34,6 +34,7 @@ from p2pnode.errors import Conflict
 from p2pnode.pi.lines import count_newlines
 from sysio.files import atomic_write
 from sysio.locks import locked
+from sysio.memory import read_buffer
 
 CHUNK = 4 * 1024 * 1024
 PREFIX_CHUNK = 1 << 20
@@ -68,7 +69,7 @@ def prefix_hasher(path: Path, size: int) -> blake3.blake3:
     the reads here, cost a third more CPU for the same time."""
     hasher = blake3.blake3(max_threads=1)
     with open(path, "rb", buffering=0) as f:
-        buf = memoryview(bytearray(PREFIX_CHUNK))
+        buf = read_buffer(PREFIX_CHUNK)
         while size > 0 and (n := f.readinto(buf[: min(PREFIX_CHUNK, size)])):
             hasher.update(buf[:n])
             size -= n
@@ -263,7 +264,7 @@ class FileHasher:
             hasher, pos = live.hasher.copy(), live.prefix.size
             found = (hasher, live.prefix)
         f.seek(pos)
-        buf = memoryview(bytearray(CHUNK))
+        buf = read_buffer(CHUNK)
         for candidate in (p for p in expected if p.size > pos):
             if found is not None and found[0] is hasher:
                 hasher = hasher.copy()  # `found` keeps its state; the check reads on

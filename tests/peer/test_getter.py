@@ -120,7 +120,7 @@ def test_a_placed_file_is_hashed_in_pieces(tmp_path: Path, monkeypatch: pytest.M
     data = random.Random(4).randbytes(100_003)
     path = tmp_path / "placed.jsonl"
     path.write_bytes(data)
-    monkeypatch.setattr(hashing, "CHUNK", 4096)
+    monkeypatch.setattr(hashing, "PREFIX_CHUNK", 4096)
     assert hashing.prefix_hasher(path, len(data)).hexdigest() == blake3.blake3(data).hexdigest()
     assert hashing.prefix_hasher(path, 5000).hexdigest() == blake3.blake3(data[:5000]).hexdigest()
 

@@ -1,11 +1,14 @@
 """sysio/memory.py: the fetch's heap settings are glibc's where glibc is, and nothing elsewhere.
 A child process checks what a one-shot fetch's process gets (its own arena setting): real
-glibc, no mock."""
+glibc, no mock.  Read buffers start on a page boundary."""
 from __future__ import annotations
 
+import ctypes
+import mmap
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +49,13 @@ print(ctypes.string_at(buf, size.value).decode().count("<heap nr="))
     one = subprocess.run([sys.executable, "-c", code, "one"], capture_output=True, text=True, check=True)
     many = subprocess.run([sys.executable, "-c", code, "default"], capture_output=True, text=True, check=True)
     assert int(one.stdout) == 1 and int(many.stdout) > 1, (one.stdout, many.stdout)
+
+
+def test_a_read_buffer_starts_on_a_page_and_takes_a_files_bytes(tmp_path: Path) -> None:
+    buf = memory.read_buffer(1 << 20)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert address % mmap.PAGESIZE == 0 and len(buf) == 1 << 20 and not buf.readonly
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 5000)
+    with open(path, "rb", buffering=0) as f:
+        assert f.readinto(buf) == 5000 and buf[:5000] == b"x" * 5000

@@ -224,6 +224,34 @@ async def test_the_new_lines_do_not_wait_for_the_placed_file_to_be_hashed(
     assert duo.placed.read_bytes() == path.read_bytes()
 
 
+async def test_a_one_shot_fetch_hashes_the_placed_file_before_asking_for_the_manifest(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no live hash state, the placed file of the session's largest held version is
+    hashed from the fetch's first opening of the store on, before the peer is asked which
+    version the new one extends; that hash (one, not a second) is what the fetch continues."""
+    path = duo.write(pi_session(1_000_000, seed=31))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    LIVE.clear()
+    _grow(path, seed=32)
+    events: list[str] = []
+    real_hasher, real_manifest = get_module.prefix_hasher, get_module._Fetch._manifest
+
+    def hasher(target: Path, size: int) -> object:
+        events.append("hash")
+        return real_hasher(target, size)
+
+    async def manifest(self: object, peer: object, src: str, after: list[str]) -> object:
+        events.append("manifest")
+        return await real_manifest(self, peer, src, after)
+
+    monkeypatch.setattr(get_module, "prefix_hasher", hasher)
+    monkeypatch.setattr(get_module._Fetch, "_manifest", manifest)
+    got = await duo.fetch(duo.sharer.share(str(path)).branch)
+    assert got.written and 0 < got.lines_fetched < got.lines_total
+    assert duo.placed.read_bytes() == path.read_bytes()
+    assert events == ["hash", "manifest"]
+
+
 async def test_a_grown_version_is_committed_without_reading_the_held_lines(
         duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
     """An incremental one-shot fetch (no live hash state) of v2 after v1: neither the held
