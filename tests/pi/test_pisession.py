@@ -267,6 +267,30 @@ def test_line_title() -> None:
     assert pisession.line_title(b'{"role":"user" broken') is None
 
 
+def test_titles_come_from_the_marks_pi_writes_at_a_lines_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name of the last session_info, else the first user message, looked for where Pi
+    writes them (TITLE_SCAN): a long tool output that holds the marks further in, as objects
+    (not strings, whose quotes are escaped), is not taken for either, nor even parsed."""
+    parsed: list[bytes] = []
+    line_title = pisession.line_title
+    monkeypatch.setattr(pisession, "line_title", lambda line: parsed.append(line) or line_title(line))
+    start = b'"id":"45bafc27","parentId":"a144fe42","timestamp":"2026-11-21T19:26:27.132Z"'
+    user = b'{"type":"message",' + start + \
+        b',"message":{"role":"user","content":[{"type":"text","text":"Add a helper."}],"timestamp":1}}\n'
+    named = b'{"type":"session_info",' + start + b',"name":"beta main line"}\n'
+    nested = json.dumps({"type": "message", "message": {"role": "toolResult", "content": [
+        {"type": "text", "text": "x" * 4000}], "details": {"log": [{"type": "session_info", "name": "no"},
+                                                                   {"role": "user", "content": "no"}]}}},
+                        separators=(",", ":")).encode()
+    assert nested.find(b'"role":"user"') > pisession.TITLE_SCAN
+    titles: tuple[str | None, str | None] = (None, None)
+    for line in (nested, user, nested, named, nested):
+        titles = pisession.titles_after(line, *titles)
+    assert titles == ("beta main line", "Add a helper.")
+    assert pisession.titles_after(nested, None, None) == (None, None)
+    assert parsed == [user, named]
+
+
 def _big(blocks: list[dict[str, Any]], **top: Any) -> bytes:
     entry = {"type": "message", "id": "3", "message": {"role": "user", "content": blocks}, **top}
     return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
