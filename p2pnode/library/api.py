@@ -1376,9 +1376,7 @@ class Library:
         # a fetched branch is not offered on until this node's user shares it, and fetching
         # one the user unshared does not offer it again
         offered = self.has_branch(branch) and self.sessions.branch(branch).offered
-        record = self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent)
-        if record.offered != offered:
-            record = self.sessions.set_offered(branch, offered)
+        record = self.sessions.add_branch(sidecar, branch, parsed.src, parsed.parent, offered=offered)
         info = self._info(record)
         self.audit.append("fetched", branch=branch, src=info.src, bytes=info.size, title=info.title)
         return info

@@ -855,19 +855,20 @@ class SessionStore:
         self._save()
 
     def add_branch(self, sidecar: bytes, branch: str, src: str, parent: str | None,
-                   lineage_cut: str | None = None) -> BranchRecord:
+                   lineage_cut: str | None = None, offered: bool = True) -> BranchRecord:
         """Record (or re-offer) a branch whose version is stored; the sidecar bytes become a turn.
-        `lineage_cut`: the parentSession a `--no-lineage` share left out (kept once recorded)."""
+        `lineage_cut`: the parentSession a `--no-lineage` share left out (kept once recorded).
+        `offered`: False records it without offering it (a fetched branch): one state write."""
         now = int(time.time() * 1000)
         existing = self._state.branches.get(branch)
         if existing is not None:
             if not self.store.has_blob(bytes.fromhex(branch)):  # its sidecar's bytes lost (fsck): put back
                 self.store.put_blob(sidecar)
             cut = lineage_cut or existing.lineage_cut
-            if existing.offered:
+            if existing.offered and offered:
                 record = replace(existing, shared_at=now, lineage_cut=cut)
             else:
-                record = replace(existing, offered=True, shared_at=now, lineage_cut=cut, withdrawn=None)
+                record = replace(existing, offered=offered, shared_at=now, lineage_cut=cut, withdrawn=None)
                 self._state.generation += 1
         else:
             version = self.version(src)
@@ -875,7 +876,7 @@ class SessionStore:
             if self.store.get_head(ctx).head_turn_id != version.head:  # the context already has a branch
                 ctx = self.store.fork(version.head).context_id
             turn = self.store.append_turn(ctx, sidecar, type_tag=TAG_SIDECAR, expected_parent=version.head)
-            record = BranchRecord(branch, src, parent, ctx, turn.turn_id, True, now, lineage_cut)
+            record = BranchRecord(branch, src, parent, ctx, turn.turn_id, offered, now, lineage_cut)
             self._state.generation += 1
         self._state.branches[branch] = record
         self._save()

@@ -20,6 +20,7 @@ from procnode import PEAK_RSS, PY, Node, peak_kb
 from skips import KERNEL_LIMITATION
 
 from p2pnode.errors import InvalidInput, NotFound, VerificationFailed
+from p2pnode.library import sessions as sessions_module
 from p2pnode.library.api import Library
 from p2pnode.library.manifest import ManifestCorrupt
 from p2pnode.library.sessions import StateCorrupt
@@ -310,6 +311,11 @@ def test_add_fetched_verifies_then_offers(lib: Library, agent: Path, tmp_path: P
         assert info.branch == shared.branch and info.parent == shared.parent and not info.offered
         assert other.session_bytes(shared.src) == find(agent, A6).read_bytes()
         assert other.lineage(shared.branch) == [info]
+        writes = []
+        with pytest.MonkeyPatch.context() as m:  # fetched again: recorded, still not offered, in one write
+            m.setattr(sessions_module, "_write_state", lambda path, state: writes.append(state))
+            assert not other.add_fetched(sidecar, lines).offered
+        assert len(writes) == 1
         turns = other.store.turn_count
         grown = [*lines, b'{"type":"message","id":"new1"}\n']
         grown_sidecar = Sidecar(blake3.blake3(b"".join(grown)).hexdigest(), shared.parent)
