@@ -874,9 +874,10 @@ async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
 
 
 def _has_branch(lib: FetchTarget, branch: str, ahead: _HashAhead | None) -> bool:
-    if ahead is not None:
+    held = lib.has_branch(branch)
+    if not held and ahead is not None:
         ahead.start(lib)
-    return lib.has_branch(branch)
+    return held
 
 
 class _HashAhead:

@@ -63,10 +63,10 @@ def hash_prefix(path: Path, size: int) -> str:
 
 def prefix_hasher(path: Path, size: int) -> blake3.blake3:
     """The hasher state after a file's first `size` bytes, read in PREFIX_CHUNK pieces into
-    one buffer (not memory-mapped: a mapping's pages count in the resident memory, the whole
-    file's worth, and a file cut short under its mapping kills the process with SIGBUS), on
-    one thread: it runs beside a fetch's own work, and blake3's threads, which take turns with
-    the reads here, cost a third more CPU for the same time."""
+    one page-aligned buffer (the file is not memory-mapped: a mapping's pages count in the
+    resident memory, the whole file's worth, and a file cut short under its mapping kills the
+    process with SIGBUS), on one thread: it runs beside a fetch's own work, where blake3's
+    threads gained nothing (docs/BENCHMARKS.md)."""
     hasher = blake3.blake3(max_threads=1)
     with open(path, "rb", buffering=0) as f:
         buf = read_buffer(PREFIX_CHUNK)

@@ -343,7 +343,7 @@ TITLE_SCAN = 512
 """Bytes at the start of a line where titles_after looks for a title's mark: Pi writes an
 entry's `type` first and a message's `role` first in it (`{"type":"session_info",…` and
 `{"type":"message",…,"message":{"role":"user",…`, docs/FORMAT.md), so the rest of a long line
-(an image, a tool's output) is not searched: 0.085 s less per 300 MB shared or fetched."""
+(an image, a tool's output) is not searched for them."""
 
 
 def titles_after(line: bytes, name: str | None, first_user: str | None) -> tuple[str | None, str | None]:
