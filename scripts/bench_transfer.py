@@ -49,7 +49,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -197,6 +197,7 @@ class Sessions:
             f.write(writer.session(session_id, min(size, 4 * MB)))
             while f.tell() < size:
                 f.write(writer.growth(min(64 * MB, size - f.tell())))
+            _settled(f)
         self.writers[path] = writer
         return path
 
@@ -205,6 +206,7 @@ class Sessions:
         tail = self.writers[path].growth(int(path.stat().st_size * fraction))
         with open(path, "ab") as f:
             f.write(tail)
+            _settled(f)
         return len(tail)
 
     def fork(self, parent: Path, seed: int) -> Path:
@@ -215,10 +217,19 @@ class Sessions:
         lines = parent.read_bytes().split(b"\n")[1:-1]
         body = b"\n".join(lines[: len(lines) * 9 // 10]) + b"\n"
         writer.last_id = None
-        path.write_bytes(writer.header(session_id, parent=str(parent)) + body
-                         + writer.growth(parent.stat().st_size // 100))
+        with open(path, "wb") as f:
+            f.write(writer.header(session_id, parent=str(parent)) + body)
+            f.write(writer.growth(parent.stat().st_size // 100))
+            _settled(f)
         self.writers[path] = writer
         return path
+
+
+def _settled(f: BinaryIO) -> None:
+    """The benchmark's own session file on disk before any tool moves it: its write-back
+    (256 MB left to the kernel's 30 s timer) must not land in a tool's measurement."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 # --- the tools ---------------------------------------------------------------------------------
