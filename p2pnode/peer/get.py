@@ -814,9 +814,7 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     if hasher is None and place is not None and size == version.size:
         hashing = ahead.take(base, size) if ahead is not None else None
         if hashing is None:
-            target = target_path(place.agent_dir, header, place.session_dir)
-            if appendable(target, PlacedFiles(lib.paths.placed), base, size, True) is not None:
-                hashing = _in_background(functools.partial(prefix_hasher, target, size))
+            hashing = _hash_placed(lib, place, header, base, size)
     if hasher is None and hashing is None:
         hasher = _store_hasher(lib, refs if refs is not None else lib.line_manifest(base)[:after.first])
     held = Held(after.first, size, hasher, header, version.name, version.first_user)
@@ -829,6 +827,16 @@ def _store_hasher(lib: FetchTarget, refs: list[LineRef]) -> blake3.blake3:
     for run in _held_runs(lib, refs):
         hasher.update(run)
     return hasher
+
+
+def _hash_placed(lib: FetchTarget, place: Placing, header: SessionHeader, src: str,
+                 size: int) -> Future[blake3.blake3] | None:
+    """The file this node placed for version `src` (`size` bytes), hashed on a thread of its
+    own, if its stat says it is still that version whole; else None."""
+    target = target_path(place.agent_dir, header, place.session_dir)
+    if appendable(target, PlacedFiles(lib.paths.placed), src, size, True) is None:
+        return None
+    return _in_background(functools.partial(prefix_hasher, target, size))
 
 
 def _in_background(fn: Callable[[], T]) -> Future[T]:
@@ -899,9 +907,8 @@ class _HashAhead:
         version = lib.version(largest.src)
         if LIVE.get(largest.src, version.size) is not None:
             return
-        target = target_path(self.place.agent_dir, SessionHeader(**version.header), self.place.session_dir)
-        if appendable(target, PlacedFiles(lib.paths.placed), largest.src, version.size, True) is not None:
-            hashing = _in_background(functools.partial(prefix_hasher, target, version.size))
+        hashing = _hash_placed(lib, self.place, SessionHeader(**version.header), largest.src, version.size)
+        if hashing is not None:
             self._started = (largest.src, version.size, hashing)
 
     def take(self, base: str, size: int) -> Future[blake3.blake3] | None:

@@ -72,9 +72,8 @@ class BlobIndex:
     @functools.cached_property
     def _prefixes(self) -> array.array[int]:
         """Each entry's first 8 key bytes as a number, in order (8 bytes an entry, built once
-        per index at C speed): `bisect` over them finds an entry in C, where a binary search
-        in Python over the mapping cost ~7 µs a lookup, a first fetch's 26,000 of them 0.2 s
-        in a store of seven sessions, and more as the store grows."""
+        per index at C speed): `bisect` over them finds an entry in C, not by a binary search
+        in Python over the mapping (docs/BENCHMARKS.md (15))."""
         out = array.array("Q")
         if self.mm is None or not self.count:
             return out
@@ -144,8 +143,7 @@ class BlobIndex:
         """This index's entries with `new`'s put in their places (a new location replaces the
         one indexed for the same hash), as sorted runs for encode_index: each new entry is
         found by bisection and the runs between them are sliced from the mapping, not
-        decoded: a copy of the index, not a Python object per entry (a first fetch into a
-        store of seven sessions spent 0.1 s making one per entry)."""
+        decoded: a copy of the index, not a Python object per entry."""
         added = sorted(index_entry(h, loc) for h, loc in new.items())
         if self.mm is None:
             return added
