@@ -171,21 +171,77 @@ class StoreTaken(Conflict):
     stored already are the node's too (the node's fetch asks only for the others)."""
 
 
-LibraryOpener = Callable[[], AbstractContextManager[FetchTarget]]
-
-
-def _opener(lib: FetchTarget | OpenPerUse) -> LibraryOpener:
-    """An open Library (the node's) is used as it is; OpenPerUse opens one per step."""
-    return lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib))
-
-
 LINGER = 0.5
-"""Seconds a one-shot fetch keeps the store open after staging a run, waiting for the next."""
+"""Seconds a one-shot fetch keeps the store open after a step, waiting for the next."""
+
+
+class _Lingering:
+    """The library a fetch's steps run on, one step at a time, each on a worker thread.  A
+    one-shot fetch's (OpenPerUse) is opened at its first step and stays open from one step to
+    the next while they come (an opening scans the store's unindexed tail: more than most
+    steps cost, and a grown session's fetch took four), and is closed after LINGER seconds
+    without one: a stalled peer never keeps the store from other commands.  An open Library
+    (the node's) is used as it is."""
+
+    def __init__(self, lib: FetchTarget | OpenPerUse) -> None:
+        self._opener: Callable[[], AbstractContextManager[FetchTarget]] = (
+            lib if isinstance(lib, OpenPerUse) else (lambda: contextlib.nullcontext(lib)))
+        self._lock = asyncio.Lock()
+        self._open: AbstractContextManager[FetchTarget] | None = None
+        self._held: FetchTarget
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Future[None]] = set()
+
+    async def __call__(self, fn: Callable[[FetchTarget], T]) -> T:
+        """fn(library) on a worker thread, after the steps before it."""
+        async with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+            def run() -> T:
+                if self._open is None:
+                    opened = self._opener()
+                    self._held, self._open = opened.__enter__(), opened
+                return fn(self._held)
+
+            work = asyncio.ensure_future(asyncio.to_thread(run))
+            try:
+                try:
+                    return await asyncio.shield(work)
+                except asyncio.CancelledError:  # the thread goes on: nothing else may touch the library
+                    while not work.done():      # or close it under it, however often we are cancelled
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait([work])
+                    if not work.cancelled():
+                        work.exception()  # seen (no "never retrieved" at GC): the cancellation goes on
+                    raise
+            finally:
+                if self._open is not None:
+                    self._timer = asyncio.get_running_loop().call_later(LINGER, self._idle)
+
+    def _idle(self) -> None:
+        self._timer = None
+        closing = asyncio.ensure_future(self.release())
+        self._closing.add(closing)  # a reference until it is done
+        closing.add_done_callback(self._closing.discard)
+
+    async def release(self) -> None:
+        """Close the library if it is open (before anything else opens the store)."""
+        async with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._open is not None:
+                opened, self._open = self._open, None
+                await asyncio.to_thread(opened.__exit__, None, None, None)
+
+
 STAGE_MIN, STAGE_MAX = 256 << 10, 4 << 20
 STAGE_RUNS = 128
 """Verified lines are staged in the store in runs of 1/STAGE_RUNS of what is missing, within
-[STAGE_MIN, STAGE_MAX] raw bytes: one durable commit (and for a one-shot fetch one opening of
-the store) per run, and a kill -9 loses at most about one run's worth of transfer."""
+[STAGE_MIN, STAGE_MAX] raw bytes: one durable commit per run, and a kill -9 loses at most
+about one run's worth of transfer."""
 
 
 KEPT_HEAD = struct.Struct("<Q")
@@ -341,10 +397,6 @@ class _Stream:
         self._pending: list[tuple[wire.BatchBlob, bytes]] = []
         self._pending_bytes = 0
         self._lock = asyncio.Lock()
-        self._open: AbstractContextManager[FetchTarget] | None = None
-        self._held: FetchTarget
-        self._timer: asyncio.TimerHandle | None = None
-        self._closing: set[asyncio.Future[None]] = set()
         self._parent: PlacedLines | None = None
         """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
         self._looked_up = False
@@ -378,63 +430,17 @@ class _Stream:
         async with self._lock:
             run, self._pending, self._pending_bytes = self._pending, [], 0
             try:
-                await self._using(functools.partial(self._take, run, wait=wait))
+                await self.job.lib(functools.partial(self._take, run, wait=wait))
             except ManifestLied as lie:
                 raise _ManifestStop(lie) from None
 
     async def settle(self, fn: Callable[[FetchTarget], T]) -> T:
-        """fn(library) once the version is verified (its commit and placing), in the library
-        the lines were staged in: a one-shot fetch does not close and reopen the store between
-        its last line and its commit (the store's index of the new lines would be written at
-        the close, and every line looked up in it again)."""
+        """fn(library) once the version is verified (its commit and placing), after the last
+        run is staged: a one-shot fetch does not close and reopen the store between its last
+        line and its commit (the store's index of the new lines would be written at the
+        close, and every line looked up in it again)."""
         async with self._lock:
-            return await self._using(fn)
-
-    async def _using(self, fn: Callable[[FetchTarget], T]) -> T:
-        """fn(library) on a worker thread; caller holds the lock.  A one-shot fetch's library
-        stays open from one run to the next while lines flow (opening the store per run would
-        cost more than the run), and is closed after LINGER seconds without one: a stalled
-        peer never keeps the store from other commands."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-        def run() -> T:
-            if self._open is None:
-                opened = self.job.lib()
-                self._held, self._open = opened.__enter__(), opened
-            return fn(self._held)
-
-        work = asyncio.ensure_future(asyncio.to_thread(run))
-        try:
-            try:
-                return await asyncio.shield(work)
-            except asyncio.CancelledError:  # the thread goes on: nothing else may touch the getter or
-                while not work.done():      # close the library under it, however often we are cancelled
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.wait([work])
-                if not work.cancelled():
-                    work.exception()  # seen: the cancellation is what goes on (no "never retrieved" at GC)
-                raise
-        finally:
-            if self._open is not None:
-                self._timer = asyncio.get_running_loop().call_later(LINGER, self._idle)
-
-    def _idle(self) -> None:
-        self._timer = None
-        closing = asyncio.ensure_future(self.release())
-        self._closing.add(closing)  # a reference until it is done
-        closing.add_done_callback(self._closing.discard)
-
-    async def release(self) -> None:
-        """Close the library this stream holds open (before any other step opens it)."""
-        async with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if self._open is not None:
-                opened, self._open = self._open, None
-                await asyncio.to_thread(opened.__exit__, None, None, None)
+            return await self.job.lib(fn)
 
     def _take(self, run: list[tuple[wire.BatchBlob, bytes]], lib: FetchTarget, wait: bool) -> None:
         if run:
@@ -533,14 +539,13 @@ class _Stream:
         async with self._lock:
             run, self._pending, self._pending_bytes = self._pending, [], 0
             if run:
-                await self._using(lambda lib: lib.stage_lines([blob for blob, _ in run]))
-        await self.release()
+                await self.job.lib(lambda lib: lib.stage_lines([blob for blob, _ in run]))
 
 
 class _Fetch:
     def __init__(self, lib: FetchTarget | OpenPerUse, pool: PeerPool, limits: wire.Limits,
                  progress: Progress | None) -> None:
-        self.lib = _opener(lib)
+        self.lib = _Lingering(lib)
         self.kept = KeptManifests(lib.paths.fetching)
         self.pool = pool
         self.limits = limits
@@ -550,10 +555,6 @@ class _Fetch:
         self._done = self._total = 0
         self.ahead: _HashAhead | None = None
         """Set by fetch_branch when it knows the session fetched and where it goes."""
-
-    async def _lib(self, fn: Callable[[FetchTarget], T]) -> T:
-        """fn(library) on a worker thread, the library opened for this step only (OpenPerUse)."""
-        return await _using(self.lib, fn)
 
     def note(self, raw_bytes: int, lines: int) -> None:
         """Lines received (a decoded run's at a time: progress is not redrawn per line)."""
@@ -568,7 +569,7 @@ class _Fetch:
         seen: set[str] = set()
         current: str | None = branch
         ahead = self.ahead
-        while current is not None and not await self._lib(functools.partial(_has_branch, branch=current,
+        while current is not None and not await self.lib(functools.partial(_has_branch, branch=current,
                                                                             ahead=ahead)):
             ahead = None
             if current in seen:
@@ -617,7 +618,7 @@ class _Fetch:
             if isinstance(got, wire.ManifestAfter):
                 assert manifest_peer is not None  # only a peer's manifest continues a held version
                 try:
-                    held_start, found, missing = await self._lib(functools.partial(
+                    held_start, found, missing = await self.lib(functools.partial(
                         _start_after, after=got, place=place, ahead=self.ahead))
                 except ManifestLied as exc:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
@@ -646,7 +647,7 @@ class _Fetch:
                     await stream.flush()
                     assembled = stream.getter.finish()
                 except BaseException:
-                    await asyncio.shield(stream.release())
+                    await asyncio.shield(self.lib.release())
                     raise
             except _ManifestStop as stop:
                 lie: ManifestLied = stop.lie
@@ -686,7 +687,7 @@ class _Fetch:
         return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits), body
 
     async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
-        return await self._lib(functools.partial(_missing_in, refs=manifest))
+        return await self.lib(functools.partial(_missing_in, refs=manifest))
 
     async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, _Stream, None]:
         """A peer without line manifests: the whole blob, spooled to an unnamed temp file in
@@ -709,7 +710,7 @@ class _Fetch:
                     await stream.flush()
                     assembled = stream.getter.finish()
                 except BaseException:
-                    await asyncio.shield(stream.release())
+                    await asyncio.shield(self.lib.release())
                     raise
             except BaseException:
                 stream.discard()
@@ -778,7 +779,7 @@ def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
 
 def _start_after(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | None,
                  ahead: _HashAhead | None) -> tuple[Held | None, _Prefix, list[LineRef]]:
-    """An incremental fetch's start and the new lines the store lacks: one opening of the store."""
+    """An incremental fetch's start and the new lines the store lacks: one step (_Lingering)."""
     return *_held_prefix(lib, after, place, ahead), _missing_in(lib, after.lines)
 
 
@@ -873,14 +874,6 @@ def _held_versions(lib: FetchTarget, parent: str | None, session_id: str | None)
     return list(dict.fromkeys(b.src for b in found))[:wire.MAX_AFTER]
 
 
-async def _using(opener: LibraryOpener, fn: Callable[[FetchTarget], T]) -> T:
-    def run() -> T:
-        with opener() as lib:
-            return fn(lib)
-
-    return await asyncio.to_thread(run)
-
-
 def _has_branch(lib: FetchTarget, branch: str, ahead: _HashAhead | None) -> bool:
     held = lib.has_branch(branch)
     if not held and ahead is not None:
@@ -890,10 +883,10 @@ def _has_branch(lib: FetchTarget, branch: str, ahead: _HashAhead | None) -> bool
 
 class _HashAhead:
     """The hash of the placed file of the largest held version of the session fetched, started
-    in the fetch's first opening of the store, before the peers say which held version the new
-    one extends (a grown session extends its largest): a one-shot process (no live state)
-    starts hashing two round trips and two openings of the store sooner than _held_prefix
-    would.  When the new version turns out to extend another, the thread's work is lost."""
+    in the fetch's first step, before the peers say which held version the new one extends
+    (a grown session extends its largest): a one-shot process (no live state) starts hashing
+    two round trips and two steps sooner than _held_prefix would.  When the new version turns
+    out to extend another, the thread's work is lost."""
 
     def __init__(self, session_id: str, place: Placing) -> None:
         self.session_id, self.place = session_id, place
@@ -955,13 +948,12 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
     `session_id`: the Pi session id of the branch (a catalog's): held versions of it are
     named to the peers, for a fetch of only what is new (`_held_versions`)."""
     wire.check_hex_hash(branch_hex, "branch hash")
-    opener = _opener(lib)
     pool = PeerPool(peers, identity, trust, limits, connections)
+    job = _Fetch(lib, pool, limits, progress)
     placed: Placement | PlacementConflict | None = None
     kept: Library | None = None
     healed = 0
     try:
-        job = _Fetch(lib, pool, limits, progress)
         if session_id is not None and agent_dir is not None:
             job.ahead = _HashAhead(session_id, Placing(agent_dir, session_dir))
         t0 = time.perf_counter()
@@ -971,14 +963,15 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             if starts_with is not None:
                 held_checks.append(functools.partial(check_starts_with, starts_with=starts_with))
             try:
-                placed = await _using(opener, functools.partial(
+                placed = await job.lib(functools.partial(
                     _settle_held, branch=branch_hex, checks=held_checks, agent_dir=agent_dir,
                     session_dir=session_dir))
             except DamagedCopy as exc:  # fetched again: its damaged lines come from peers
                 if isinstance(lib, OpenPerUse):  # the store knows what a read found damaged until it
-                    kept = await asyncio.to_thread(lib)  # closes: one opening for the rest (a rare path)
-                    opener, job = _opener(kept), _Fetch(kept, pool, limits, progress)
-                healed = len(await _using(opener, lambda it: it.damaged_lines_of(it.branch(branch_hex).src)))
+                    await job.lib.release()      # closes: one opening for the rest (a rare path)
+                    kept = await asyncio.to_thread(lib)
+                    job = _Fetch(kept, pool, limits, progress)
+                healed = len(await job.lib(lambda it: it.damaged_lines_of(it.branch(branch_hex).src)))
                 log.warning("branch %s is held, but %d of its lines cannot be read back from the store "
                             "(%s): they are fetched again", branch_hex, healed, exc)
                 chain = [await job.sidecar(branch_hex)]
@@ -987,7 +980,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             wanted = branch == branch_hex and agent_dir is not None
             place = Placing(agent_dir, session_dir, sc.parent) if wanted and agent_dir is not None else None
             named = branch == branch_hex
-            held = [] if healed else await _using(opener, functools.partial(
+            held = [] if healed else await job.lib(functools.partial(
                 _held_versions, parent=sc.parent, session_id=session_id if named else None))
             assembled, stream, extends = await job.session(sc.src, place, held,
                                                            starts_with if named else None)
@@ -996,13 +989,12 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
             checks = [check] if named and check is not None else []
             if named and starts_with is not None and not assembled.start_checked:
                 checks.append(functools.partial(check_starts_with, starts_with=starts_with))
-            try:  # the staging's opening of the store: the commit, then (only then) the file published
+            try:  # the commit, then (only then) the file published
                 info, placed = await stream.settle(functools.partial(
                     _settle, sidecar=raw_sidecar, done=assembled, extends=extends, out=out, branch=branch,
                     checks=checks))
                 LIVE.put(assembled.src, *assembled.complete)
             finally:
-                await asyncio.shield(stream.release())
                 if out is not None:
                     out.file.discard(keep_dir=isinstance(placed, Placement))
             t2 = time.perf_counter()
@@ -1010,7 +1002,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                      branch, len(assembled.refs), t1 - t0, t2 - t1)
             transfer, store, t0 = transfer + t1 - t0, store + t2 - t1, t2
         if not chain:
-            info = await _using(opener, lambda lib: lib.branch(branch_hex))
+            info = await job.lib(lambda lib: lib.branch(branch_hex))
         result = FetchResult(branch=branch_hex, src=info.src, parent=info.parent,
                              fetched=[b for b, _, _ in chain], bytes_received=pool.bytes_received,
                              lines_total=job.lines_total, lines_fetched=job.lines_fetched,
@@ -1022,6 +1014,7 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                         "this node's store (damaged), and fetching them again failed", "damaged")
         raise
     finally:
+        await asyncio.shield(job.lib.release())
         await pool.close()
         if kept is not None:
             await asyncio.to_thread(kept.close)

@@ -221,8 +221,8 @@ async def test_a_held_branch_whose_stored_lines_are_damaged_is_fetched_again(
     damaged (bits flipped in blobs.pack, behind the index), `fetch` asks the peers for those
     lines again, verifies them, stores them again (which heals the store: fsck finds no
     damaged line of it) and places the file whole.  Only the damaged lines cross the wire.
-    The same for a one-shot fetch (OpenPerUse), which opens the store per step: what a read
-    found damaged is known to one opening only."""
+    The same for a one-shot fetch (OpenPerUse), which closes the store while it waits on a
+    peer: what a read found damaged is known to one opening only."""
     monkeypatch.setattr(blobpack, "FOLD_BYTES", 0)
     session = duo.write(pi_session(2_000_000, seed=23, image_bytes=60_000))
     branch = duo.sharer.share(str(session)).branch

@@ -22,7 +22,7 @@ from p2pnode.paths import NodePaths
 from p2pnode.peer import get as get_module
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.get import FetchResult, fetch_branch
+from p2pnode.peer.get import FetchResult, OpenPerUse, fetch_branch
 from p2pnode.peer.getter import LIVE
 from p2pnode.peer.identity import Identity, load_or_create_identity
 from p2pnode.peer.provider import PeerServer
@@ -250,6 +250,39 @@ async def test_a_one_shot_fetch_hashes_the_placed_file_before_asking_for_the_man
     assert got.written and 0 < got.lines_fetched < got.lines_total
     assert duo.placed.read_bytes() == path.read_bytes()
     assert events == ["hash", "manifest"]
+
+
+async def test_a_one_shot_fetch_of_a_grown_version_opens_the_store_once(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-shot fetch (OpenPerUse: `fetch` without a node) keeps the store open from one
+    step to the next while they come: a grown version's (held versions looked up, the
+    manifest's start, the staged runs, the commit and placing) opens it once, where an
+    opening scans the store's unindexed tail.  It is closed when the fetch returns."""
+    path = duo.write(pi_session(1_000_000, seed=41))
+    await duo.fetch(duo.sharer.share(str(path)).branch)
+    LIVE.clear()
+    _grow(path, seed=42)
+    branch = duo.sharer.share(str(path)).branch
+    duo.fetcher.close()
+    openings: list[OpenPerUse] = []
+    real_open = OpenPerUse.__call__
+
+    def counted(self: OpenPerUse) -> Library:
+        openings.append(self)
+        return real_open(self)
+
+    monkeypatch.setattr(OpenPerUse, "__call__", counted)
+    monkeypatch.setattr(get_module, "STAGE_MIN", 1)  # the new lines come in several staged runs
+    session_id = duo.sharer.branch(branch).header["id"]
+    got = await fetch_branch(OpenPerUse(duo.fetcher.paths, duo.agent), branch, [duo.peer], duo.me,
+                             duo.trust, agent_dir=duo.agent, session_id=session_id)
+    assert got.written and 0 < got.lines_fetched < got.lines_total
+    assert duo.placed.read_bytes() == path.read_bytes()
+    assert len(openings) == 1
+    after = Library.open_unless(duo.fetcher.paths, duo.agent, wait=0, pointless=lambda: False)
+    assert after is not None  # StoreLocked if the fetch left it open
+    with after:
+        assert after.has_branch(branch)
 
 
 async def test_a_grown_version_is_committed_without_reading_the_held_lines(
