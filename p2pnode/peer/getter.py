@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import blake3
 
 from p2pnode.errors import InvalidInput, VerificationFailed
-from p2pnode.pi.hashing import new_hasher
 from p2pnode.pi.lines import LineRef
 from p2pnode.pi.session import (
     HEADER_SCAN_BYTES,
@@ -40,6 +39,14 @@ READ_BACK = 8 << 20
 """Raw bytes of consecutive held lines read back from the store in one call (`from_store`)."""
 READY_PART = 1 << 20
 """Bytes of consecutive lines handed out (and hashed into the session) as one part."""
+
+
+def session_hasher() -> blake3.blake3:
+    """The fetched session's hash, on one thread: it is updated in the fetch's staging step,
+    beside the decoding threads and the event loop, where blake3's own threads only contended
+    for the cores (docs/BENCHMARKS.md, 2026-11-29 (17))."""
+    return blake3.blake3(max_threads=1)
+
 
 class ManifestLied(VerificationFailed):
     """The lines of a manifest do not hash to its session, or are not the file cut at its
@@ -163,7 +170,7 @@ class SessionGetter:
         size while the buffer is within its limit (a big line after its predecessor in one run
         was left to the store and read back, decoded and hashed again)."""
         self.size = held.size if held else 0
-        self.hasher = held.hasher.copy() if held and held.hasher else new_hasher()
+        self.hasher = held.hasher.copy() if held and held.hasher else session_hasher()
         self.held_hash_due = held is not None and held.hasher is None
         self.header = held.header if held else None
         self.name = held.name if held else None
@@ -319,7 +326,7 @@ class SessionGetter:
                 self.header = header
                 before, self._scan = self._scan.before, None
                 if before:  # the header first, as every Pi version reads it (pi_readable)
-                    self._placed = new_hasher()
+                    self._placed = session_hasher()
                     parts = [line if line.endswith(b"\n") else line + b"\n", *before]
         self.name, self.first_user = titles_after(line, self.name, self.first_user)
         return self._out(parts)
