@@ -48,7 +48,6 @@ import logging
 import re
 import struct
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -91,6 +90,7 @@ from p2pnode.pi.sidecar import Sidecar
 from store import StoredBlob
 from store.errors import StoreLocked
 from store.layout import CODEC_RAW
+from sysio.background import in_background
 from sysio.files import atomic_write
 from sysio.memory import give_back_freed
 
@@ -837,22 +837,7 @@ def _hash_placed(lib: FetchTarget, place: Placing, header: SessionHeader, src: s
     target = target_path(place.agent_dir, header, place.session_dir)
     if appendable(target, PlacedFiles(lib.paths.placed), src, size, True) is None:
         return None
-    return _in_background(functools.partial(prefix_hasher, target, size))
-
-
-def _in_background(fn: Callable[[], T]) -> Future[T]:
-    """fn() on a thread of its own, its result (or exception) when asked for: hashing a file
-    releases the GIL, so it runs beside the fetch instead of before it."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # handed to whoever takes the result
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="p2pnode-hash", daemon=True).start()
-    return future
+    return in_background(functools.partial(prefix_hasher, target, size), name="p2pnode-hash")
 
 
 def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import secrets
 import stat
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ from p2pnode.pi.session import (
     parse_header,
     placed_names,
 )
+from sysio.background import in_background
 from sysio.files import fsync_dir
 from sysio.flush import disk_full, flush_data, write_at
 
@@ -255,6 +258,8 @@ class SessionFile:
         self._where = where
         self.written = 0
         self._unflushed = 0
+        self._flushing: Future[None] | None = None
+        """The write-behind fdatasync in flight, if any (`write`)."""
 
     @classmethod
     def create(cls, agent_dir: Path, header: SessionHeader, src_hex: str,
@@ -275,19 +280,29 @@ class SessionFile:
         return cls(target, tmp, fd, made_dir, where)
 
     def write(self, data: bytes | memoryview) -> None:
-        """Append bytes; every FLUSH_EVERY bytes they are flushed on the way (the writer is a
-        fetch's worker thread, busy while the network is), so that publishing, after the
-        last byte, syncs only the tail."""
+        """Append bytes; every FLUSH_EVERY bytes they are flushed on the way, so that
+        publishing, after the last byte, syncs only the tail.  The flush runs behind the
+        writes, on a thread of its own (one at a time): the writer is a fetch's step, which
+        the next verified lines wait for, and waiting on the disk there slowed the transfer
+        by what it saved the publishing.  What such a flush raised is raised by the next
+        write that would start one, or by publishing."""
         assert self._fd is not None
         view = memoryview(data)
         with self._room():
             while view:
                 view = view[os.write(self._fd, view):]
             self._unflushed += len(data)
-            if self._unflushed >= FLUSH_EVERY:
-                flush_data(self._fd)
+            if self._unflushed >= FLUSH_EVERY and (self._flushing is None or self._flushing.done()):
+                self._flushed()
+                self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
                 self._unflushed = 0
         self.written += len(data)
+
+    def _flushed(self) -> None:
+        """Wait for the write-behind flush in flight, if any; raise what it raised."""
+        flushing, self._flushing = self._flushing, None
+        if flushing is not None:
+            flushing.result()
 
     def _room(self) -> contextlib.AbstractContextManager[None]:
         """Writes to the temp file: PiFolderFull when it is in Pi's folder (else the node's
@@ -297,6 +312,8 @@ class SessionFile:
 
     def _close(self) -> None:
         if self._fd is not None:
+            with contextlib.suppress(OSError):  # publishing raised it already, or the file goes
+                self._flushed()  # never closed under its flush: the fd could be another file's by then
             fd, self._fd = self._fd, None
             os.close(fd)
 
@@ -307,6 +324,7 @@ class SessionFile:
         try:
             os.fchmod(self._fd, SESSION_FILE_MODE)
             with self._room():
+                self._flushed()
                 flush_data(self._fd)
             self._close()
             if self.tmp.parent != self.target.parent:  # staged: Pi's folder is made only now
@@ -339,6 +357,7 @@ class SessionFile:
         assert self._fd is not None and self.written == content.size - start
         try:
             with self._room():
+                self._flushed()
                 flush_data(self._fd)
             self._close()
             with _placing(to.target):

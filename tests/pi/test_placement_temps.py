@@ -216,3 +216,52 @@ def test_a_full_pi_folder_is_named_and_leaves_nothing(tmp_path: Path,
     with pytest.raises(PiFolderFull, match=f"Pi's session folder {folder} is full"):
         staged.publish(_content(data), None)
     assert list(folder.iterdir()) == []
+
+
+def test_a_fetched_file_is_flushed_behind_its_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every FLUSH_EVERY bytes the temp file is flushed on a thread of its own: the writes go
+    on while the disk syncs (the writer is a fetch's step, which the next verified lines wait
+    for), one flush at a time, and publishing waits for it before its own."""
+    header, data, more = _session(6)
+    monkeypatch.setattr(placement, "FLUSH_EVERY", 64)
+    release, started = threading.Event(), []
+    real_flush = placement.flush_data
+
+    def slow(fd: int) -> None:
+        started.append(fd)
+        assert release.wait(10)
+        real_flush(fd)
+
+    monkeypatch.setattr(placement, "flush_data", slow)
+    f = SessionFile.create(tmp_path / "agent", header, hash_bytes(data), staging=tmp_path / "fetching")
+    for _ in range(4):  # each over FLUSH_EVERY; the first flush still hangs
+        f.write(data)
+    assert len(started) == 1  # one in flight, none started beside it; the writes did not wait
+    threading.Timer(0.2, release.set).start()
+    placed = f.publish(_content(data * 4), None)
+    assert placed.written and placed.path.read_bytes() == data * 4
+    assert len(started) == 2  # the one behind, then publishing's own
+
+
+def test_a_failed_flush_behind_the_writes_fails_the_placing(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error of a flush behind the writes (EIO, injected) is raised by publishing, in
+    the fetch's step, and nothing is placed: no error is lost on its thread."""
+    header, data, _ = _session(7)
+    monkeypatch.setattr(placement, "FLUSH_EVERY", 64)
+    real_flush = placement.flush_data
+    calls = []
+
+    def failing(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_flush(fd)
+
+    monkeypatch.setattr(placement, "flush_data", failing)
+    f = _staged(tmp_path, header, data)
+    with pytest.raises(OSError) as info:
+        f.publish(_content(data), None)
+    assert info.value.errno == errno.EIO
+    assert not placement.target_path(tmp_path / "agent", header).exists()
+    assert not f.tmp.exists()
