@@ -312,8 +312,8 @@ class SessionFile:
 
     def _close(self) -> None:
         if self._fd is not None:
-            with contextlib.suppress(OSError):  # publishing raised it already, or the file goes
-                self._flushed()  # never closed under its flush: the fd could be another file's by then
+            with contextlib.suppress(OSError):  # raised by publishing already, or the file is discarded
+                self._flushed()  # not closed under its flush: the fd's number could be another file's by then
             fd, self._fd = self._fd, None
             os.close(fd)
 

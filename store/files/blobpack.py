@@ -195,8 +195,8 @@ class BlobPack:
                 break  # cut short since fstat: the scan ends where the bytes do
             parts.append(chunk)
             at += len(chunk)
-        # after a good close the tail is one read (FOLD_BYTES <= BIG_READ), scanned as it came:
-        # a bytearray grown read by read and copied into bytes cost an opening 2-10 ms more
+        # after a good close the tail is one read (FOLD_BYTES <= BIG_READ), scanned as it came,
+        # not copied
         scan = scan_pack(parts[0] if len(parts) == 1 else b"".join(parts))
         return PackScan(records=[(start + off, hdr) for off, hdr in scan.records],
                         damaged=[(start + off, hdr) for off, hdr in scan.damaged],
