@@ -42,6 +42,6 @@ def give_back_freed() -> None:
 def read_buffer(size: int) -> memoryview:
     """A buffer for `readinto` that starts on a page boundary (an anonymous mapping, on every
     OS).  A bytearray this big is malloc'd 16 bytes past one, and the kernel's copy from the
-    page cache into such an address ran 5x slower on the AMD EPYC machines here
-    (docs/BENCHMARKS.md, section 16)."""
+    page cache into such an address was several times slower (docs/BENCHMARKS.md, 2026-11-29
+    (16))."""
     return memoryview(mmap.mmap(-1, size))

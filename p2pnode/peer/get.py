@@ -952,8 +952,10 @@ async def fetch_branch(lib: FetchTarget | OpenPerUse, branch_hex: str, peers: li
                     _settle_held, branch=branch_hex, checks=held_checks, agent_dir=agent_dir,
                     session_dir=session_dir))
             except DamagedCopy as exc:  # fetched again: its damaged lines come from peers
-                if isinstance(lib, OpenPerUse):  # the store knows what a read found damaged until it
-                    await job.lib.release()      # closes: one opening for the rest (a rare path)
+                if isinstance(lib, OpenPerUse):
+                    # the store knows what a read found damaged until it closes: one opening that
+                    # stays for the rest, however long the peers take (a rare path)
+                    await job.lib.release()
                     kept = await asyncio.to_thread(lib)
                     job = _Fetch(kept, pool, limits, progress)
                 healed = len(await job.lib(lambda it: it.damaged_lines_of(it.branch(branch_hex).src)))
