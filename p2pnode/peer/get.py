@@ -385,7 +385,7 @@ class _Stream:
     at a time."""
 
     def __init__(self, job: _Fetch, getter: SessionGetter, missing: int, place: Placing | None,
-                 prefix: _Prefix | None = None) -> None:
+                 prefix: _Prefix | None = None, check_each: bool = False) -> None:
         self.job = job
         self.getter = getter
         self.place = place
@@ -400,6 +400,12 @@ class _Stream:
         self._parent: PlacedLines | None = None
         """The fork's parent's placed file (heldlines.py), once `_looked_up`."""
         self._looked_up = False
+        self.check_each = check_each
+        """Each held line read from the parent's placed file is checked by its hash (a run
+        taken on its ends' hashes proved wrong: heldlines.py)."""
+        self.unchecked = False
+        """Held lines came from the parent's placed file unchecked one by one: if the session
+        does not hash to src, that file may be what was wrong, not the manifest."""
         self._held_cpu = 0.0
         self.stage_bytes = min(STAGE_MAX, max(STAGE_MIN, missing // STAGE_RUNS))
 
@@ -462,7 +468,9 @@ class _Stream:
                 return
             cpu = time.process_time()
             at, parent = self.getter.cursor, self._parent_file(lib)
-            held = read_held(lib, self.getter.refs[at:at + len(wanted)], self.getter.size, parent)
+            held, unchecked = read_held(lib, self.getter.refs[at:at + len(wanted)], self.getter.size, parent,
+                                        self.check_each)
+            self.unchecked |= unchecked
             self.getter.read_back(wanted, held)
             self._write(self.getter.ready(), lib)  # their parts: written here, timed with them
             self._held_cpu += time.process_time() - cpu
@@ -599,6 +607,7 @@ class _Fetch:
         holds that `src` may extend (asked for with `?after=`); `starts_with`: the getter's.
         The caller settles the version through the stream (`_Stream.settle`), then releases it."""
         after = held or []
+        check_each = False
         while True:
             kept = await asyncio.to_thread(self.kept.load, src, self.limits)
             manifest_peer: PeerLink | None = None
@@ -633,7 +642,7 @@ class _Fetch:
             getter = SessionGetter(src, manifest, (r.hash for r in missing), held=held_start,
                                    starts_with=starts_with)
             missing_bytes = sum(r.length for r in missing)
-            stream = _Stream(self, getter, missing_bytes, place, prefix)
+            stream = _Stream(self, getter, missing_bytes, place, prefix, check_each)
             try:
                 try:
                     if missing:
@@ -668,6 +677,11 @@ class _Fetch:
                 self.lines_total += len(manifest)
                 return assembled, stream, prefix
             await stream.abandon()  # what was verified stays staged for the next manifest
+            if stream.unchecked:
+                log.info("%s: held lines taken from the placed file of its parent were not all its own "
+                         "(%s); taken again, each one checked", src, lie)
+                check_each = True
+                continue
             await asyncio.to_thread(self.kept.drop, src)
             if manifest_peer is None:
                 log.info("the kept line manifest of %s was wrong (%s); asking a peer", src, lie)

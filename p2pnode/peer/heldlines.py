@@ -4,12 +4,14 @@ the store.
 
 The placed file has the lines raw, where the fork has them but for the length of the header
 (PlacedLines), so a run of held lines is one read there and no decompression, and not even the
-parent's manifest is read (a walk of its turns); each line read is hashed and kept only if it
-is the line asked for (the file may have changed since its stat was checked, or the fork may
-not be laid out like its parent).  A
-line the file does not give, or gives wrong, comes from the store (Library.lines, each line
-checked against its hash there).  Either way the getter hashes every byte into the session's
-hash, and nothing is committed or placed unless that is `src`.
+parent's manifest is read (a walk of its turns).  A run whose first and last lines hash right
+is taken as it is, its lines unchecked one by one: the file is the parent's by its stat, laid
+out as the fork says, and the getter hashes every byte into the session's hash, which must be
+`src` before anything is committed or placed; where it is not, the fetch takes its held lines
+again with each one checked (`read_held(check_each=True)`) before it blames a peer.  A run
+whose ends do not hash right (the fork is laid out otherwise, or the file changed behind its
+stat) has each line checked, and a line the file does not give, or gives wrong, comes from the
+store (Library.lines, each line checked against its hash there).
 """
 from __future__ import annotations
 
@@ -63,40 +65,50 @@ def placed_lines(lib: FetchTarget, branch: str, agent_dir: Path, session_dir: Pa
     return PlacedLines(target, len(first) - header_length) if first.endswith(b"\n") else None
 
 
-def read_held(lib: FetchTarget, refs: Sequence[LineRef], offset: int,
-              placed: PlacedLines | None) -> list[bytes]:
-    """The lines `refs` (consecutive in the fetched version, from byte `offset`), in order, each
-    one verified: from `placed` where it has them (one read for the run), the rest from the store."""
+def read_held(lib: FetchTarget, refs: Sequence[LineRef], offset: int, placed: PlacedLines | None,
+              check_each: bool = False) -> tuple[list[bytes], bool]:
+    """The lines `refs` (consecutive in the fetched version, from byte `offset`), in order: from
+    `placed` where it has them (one read for the run), the rest from the store; and whether
+    the placed file gave lines not checked one by one (only the run's ends were: the session's
+    hash checks them, unless `check_each`)."""
     out: list[bytes | None] = [None] * len(refs)
-    if placed is not None:
-        _from_file(placed, refs, offset + placed.shift, out)
+    unchecked = placed is not None and _from_file(placed, refs, offset + placed.shift, out, check_each)
     missing = [i for i, line in enumerate(out) if line is None]
     if missing:
         for i, line in zip(missing, lib.lines([refs[i].hash for i in missing]), strict=True):
             out[i] = line
-    return [line for line in out if line is not None]
+    return [line for line in out if line is not None], unchecked
 
 
-def _from_file(placed: PlacedLines, refs: Sequence[LineRef], start: int, out: list[bytes | None]) -> None:
-    """out[i] = line i of `refs` where the placed file has it from byte `start` on and it hashes right."""
-    if start < 0:
-        return
+def _from_file(placed: PlacedLines, refs: Sequence[LineRef], start: int, out: list[bytes | None],
+               check_each: bool) -> bool:
+    """out[i] = line i of `refs` where the placed file has it from byte `start` on: all of the
+    run, unchecked, when its first and last lines hash right (True), else each line that hashes
+    right."""
+    if start < 0 or not refs:
+        return False
     try:
         fd = os.open(placed.path, os.O_RDONLY)
     except OSError:
-        return
+        return False
     try:
         data = memoryview(os.pread(fd, sum(r.length for r in refs), start))
     except OSError:
-        return  # all from the store
+        return False  # all from the store
     finally:
         os.close(fd)
-    pos = 0
-    for i, ref in enumerate(refs):
-        line = bytes(data[pos:pos + ref.length])
+    lines, pos = [], 0
+    for ref in refs:
+        lines.append(bytes(data[pos:pos + ref.length]))
         pos += ref.length
+    ends = {0, len(refs) - 1}
+    if not check_each and pos == len(data) and all(_hash(lines[i]) == refs[i].hash for i in ends):
+        out[:] = lines
+        return True
+    for i, (line, ref) in enumerate(zip(lines, refs, strict=True)):
         if len(line) == ref.length and _hash(line) == ref.hash:
             out[i] = line
+    return False
 
 
 def _hash(line: bytes) -> bytes:

@@ -1,12 +1,14 @@
 """A fork fetched with its parent held (issue 12: faster than Syncthing): the parent's lines are
 not asked for; they are read from the parent's placed file when it is still what this node
-placed (each line hashed), else from the fetcher's store in runs (Library.lines: one call per
-run of about READ_BACK bytes, each line checked against its hash), never one call per line; the
-placed fork is byte-identical.  In one process over mutual TLS on loopback (test_stream_engine's
+placed (a run's ends hashed, the whole by the session's hash; each line hashed where that
+fails), else from the fetcher's store in runs (Library.lines: one call per run of about
+READ_BACK bytes, each line checked against its hash), never one call per line; the placed fork
+is byte-identical.  In one process over mutual TLS on loopback (test_stream_engine's
 Duo)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -21,7 +23,7 @@ from test_stream_fetch import pi_session
 from p2pnode.errors import PeerUnavailable, VerificationFailed
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.peer import batches, getter
+from p2pnode.peer import batches, getter, heldlines
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.get import OpenPerUse, fetch_branch
 from p2pnode.peer.getter import SessionGetter
@@ -64,17 +66,25 @@ def _counted(duo: Duo, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
         duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's file, still what this node placed: every line the fork copied from it comes
-    from it (no store read)."""
+    from it (no store read), in runs of which only the first and last lines are hashed alone
+    (the session's hash covers every byte of them)."""
     parent = duo.write(pi_session(4_000_000, seed=20, image_bytes=60_000))
     assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
     fork = _fork(duo, parent)
     branch = duo.sharer.share(str(fork)).branch
     calls = _counted(duo, monkeypatch)
+    hashed: list[int] = []
+    runs: list[int] = []
+    line_hash, from_file = heldlines._hash, heldlines._from_file
+    monkeypatch.setattr(heldlines, "_hash", lambda line: hashed.append(len(line)) or line_hash(line))
+    monkeypatch.setattr(heldlines, "_from_file",
+                        lambda path, refs, *rest: runs.append(len(refs)) or from_file(path, refs, *rest))
     got = await duo.fetch(branch)
     assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
     copied = int((len(split_lines(parent.read_bytes())) - 1) * 0.9)
     new = got.lines_total - 1 - copied  # pi_session's new lines repeat some of the parent's (held,
     assert copied > 20 and sum(calls) <= new  # elsewhere in its file: those come from the store)
+    assert sum(runs) >= copied and len(hashed) <= 2 * len(runs) < copied // 2
 
 
 async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
@@ -130,7 +140,8 @@ async def test_lines_changed_in_the_parents_file_behind_its_stat_come_from_the_s
         duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's placed file changed on disk (same size, mtime restored: its stat says
     unchanged): the lines that no longer hash right are read from the store, the others from
-    the file, and the fork placed is the sharer's, byte for byte."""
+    the file, and the fork placed is the sharer's, byte for byte.  The peer is not blamed (not
+    dropped) and no line crosses the wire twice."""
     parent = duo.write(pi_session(3_000_000, seed=23, image_bytes=60_000))
     placed = Path((await duo.fetch(duo.sharer.share(str(parent)).branch)).path or "")
     before = placed.stat()
@@ -143,7 +154,40 @@ async def test_lines_changed_in_the_parents_file_behind_its_stat_come_from_the_s
     calls = _counted(duo, monkeypatch)
     got = await duo.fetch(branch)
     assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
-    assert 0 < sum(calls) <= changed < got.lines_total - got.lines_fetched
+    assert 0 < calls[-1] <= changed < got.lines_total - got.lines_fetched
+    assert got.dropped_peers == {} and got.lines_fetched == len(set(split_lines(fork.read_bytes())) - set(
+        split_lines(parent.read_bytes())))
+
+
+async def test_a_line_changed_inside_a_run_of_the_parents_file_is_caught_by_the_session_hash(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """One line changed in the middle of the parent's placed file, behind its stat: the run
+    holding it is taken on its ends' hashes, so the session does not hash to src; the fetch
+    takes its held lines again, each one checked (that line from the store), places the fork
+    byte for byte and blames no peer; the new lines cross the wire once."""
+    parent = duo.write(pi_session(3_000_000, seed=25, image_bytes=60_000))
+    placed = Path((await duo.fetch(duo.sharer.share(str(parent)).branch)).path or "")
+    lines = split_lines(placed.read_bytes())
+    once = [i for i in range(len(lines) // 3, len(lines) * 2 // 3)
+            if all(lines.count(lines[j]) == 1 for j in (i - 1, i, i + 1))]
+    victim = once[len(once) // 2]
+    before = placed.stat()
+    lines[victim] = lines[victim].replace(b'"', b"'", 1)
+    placed.write_bytes(b"".join(lines))
+    os.utime(placed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    from_store: list[bytes] = []
+    read = duo.fetcher.lines
+    monkeypatch.setattr(duo.fetcher, "lines", lambda hashes: from_store.extend(hashes) or read(hashes))
+    with caplog.at_level(logging.INFO, logger="p2pnode.peer.get"):
+        got = await duo.fetch(branch)
+    assert "taken again, each one checked" in caplog.text
+    assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
+    assert got.dropped_peers == {}
+    assert blake3.blake3(split_lines(parent.read_bytes())[victim]).digest() in from_store
+    new = set(split_lines(fork.read_bytes())) - set(split_lines(parent.read_bytes()))
+    assert got.lines_fetched == len(new)
 
 
 @pytest.mark.parametrize("folded", [True, False])
