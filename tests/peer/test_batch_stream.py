@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from p2pnode.library.api import Library
 from p2pnode.paths import NodePaths
-from p2pnode.peer import wire
+from p2pnode.peer import batches, wire
 from p2pnode.peer.identity import load_or_create_identity
 from p2pnode.peer.provider import PeerServer
 from p2pnode.peer.tls import client_context
@@ -230,3 +230,22 @@ async def test_the_server_streams_only_when_asked_and_able(served, corpus_dir: P
     assert codecs == {wire.CODEC_ZSTD_STREAM} if streamed else codecs <= {CODEC_RAW, CODEC_ZSTD}
     stream = wire.BatchStreamDecoder()
     assert b"".join(wire.decode_blob(b, stream) for b in blobs) == b"".join(dict.fromkeys(lines))
+
+
+def test_a_stream_batchs_lines_are_stored_at_the_stores_level_and_other_blobs_as_they_came() -> None:
+    """batches._as_stored: the lines of a stream answer, decoded, are kept as the store keeps a
+    line (zstd at the library's level, raw where that does not shrink it: an image's random
+    bytes), all of a run compressed in one call; a per-line frame in the same answer stays as
+    it came."""
+    text = b'{"type":"message","content":"' + b"the same words again " * 400 + b'"}\n'
+    noise = random.Random(5).randbytes(50_000) + b"\n"
+    framed = b'{"type":"message","n":3}\n'
+    decoded = decode(encode([text, noise]), [h(text), h(noise)])
+    blobs = [wire.BatchBlob(h(text), wire.CODEC_ZSTD_STREAM, len(text), b""),
+             wire.BatchBlob(h(noise), wire.CODEC_ZSTD_STREAM, len(noise), b""),
+             wire.BatchBlob(h(framed), CODEC_RAW, len(framed), framed)]
+    stored = batches._as_stored(blobs, [*decoded, framed])
+    assert [b.codec for b in stored] == [CODEC_ZSTD, CODEC_RAW, CODEC_RAW]
+    assert zstandard.decompress(stored[0].stored) == text and len(stored[0].stored) < len(text) // 10
+    assert stored[1].stored == noise and stored[2] is blobs[2]
+    assert [b.hash for b in stored] == [h(text), h(noise), h(framed)]
