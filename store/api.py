@@ -578,7 +578,7 @@ class Store:
         if blob.raw_len > self.config.max_payload:
             raise PayloadTooLarge(blob.raw_len, self.config.max_payload)
         index = self._pack.index  # before the lookup, as locate_since wants it
-        if self._pack.locate(blob.hash) is not None:  # its bytes kept: a GC before the gate may drop it
+        if self._pack.has(blob.hash):  # its bytes kept: a GC before the gate may drop it
             return packer.Prepared(blob.hash, blob.raw_len, blob.codec, bytes(blob.stored))
         if blob.codec == CODEC_RAW:
             return packer.compress(self, blob.hash, bytes(blob.stored), absent_from=index)
@@ -617,7 +617,7 @@ class Store:
         """has_blob of each, under one hold of the gate (a fetch asks a manifest's worth)."""
         self._check_open()
         with self._gate.shared():
-            return [self._pack.locate(h) is not None or h in self._pending for h in hashes]
+            return [self._pack.has(h) or h in self._pending for h in hashes]
 
     # --- contexts ----------------------------------------------------------------------------
 
@@ -646,7 +646,7 @@ class Store:
         if self._on_live_chain(base):
             return
         for t in self._walk(base.turn_id, base.depth + 1):
-            if self._pack.locate(t.payload_hash) is None:
+            if not self._pack.has(t.payload_hash):
                 raise UnknownBlob(t.payload_hash)
 
     def _on_live_chain(self, turn: Turn) -> bool:
@@ -820,7 +820,7 @@ class Store:
                         ready: Sequence[packer.Prepared]) -> list[packer.Prepared]:
         """`ready` (prepared before the gate was taken), with each payload that was found stored
         then and is no longer (collected since) prepared again: the caller holds the gate now."""
-        return [p if p.stored is not None or self._pack.locate(p.hash) is not None or p.hash in self._pending
+        return [p if p.stored is not None or self._pack.has(p.hash) or p.hash in self._pending
                 else packer.prepare(self, i.payload if isinstance(i, TurnInput) else i)
                 for p, i in zip(ready, inputs, strict=True)]
 

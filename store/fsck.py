@@ -136,7 +136,7 @@ def _check_pack(root: Path, pack: BlobPack, full: bool,
         scan = scan_pack(mm)
         by_offset = dict(scan.records)
         for off, hdr in scan.records:
-            if pack.locate(hdr.hash) is None:
+            if not pack.has(hdr.hash):
                 report.errors.append(f"{PACK} at offset {off}: blob {hdr.hash.hex()} is not in {INDEX}")
             if full:
                 _rehash(mm, off, hdr, report)
@@ -221,7 +221,7 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
     def readable(tid: int) -> bool:
         return 0 < tid < len(depths) and depths[tid] >= 0
 
-    r = replay(loaded, log.count, log.slot_ok, readable, lambda h: pack.locate(h) is not None,
+    r = replay(loaded, log.count, log.slot_ok, readable, pack.has,
                          damaged.get)
     lost = patches_lost(patches.seq, loaded.snapshot)
     if lost:
@@ -258,7 +258,7 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
     missing = 0
     for tid in sorted(reachable):
         h = log.read(tid).payload_hash
-        if h in damaged or (pack.locate(h) is None and h not in r.blobs):  # (the WAL's copies are restored)
+        if h in damaged or (not pack.has(h) and h not in r.blobs):  # (the WAL's copies are restored)
             missing += 1
             if missing <= 20:
                 why = damaged.get(h) or (r.damaged[h][1] if h in r.damaged else
@@ -270,7 +270,7 @@ def _check_heads(root: Path, log: TurnLog, pack: BlobPack, patches: PatchLog, de
             log.read(p.target_turn_id)
         except (CorruptRecord, UnknownTurn):
             report.errors.append(f"patch {p.seq}: target turn {p.target_turn_id} does not exist")
-        if p.flags == PATCH_REPLACE and pack.locate(p.new_payload_hash) is None:
+        if p.flags == PATCH_REPLACE and not pack.has(p.new_payload_hash):
             report.errors.append(f"patch {p.seq}: blob {p.new_payload_hash.hex()} is missing")
     report.stats["reachable_turns"] = len(reachable)
     report.stats["patches"] = len(patches.all())

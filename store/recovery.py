@@ -62,7 +62,7 @@ def recover(store: Store, loaded: LoadedHeads) -> headwal.HeadWal:
     no TurnID that turns.log, the WAL or a head ever held is handed out again."""
     log = store._turns
     r = replay(loaded, log.count, log.slot_ok, functools.partial(slot_readable, store),
-                         lambda h: store._pack.locate(h) is not None, store._pack.damage_of)
+                         store._pack.has, store._pack.damage_of)
     notes = store.recovery_notes
     notes.merge(r.notes)
     patch_loss = patches_lost(store._patches.seq, loaded.snapshot)
@@ -129,7 +129,7 @@ def _restore_blobs(store: Store, blobs: dict[bytes, bytes]) -> None:
     except OSError as exc:
         if disk_full(exc):
             for h, rec in blobs.items():
-                if store._pack.locate(h) is None:
+                if not store._pack.has(h):
                     packer.wait_pending(store, rec)
         raise
 

@@ -76,7 +76,7 @@ def prepare(store: Store, payload: bytes | TurnBlobRef, defer: bool = False) -> 
     if n > store.config.max_payload:
         raise PayloadTooLarge(n, store.config.max_payload)
     h = blob_hash(payload)
-    if store._pack.locate(h) is not None or h in store._pending:
+    if store._pack.has(h) or h in store._pending:
         return Prepared(h, n)
     if (defer and store.config.durable and n + BLOB_OVERHEAD <= headwal.EMBED_MAX
             and store._commit.writers <= 1 and store._pending_bytes < PENDING_MAX):
@@ -102,7 +102,7 @@ def prepare_many(store: Store, items: Sequence[bytes | TurnBlobRef], threads: in
         if n > store.config.max_payload:
             raise PayloadTooLarge(n, store.config.max_payload)
         h = blob_hash(item)
-        if store._pack.locate(h) is not None or h in store._pending:
+        if store._pack.has(h) or h in store._pending:
             out.append(Prepared(h, n))
         elif n >= ALONE:
             out.append(compress(store, h, bytes(item), absent_from=index))

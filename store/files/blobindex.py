@@ -86,6 +86,11 @@ class BlobIndex:
             out.byteswap()  # the key bytes read big-endian: numbers in the keys' order
         return out
 
+    def has(self, h: bytes) -> bool:
+        """Whether blob h has an entry: `locate` without making (and caching) its location, for
+        a fetch that asks about a whole manifest's lines at once."""
+        return h in self.found or (self.mm is not None and len(h) == 32 and self._position(h)[1])
+
     def locate(self, h: bytes) -> BlobLocation | None:
         """Blob h's entry, found by bisecting the key prefixes (`_prefixes`)."""
         if (loc := self.found.get(h)) is not None:

@@ -156,7 +156,7 @@ class BlobPack:
         for off, hdr in scan.records:
             self._tail[hdr.hash] = BlobLocation(off, hdr.raw_len, hdr.stored_len, hdr.codec)
         for off, hdr in scan.damaged:
-            if self.locate(hdr.hash) is None:  # no good copy elsewhere
+            if not self.has(hdr.hash):  # no good copy elsewhere
                 self.damaged[hdr.hash] = f"its record at offset {off} of {PACK} failed its CRC"
             self.problems.add(f"{PACK} at offset {off}: blob {hdr.hash.hex()} failed its CRC (damaged, kept)",
                               damage=True)
@@ -247,6 +247,14 @@ class BlobPack:
         if self.damaged and h in self.damaged:
             return None
         return self._index.locate(h)
+
+    def has(self, h: bytes) -> bool:
+        """`locate(h) is not None`, without making the location."""
+        if h in self._tail:
+            return True
+        if self.damaged and h in self.damaged:
+            return False
+        return self._index.has(h)
 
     @property
     def index(self) -> BlobIndex:

@@ -101,7 +101,7 @@ def test_locate_finds_what_a_dict_finds(tmp_path: Path, prefixes_after: float,
     """A lookup searches the mapping, or (once searched PREFIXES_AFTER times an entry)
     bisects each entry's first 8 key bytes and compares whole the keys alike in those: a
     dict's answers either way, for held and absent hashes, at both ends of the index and
-    among keys that share their first 8 bytes."""
+    among keys that share their first 8 bytes; `has` answers as `in` does."""
     monkeypatch.setattr(blobindex, "PREFIXES_AFTER", prefixes_after)
     rng = random.Random(3)
     held = {rng.randbytes(32): _loc(i) for i in range(2000)}
@@ -113,5 +113,7 @@ def test_locate_finds_what_a_dict_finds(tmp_path: Path, prefixes_after: float,
     asked = [*held, *(rng.randbytes(32) for _ in range(300)), b"\x00" * 31 + b"\x01",
              *(twins + rng.randbytes(24) for _ in range(5)), twins + bytes(24), twins + b"\xff" * 24]
     rng.shuffle(asked)
+    assert [index.has(h) for h in asked] == [h in held for h in asked]  # before locate fills `found`
     assert [index.locate(h) for h in asked] == [held.get(h) for h in asked]
-    assert BlobIndex().locate(asked[0]) is None
+    assert [index.has(h) for h in asked] == [h in held for h in asked]
+    assert BlobIndex().locate(asked[0]) is None and not BlobIndex().has(asked[0])
