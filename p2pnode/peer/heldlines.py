@@ -20,17 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import blake3
-
 from p2pnode.errors import NotFound
 from p2pnode.library.manifest import PlacedFiles
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.pi.lines import LineRef
 from p2pnode.pi.placement import appendable, target_path
 from p2pnode.pi.session import HEADER_SCAN_BYTES, SessionHeader
-
-BIG_LINE = 128 << 10
-"""Lines from this size on are hashed on all cores (blake3's own threads)."""
+from store.codec import blob_hash
 
 
 @dataclass(frozen=True)
@@ -102,16 +98,10 @@ def _from_file(placed: PlacedLines, refs: Sequence[LineRef], start: int, out: li
         lines.append(bytes(data[pos:pos + ref.length]))
         pos += ref.length
     ends = {0, len(refs) - 1}
-    if not check_each and pos == len(data) and all(_hash(lines[i]) == refs[i].hash for i in ends):
+    if not check_each and pos == len(data) and all(blob_hash(lines[i]) == refs[i].hash for i in ends):
         out[:] = lines
         return True
     for i, (line, ref) in enumerate(zip(lines, refs, strict=True)):
-        if len(line) == ref.length and _hash(line) == ref.hash:
+        if len(line) == ref.length and blob_hash(line) == ref.hash:
             out[i] = line
     return False
-
-
-def _hash(line: bytes) -> bytes:
-    if len(line) >= BIG_LINE:
-        return blake3.blake3(line, max_threads=blake3.blake3.AUTO).digest()
-    return blake3.blake3(line).digest()

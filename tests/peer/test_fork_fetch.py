@@ -75,8 +75,8 @@ async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
     calls = _counted(duo, monkeypatch)
     hashed: list[int] = []
     runs: list[int] = []
-    line_hash, from_file = heldlines._hash, heldlines._from_file
-    monkeypatch.setattr(heldlines, "_hash", lambda line: hashed.append(len(line)) or line_hash(line))
+    line_hash, from_file = heldlines.blob_hash, heldlines._from_file
+    monkeypatch.setattr(heldlines, "blob_hash", lambda line: hashed.append(len(line)) or line_hash(line))
     monkeypatch.setattr(heldlines, "_from_file",
                         lambda path, refs, *rest: runs.append(len(refs)) or from_file(path, refs, *rest))
     got = await duo.fetch(branch)
