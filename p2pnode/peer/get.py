@@ -67,7 +67,7 @@ from p2pnode.peer import batches, https, wire
 from p2pnode.peer.address import PeerAddress
 from p2pnode.peer.downloader import PeerPool
 from p2pnode.peer.getter import LIVE, READ_BACK, Assembled, Held, ManifestLied, SessionGetter
-from p2pnode.peer.heldlines import PlacedLines, placed_lines, read_held
+from p2pnode.peer.heldlines import PlacedLines, held_run, placed_lines, read_held
 from p2pnode.peer.identity import Identity
 from p2pnode.peer.interfaces import FetchTarget
 from p2pnode.peer.link import Connections, PeerLink
@@ -468,10 +468,13 @@ class _Stream:
                 return
             cpu = time.process_time()
             at, parent = self.getter.cursor, self._parent_file(lib)
-            held, unchecked = read_held(lib, self.getter.refs[at:at + len(wanted)], self.getter.size, parent,
-                                        self.check_each)
-            self.unchecked |= unchecked
-            self.getter.read_back(wanted, held)
+            refs = self.getter.refs[at:at + len(wanted)]
+            block = None if self.check_each else held_run(parent, refs, self.getter.size)
+            if block is not None:
+                self.unchecked = True
+                self._write(self.getter.take_run(block, len(refs)), lib)
+            else:
+                self.getter.read_back(wanted, read_held(lib, refs, self.getter.size, parent))
             self._write(self.getter.ready(), lib)  # their parts: written here, timed with them
             self._held_cpu += time.process_time() - cpu
 
@@ -505,7 +508,7 @@ class _Stream:
                 lib, place.parent, place.agent_dir, place.session_dir, self.getter.refs[0].length)
         return self._parent
 
-    def _write(self, parts: Iterable[bytes], lib: FetchTarget, force: bool = False) -> None:
+    def _write(self, parts: Iterable[bytes | memoryview], lib: FetchTarget, force: bool = False) -> None:
         """The getter's parts to the temp file (opened at the first one, or when `force`d);
         all of them consumed, also where nothing is placed."""
         for part in parts:

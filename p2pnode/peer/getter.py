@@ -290,19 +290,52 @@ class SessionGetter:
         self.hasher.update(joined)
         return [joined] if same else parts
 
+    def take_run(self, data: bytes, count: int) -> list[bytes | memoryview]:
+        """The `count` lines at the cursor as one block (a fork's run read whole from its
+        parent's placed file: heldlines.held_run), each checked as `ready` checks a line, all
+        hashed into the session in one update and handed out as the block itself: not cut into
+        lines and joined again.  Where a line is handed out otherwise (before the header, in a
+        refused session, around a header moved), or is the session's last, the lines go to
+        the buffer for `ready` instead."""
+        refs = self.refs[self.cursor:self.cursor + count]
+        if sum(r.length for r in refs) != len(data):
+            raise ValueError(f"{self.where}: a run of {len(data)} bytes is not its {count} lines")
+        whole = count - (self.cursor + count == len(self.refs))
+        if (self._scan is not None or self._placed is not None or self.refused is not None
+                or self.held_hash_due or (self._starts_with is not None and not self.start_checked)):
+            whole = 0
+        pos = 0
+        for ref in refs[:whole]:
+            self._cut(data, pos, pos + ref.length)
+            self.name, self.first_user = titles_after(data, self.name, self.first_user, pos, pos + ref.length)
+            pos += ref.length
+        view, at = memoryview(data), pos
+        for ref in refs[whole:]:
+            self.read_back([ref.hash], [bytes(view[at:at + ref.length])])
+            at += ref.length
+        if not pos:
+            return []
+        self.hasher.update(view[:pos])
+        self._placed_size += pos
+        return [view[:pos]]
+
+    def _cut(self, buf: bytes, start: int, end: int) -> None:
+        """buf[start:end] taken as the line at the cursor: it must be the manifest's length and
+        the file cut at its newlines (only the session's last line may lack one)."""
+        ref = self.refs[self.cursor]
+        self.cursor += 1
+        newline = buf.find(b"\n", start, end)
+        if end - start != ref.length or not (newline == end - 1 or (newline < 0 and self.done)):
+            raise ManifestLied(f"{self.where}: line {self.cursor} of its manifest is not the file cut at its "
+                               "newlines (or its length is not the line's)")
+        self._last_line_start = self.size
+        self._ends_with_newline = newline >= 0
+        self.size += end - start
+
     def _line(self, line: bytes) -> list[bytes]:
         """The checks of the line at the cursor, and what of it can be handed out now (its
         hash into the session's is `_hashed`'s, a run of lines at a time)."""
-        ref = self.refs[self.cursor]
-        number = self.cursor + 1
-        self.cursor += 1
-        end = line.find(b"\n")
-        if len(line) != ref.length or not (end == len(line) - 1 or (end < 0 and self.done)):
-            raise ManifestLied(f"{self.where}: line {number} of its manifest is not the file cut at its "
-                               "newlines (or its length is not the line's)")
-        self._last_line_start = self.size
-        self._ends_with_newline = end >= 0
-        self.size += len(line)
+        self._cut(line, 0, len(line))
         if self.refused is not None:
             return []
         try:

@@ -5,13 +5,13 @@ the store.
 The placed file has the lines raw, where the fork has them but for the length of the header
 (PlacedLines), so a run of held lines is one read there and no decompression, and not even the
 parent's manifest is read (a walk of its turns).  A run whose first and last lines hash right
-is taken as it is, its lines unchecked one by one: the file is the parent's by its stat, laid
-out as the fork says, and the getter hashes every byte into the session's hash, which must be
-`src` before anything is committed or placed; where it is not, the fetch takes its held lines
-again with each one checked (`read_held(check_each=True)`) before it blames a peer.  A run
-whose ends do not hash right (the fork is laid out otherwise, or the file changed behind its
-stat) has each line checked, and a line the file does not give, or gives wrong, comes from the
-store (Library.lines, each line checked against its hash there).
+is taken as it is, one block (`held_run`), its lines unchecked one by one: the file is the
+parent's by its stat, laid out as the fork says, and the getter hashes every byte into the
+session's hash, which must be `src` before anything is committed or placed; where it is not,
+the fetch takes its held lines again with each one checked (`read_held`) before it blames a
+peer.  A run whose ends do not hash right (the fork is laid out otherwise, or the file changed
+behind its stat) has each line checked, and a line the file does not give, or gives wrong,
+comes from the store (Library.lines, each line checked against its hash there).
 """
 from __future__ import annotations
 
@@ -61,47 +61,57 @@ def placed_lines(lib: FetchTarget, branch: str, agent_dir: Path, session_dir: Pa
     return PlacedLines(target, len(first) - header_length) if first.endswith(b"\n") else None
 
 
-def read_held(lib: FetchTarget, refs: Sequence[LineRef], offset: int, placed: PlacedLines | None,
-              check_each: bool = False) -> tuple[list[bytes], bool]:
-    """The lines `refs` (consecutive in the fetched version, from byte `offset`), in order: from
-    `placed` where it has them (one read for the run), the rest from the store; and whether
-    the placed file gave lines not checked one by one (only the run's ends were: the session's
-    hash checks them, unless `check_each`)."""
+def held_run(placed: PlacedLines | None, refs: Sequence[LineRef], offset: int) -> bytes | None:
+    """The lines `refs` (consecutive in the fetched version, from byte `offset`) as one block,
+    as the placed file has them, when its first and last lines hash right: the lines between
+    are not checked one by one (the session's hash checks them).  None: take them line by line
+    (`read_held`)."""
+    if placed is None:
+        return None
+    data = _read(placed, refs, offset + placed.shift)
+    if data is None:
+        return None
+    view = memoryview(data)
+    last = len(data) - refs[-1].length
+    if blob_hash(view[:refs[0].length]) == refs[0].hash and blob_hash(view[last:]) == refs[-1].hash:
+        return data
+    return None
+
+
+def read_held(lib: FetchTarget, refs: Sequence[LineRef], offset: int,
+              placed: PlacedLines | None) -> list[bytes]:
+    """The lines `refs` (consecutive in the fetched version, from byte `offset`), in order, each
+    checked against its hash: from `placed` where it has them right (one read for the run), the
+    rest from the store."""
     out: list[bytes | None] = [None] * len(refs)
-    unchecked = placed is not None and _from_file(placed, refs, offset + placed.shift, out, check_each)
+    data = None if placed is None else _read(placed, refs, offset + placed.shift)
+    if data is not None:
+        view, pos = memoryview(data), 0
+        for i, ref in enumerate(refs):
+            if blob_hash(view[pos:pos + ref.length]) == ref.hash:
+                out[i] = bytes(view[pos:pos + ref.length])
+            pos += ref.length
     missing = [i for i, line in enumerate(out) if line is None]
     if missing:
         for i, line in zip(missing, lib.lines([refs[i].hash for i in missing]), strict=True):
             out[i] = line
-    return [line for line in out if line is not None], unchecked
+    return [line for line in out if line is not None]
 
 
-def _from_file(placed: PlacedLines, refs: Sequence[LineRef], start: int, out: list[bytes | None],
-               check_each: bool) -> bool:
-    """out[i] = line i of `refs` where the placed file has it from byte `start` on: all of the
-    run, unchecked, when its first and last lines hash right (True), else each line that hashes
-    right."""
+def _read(placed: PlacedLines, refs: Sequence[LineRef], start: int) -> bytes | None:
+    """The bytes where the placed file would have the run `refs` from byte `start` on (one
+    read), or None when it cannot give them all."""
     if start < 0 or not refs:
-        return False
+        return None
+    size = sum(r.length for r in refs)
     try:
         fd = os.open(placed.path, os.O_RDONLY)
     except OSError:
-        return False
+        return None
     try:
-        data = memoryview(os.pread(fd, sum(r.length for r in refs), start))
+        data = os.pread(fd, size, start)
     except OSError:
-        return False  # all from the store
+        return None  # all from the store
     finally:
         os.close(fd)
-    lines, pos = [], 0
-    for ref in refs:
-        lines.append(bytes(data[pos:pos + ref.length]))
-        pos += ref.length
-    ends = {0, len(refs) - 1}
-    if not check_each and pos == len(data) and all(blob_hash(lines[i]) == refs[i].hash for i in ends):
-        out[:] = lines
-        return True
-    for i, (line, ref) in enumerate(zip(lines, refs, strict=True)):
-        if len(line) == ref.length and blob_hash(line) == ref.hash:
-            out[i] = line
-    return False
+    return data if len(data) == size else None

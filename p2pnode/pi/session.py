@@ -346,12 +346,16 @@ entry's `type` first and a message's `role` first in it (`{"type":"session_info"
 (an image, a tool's output) is not searched for them."""
 
 
-def titles_after(line: bytes, name: str | None, first_user: str | None) -> tuple[str | None, str | None]:
-    """(session name, first user message) once `line` is read too: the last session_info
-    names the session; the first user message is kept."""
-    if line.find(b'"session_info"', 0, TITLE_SCAN) >= 0 or (
-            first_user is None and line.find(b'"role":"user"', 0, TITLE_SCAN) >= 0):
-        found = line_title(line)
+def titles_after(line: bytes, name: str | None, first_user: str | None,
+                 start: int = 0, end: int | None = None) -> tuple[str | None, str | None]:
+    """(session name, first user message) once `line` (or line[start:end], a line in a run
+    of them) is read too: the last session_info names the session; the first user message
+    is kept."""
+    end = len(line) if end is None else end
+    scan = min(end, start + TITLE_SCAN)
+    if line.find(b'"session_info"', start, scan) >= 0 or (
+            first_user is None and line.find(b'"role":"user"', start, scan) >= 0):
+        found = line_title(line if (start, end) == (0, len(line)) else line[start:end])
         if found and found[0] == "name":
             return found[1], first_user
         if found and first_user is None:

@@ -75,10 +75,10 @@ async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
     calls = _counted(duo, monkeypatch)
     hashed: list[int] = []
     runs: list[int] = []
-    line_hash, from_file = heldlines.blob_hash, heldlines._from_file
+    line_hash, read = heldlines.blob_hash, heldlines._read
     monkeypatch.setattr(heldlines, "blob_hash", lambda line: hashed.append(len(line)) or line_hash(line))
-    monkeypatch.setattr(heldlines, "_from_file",
-                        lambda path, refs, *rest: runs.append(len(refs)) or from_file(path, refs, *rest))
+    monkeypatch.setattr(heldlines, "_read",
+                        lambda placed, refs, start: runs.append(len(refs)) or read(placed, refs, start))
     got = await duo.fetch(branch)
     assert got.written and Path(got.path or "").read_bytes() == fork.read_bytes()
     copied = int((len(split_lines(parent.read_bytes())) - 1) * 0.9)

@@ -142,3 +142,50 @@ def test_a_newer_versions_start_is_checked_as_it_is_hashed() -> None:
     mid = cut + len(lines[len(lines) // 2]) // 2  # inside a line: not checked here
     getter, parts = _assemble(data, seed=4, starts_with=(blake3.blake3(data[:mid]).hexdigest(), mid))
     assert b"".join(parts) == data and not getter.finish().start_checked
+
+
+def _runs_getter(lines: list[bytes]) -> tuple[SessionGetter, list[LineRef]]:
+    """A getter of `lines` none of which is to come from a peer (all held, read back in runs)."""
+    refs = [LineRef(blake3.blake3(line).digest(), len(line)) for line in lines]
+    return SessionGetter(blake3.blake3(b"".join(lines)).hexdigest(), refs, ()), refs
+
+
+def test_a_run_taken_whole_is_handed_out_as_one_block_with_the_titles_in_it() -> None:
+    """A fork's run read whole from its parent's placed file (heldlines.held_run): handed out
+    as the block itself, not cut into lines and joined again; each line is still checked, the
+    titles found in it are those titles_after finds line by line, and the session's last line
+    goes the per-line way (the state before it is what a later version continues from)."""
+    lines = split_lines(pi_session(2_000_000, seed=14, image_bytes=50_000))
+    name = {"type": "session_info", "id": "0000beef", "parentId": None, "name": "in the run"}
+    lines.insert(len(lines) // 2, json.dumps(name).encode() + b"\n")
+    getter, refs = _runs_getter(lines)
+    first = getter.from_store()
+    getter.read_back(first[:1], lines[:1])  # the header the way of any line
+    parts = list(getter.ready())
+    run = b"".join(lines[1:])
+    block = getter.take_run(run, len(lines) - 1)
+    assert len(block) == 1 and isinstance(block[0], memoryview) and block[0].obj is run
+    parts += [bytes(b) for b in block] + list(getter.ready())
+    done = getter.finish()
+    assert b"".join(parts) == b"".join(lines) and done.src == done.placed_hex
+    expected: tuple[str | None, str | None] = (None, None)
+    for line in lines:
+        expected = titles_after(line, *expected)
+    assert (done.name, done.first_user) == expected and expected[0] == "in the run"
+    assert done.complete[1].hexdigest() == blake3.blake3(b"".join(lines)).hexdigest()
+
+
+def test_a_run_not_cut_as_its_manifest_says_is_a_lie_and_a_run_before_the_header_goes_line_by_line() -> None:
+    """The lines' lengths in the manifest must cut the block at its newlines (ManifestLied);
+    a run that holds the header (the header scan) is handed out by `ready`, line by line."""
+    lines = split_lines(pi_session(500_000, seed=15, image_bytes=20_000))
+    getter, refs = _runs_getter(lines)
+    whole = getter.take_run(b"".join(lines[:10]), 10)
+    assert whole == [] and b"".join(getter.ready()) == b"".join(lines[:10])
+    wrong = [*refs[:10], LineRef(refs[10].hash, refs[10].length - 1),
+             LineRef(refs[11].hash, refs[11].length + 1), *refs[12:]]
+    lying = SessionGetter(getter.src, wrong, ())
+    lying.read_back([r.hash for r in wrong[:1]], lines[:1])
+    list(lying.ready())
+    with pytest.raises(VerificationFailed, match="line 11 of its manifest is not the file cut at its"):
+        lying.take_run(b"".join(lines[1:20]), 19)
