@@ -1118,6 +1118,13 @@ class Library:
                 refs = self._keep_manifest(src_hex, list(map(LineRef, hashes, lengths)))
             return refs
 
+    def line_hashes(self, src_hex: str) -> list[bytes]:
+        """The line hashes of a stored session version, in file order: `line_manifest`'s
+        without the lengths, which cost an index lookup a line where it is not cached."""
+        with self._lock:
+            refs = self._cached_manifest(src_hex)
+            return [r.hash for r in refs] if refs is not None else self.sessions.line_hashes(src_hex)
+
     def _cached_manifest(self, src_hex: str) -> list[LineRef] | None:
         """A manifest cached, or made (and cached) from its version's `previous`'s."""
         refs = self._manifests.get(src_hex)

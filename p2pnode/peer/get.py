@@ -469,7 +469,7 @@ class _Stream:
             cpu = time.process_time()
             at, parent = self.getter.cursor, self._parent_file(lib)
             refs = self.getter.refs[at:at + len(wanted)]
-            block = None if self.check_each else held_run(parent, refs, self.getter.size)
+            block = None if self.check_each else held_run(parent, refs, at, self.getter.size)
             if block is not None:
                 self.unchecked = True
                 self._write(self.getter.take_run(block, len(refs)), lib)
@@ -505,7 +505,7 @@ class _Stream:
             self._looked_up = True
             place = self.place
             self._parent = None if place is None or place.parent is None else placed_lines(
-                lib, place.parent, place.agent_dir, place.session_dir, self.getter.refs[0].length)
+                lib, place.parent, place.agent_dir, place.session_dir, self.getter.refs)
         return self._parent
 
     def _write(self, parts: Iterable[bytes | memoryview], lib: FetchTarget, force: bool = False) -> None:

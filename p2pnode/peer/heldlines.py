@@ -3,18 +3,20 @@ the file this node placed for the parent, when it is still exactly what was plac
 the store.
 
 The placed file has the lines raw, where the fork has them but for the length of the header
-(PlacedLines), so a run of held lines is one read there and no decompression, and not even the
-parent's manifest is read (a walk of its turns).  A run whose first and last lines hash right
-is taken as it is, one block (`held_run`), its lines unchecked one by one: the file is the
-parent's by its stat, laid out as the fork says, and the getter hashes every byte into the
-session's hash, which must be `src` before anything is committed or placed; where it is not,
-the fetch takes its held lines again with each one checked (`read_held`) before it blames a
-peer.  A run whose ends do not hash right (the fork is laid out otherwise, or the file changed
-behind its stat) has each line checked, and a line the file does not give, or gives wrong,
-comes from the store (Library.lines, each line checked against its hash there).
+(PlacedLines), so a run of held lines is one read there and no decompression.  Within the
+lines the fork shares with its parent from its first on (the manifest's hashes are the
+parent's there, line for line, as the store holds them: what the fork's version will reference
+is checked), a run is taken as it is, one block (`held_run`), its lines not hashed one by one,
+when its first and last lines hash right: the file is the parent's by its stat, and the getter
+hashes every byte into the session's hash, which must be `src` before anything is committed or
+placed; where it is not (the file changed behind its stat), the fetch takes its held lines
+again with each one checked (`read_held`) before it blames a peer.  Other runs have each line
+checked, and a line the file does not give, or gives wrong, comes from the store
+(Library.lines, each line checked against its hash there).
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,20 +33,25 @@ from store.codec import blob_hash
 
 @dataclass(frozen=True)
 class PlacedLines:
-    """A held version's placed file, unchanged by its stat, and where the fetched version's
-    lines would sit in it: at their own offset + `shift`.  A fork's lines after its header are
-    its parent's, in order (`pi --fork` copies them), so that is where they are; each line read
-    there is hashed, so a wrong guess costs a store read, never a wrong byte."""
+    """A held version's placed file, unchanged by its stat and its bytes as they were stored
+    (Pi's header first), and where the fetched version's lines would sit in it: at their own
+    offset + `shift`.  A fork's lines after its header are its parent's, in order (`pi --fork`
+    copies them), so that is where they are; a wrong guess costs a store read, never a wrong
+    byte."""
 
     path: Path
     shift: int
+    common: int
+    """The fetched version's lines 1..common (after the header) are the held version's lines
+    1..common by their hashes (the manifest's, the store's): there, the guess is right."""
 
 
 def placed_lines(lib: FetchTarget, branch: str, agent_dir: Path, session_dir: Path | None,
-                 header_length: int) -> PlacedLines | None:
-    """The placed file of held branch `branch`, for a version whose first line (its header) is
-    `header_length` bytes; None when this node holds no such branch, or its file is gone or no
-    longer what this node placed there.  Nothing of the file is read but its first line."""
+                 refs: Sequence[LineRef]) -> PlacedLines | None:
+    """The placed file of held branch `branch`, for a version whose manifest is `refs`; None
+    when this node holds no such branch, or its file is gone, no longer what this node placed
+    there or not its version's bytes (the header was moved first).  Nothing of the file is
+    read but its first line."""
     try:
         src = lib.branch(branch).src
     except NotFound:
@@ -58,15 +65,24 @@ def placed_lines(lib: FetchTarget, branch: str, agent_dir: Path, session_dir: Pa
             first = f.readline(HEADER_SCAN_BYTES)
     except OSError:
         return None
-    return PlacedLines(target, len(first) - header_length) if first.endswith(b"\n") else None
+    hashes = lib.line_hashes(src)
+    if not first.endswith(b"\n") or blob_hash(first) != hashes[0]:
+        return None
+    common = 0
+    for held, ref in zip(itertools.islice(hashes, 1, None), itertools.islice(refs, 1, None), strict=False):
+        if held != ref.hash:
+            break
+        common += 1
+    return PlacedLines(target, len(first) - refs[0].length, common)
 
 
-def held_run(placed: PlacedLines | None, refs: Sequence[LineRef], offset: int) -> bytes | None:
-    """The lines `refs` (consecutive in the fetched version, from byte `offset`) as one block,
-    as the placed file has them, when its first and last lines hash right: the lines between
-    are not checked one by one (the session's hash checks them).  None: take them line by line
-    (`read_held`)."""
-    if placed is None:
+def held_run(placed: PlacedLines | None, refs: Sequence[LineRef], first: int, offset: int) -> bytes | None:
+    """The lines `refs` (consecutive in the fetched version, from line `first` at byte
+    `offset`) as one block, as the placed file has them, where they are the held version's
+    lines there (within `placed.common`) and the run's first and last lines hash right (the
+    file is what its stat says): the lines between are not hashed one by one (the session's
+    hash covers their bytes).  None: take them line by line (`read_held`)."""
+    if placed is None or not 1 <= first <= first + len(refs) - 1 <= placed.common:
         return None
     data = _read(placed, refs, offset + placed.shift)
     if data is None:

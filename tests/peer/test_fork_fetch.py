@@ -190,6 +190,37 @@ async def test_a_line_changed_inside_a_run_of_the_parents_file_is_caught_by_the_
     assert got.lines_fetched == len(new)
 
 
+async def test_a_manifest_naming_another_held_line_inside_a_run_is_not_committed(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest that names, for a line the fork shares with its parent, another line this
+    node holds of the same length: the bytes placed would be right (they come from the
+    parent's file, and hash to src), the version committed would not (its turn would reference
+    the other line).  The run is not taken whole where the manifest is not the parent's line
+    for line; the line it names is read from the store, the session does not hash to src, the
+    peer is dropped and nothing is committed or placed."""
+    lines = split_lines(pi_session(2_000_000, seed=26, image_bytes=60_000))
+    twins = [json.dumps({"type": "custom", "id": f"{n:08x}", "data": c * 500}).encode() + b"\n"
+             for n, c in ((1, "a"), (2, "b"))]
+    at = len(lines) // 3
+    lines[at:at] = [twins[0], *lines[at:at + 10], twins[1]]
+    parent = duo.write(b"".join(lines))
+    assert (await duo.fetch(duo.sharer.share(str(parent)).branch)).written
+    fork = _fork(duo, parent)
+    branch = duo.sharer.share(str(fork)).branch
+    src = duo.sharer.branch(branch).src
+    truth = duo.sharer.line_manifest
+    a, b = (blake3.blake3(t).digest() for t in twins)
+
+    def lying(of: str) -> list[LineRef]:
+        refs = truth(of)
+        return [LineRef(b, r.length) if of == src and r.hash == a else r for r in refs]
+
+    monkeypatch.setattr(duo.sharer, "line_manifest", lying)
+    with pytest.raises((PeerUnavailable, VerificationFailed)):
+        await duo.fetch(branch)
+    assert not duo.fetcher.has_branch(branch) and not (duo.agent / PROJECT / fork.name).exists()
+
+
 @pytest.mark.parametrize("folded", [True, False])
 async def test_a_damaged_held_line_refuses_the_fork_or_is_fetched_again(
         duo: Duo, tmp_path: Path, folded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
