@@ -34,7 +34,7 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,8 +258,11 @@ class SessionFile:
         self._where = where
         self.written = 0
         self._unflushed = 0
+        self._writer: ThreadPoolExecutor | None = None
+        self._writing: Future[None] | None = None
+        """The write in flight on the writer thread, if any (`write`)."""
         self._flushing: Future[None] | None = None
-        """The write-behind fdatasync in flight, if any (`write`)."""
+        """The write-behind fdatasync in flight, if any (`_write`)."""
 
     @classmethod
     def create(cls, agent_dir: Path, header: SessionHeader, src_hex: str,
@@ -280,23 +283,39 @@ class SessionFile:
         return cls(target, tmp, fd, made_dir, where)
 
     def write(self, data: bytes | memoryview) -> None:
-        """Append bytes; every FLUSH_EVERY bytes they are flushed on the way, so that
-        publishing, after the last byte, syncs only the tail.  The flush runs behind the
-        writes, on a thread of its own (one at a time): the writer is a fetch's step, which
-        the next verified lines wait for, and waiting on the disk there slowed the transfer
-        by what it saved the publishing.  What such a flush raised is raised by the next
-        write that would start one, or by publishing."""
+        """Append bytes (not changed until written: bytes, or a view of them).  They are
+        written behind, on the file's writer thread, one write in flight: the caller is a
+        fetch's step, which hashes the next lines meanwhile.  What a write raised is raised
+        by the next one, or by publishing."""
         assert self._fd is not None
-        view = memoryview(data)
+        self._written()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="p2pnode-write")
+        self._writing = self._writer.submit(self._write, memoryview(data))
+        self.written += len(data)
+
+    def _write(self, view: memoryview) -> None:
+        """On the writer thread.  Every FLUSH_EVERY bytes they are flushed on the way, so that
+        publishing, after the last byte, syncs only the tail.  The flush runs behind the
+        writes, on a thread of its own (one at a time): waiting on the disk here held up the
+        next write, and the fetch's step that waits for it.  What such a flush raised is
+        raised by the next write that would start one, or by publishing."""
+        assert self._fd is not None
         with self._room():
+            size = len(view)
             while view:
                 view = view[os.write(self._fd, view):]
-            self._unflushed += len(data)
+            self._unflushed += size
             if self._unflushed >= FLUSH_EVERY and (self._flushing is None or self._flushing.done()):
                 self._flushed()
                 self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
                 self._unflushed = 0
-        self.written += len(data)
+
+    def _written(self) -> None:
+        """Wait for the write in flight, if any; raise what it raised."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def _flushed(self) -> None:
         """Wait for the write-behind flush in flight, if any; raise what it raised."""
@@ -312,8 +331,14 @@ class SessionFile:
 
     def _close(self) -> None:
         if self._fd is not None:
-            with contextlib.suppress(OSError):  # raised by publishing already, or the file is discarded
-                self._flushed()  # not closed under its flush: the fd's number could be another file's by then
+            # not closed under its write or flush (the fd's number could be another file's by
+            # then); what they raised was raised by publishing already, or the file is discarded
+            with contextlib.suppress(OSError, PiFolderFull):
+                self._written()
+            with contextlib.suppress(OSError):
+                self._flushed()
+            if self._writer is not None:
+                self._writer.shutdown()
             fd, self._fd = self._fd, None
             os.close(fd)
 
@@ -323,6 +348,7 @@ class SessionFile:
         assert self._fd is not None and self.written == content.size
         try:
             os.fchmod(self._fd, SESSION_FILE_MODE)
+            self._written()
             with self._room():
                 self._flushed()
                 flush_data(self._fd)
@@ -356,6 +382,7 @@ class SessionFile:
         `start` are never read."""
         assert self._fd is not None and self.written == content.size - start
         try:
+            self._written()
             with self._room():
                 self._flushed()
                 flush_data(self._fd)

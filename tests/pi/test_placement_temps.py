@@ -265,3 +265,44 @@ def test_a_failed_flush_behind_the_writes_fails_the_placing(tmp_path: Path,
     assert info.value.errno == errno.EIO
     assert not placement.target_path(tmp_path / "agent", header).exists()
     assert not f.tmp.exists()
+
+
+def test_a_fetched_file_is_written_behind_and_a_failed_write_fails_the_placing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write returns while its bytes go to the temp file on the file's writer thread (the
+    fetch's step hashes the next lines meanwhile), one write in flight: the next waits for it.
+    The bytes are placed in order; a write's I/O error (EIO, injected) is raised by the next
+    write, or by publishing, and nothing is placed."""
+    header, data, more = _session(8)
+    release, writing = threading.Event(), []
+    real_write = os.write
+
+    def slow(fd: int, chunk: memoryview) -> int:
+        writing.append(bytes(chunk))
+        assert release.wait(10)
+        return real_write(fd, chunk)
+
+    monkeypatch.setattr(placement.os, "write", slow)
+    f = SessionFile.create(tmp_path / "agent", header, hash_bytes(data + more), staging=tmp_path / "fetching")
+    f.write(data)  # returns with its write hanging
+    assert f.written == len(data)
+    threading.Timer(0.2, release.set).start()
+    f.write(more)  # waits for the first
+    assert writing[0] == data
+    placed = f.publish(_content(data + more), None)
+    assert placed.written and placed.path.read_bytes() == data + more
+
+    def failing(fd: int, chunk: memoryview) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(placement.os, "write", failing)
+    header, data, more = _session(9)
+    for last in ("write", "publish"):
+        f = SessionFile.create(tmp_path / "agent", header, hash_bytes(data + more),
+                               staging=tmp_path / "fetching")
+        f.write(data)
+        with pytest.raises(OSError) as info:
+            f.write(more) if last == "write" else f.publish(_content(data), None)
+        assert info.value.errno == errno.EIO
+        f.discard()
+        assert not placement.target_path(tmp_path / "agent", header).exists() and not f.tmp.exists()
