@@ -32,6 +32,7 @@ from p2pnode.library.lineindex import LineIndex
 from p2pnode.library.manifest import Manifest, ManifestCorrupt, PlacedFiles
 from p2pnode.library.sessions import (
     BranchRecord,
+    ImportedLines,
     SessionStore,
     StateCorrupt,
     StateUnreadable,
@@ -76,6 +77,9 @@ SESSION_RUN = 2 << 20
 runs big enough to be read and hashed as fast as the whole session (docs/BENCHMARKS.md),
 small beside any session."""
 TURNS_READ = 256
+IMPORTED_LINES_KEPT = 4
+"""Imports whose lines (32 bytes and a length a line) are kept for their manifests
+(`Library._imported`)."""
 """Lines read from the store per call (and per hold of the library's lock) by `session_runs`."""
 
 
@@ -395,6 +399,10 @@ class Library:
         self.leases = TransferLeases()
         self._reclaimable: tuple[tuple[int, int, int], int] | None = None
         self._manifests: dict[str, list[LineRef]] = {}
+        self._imported: dict[str, ImportedLines] = {}
+        """The lines of the versions this process imported last, as the import met them: their
+        manifests are made from these when first asked for (upkeep.warm_manifests, right
+        after a share)."""
         self._versions: tuple[tuple[int, int], VersionIndex, dict[str, int]] | None = None
         self._fed: dict[str, tuple[_ScanningSink, Version | None, Path]] = {}
         """What the secret scan saw of each version the import just read (and the version it
@@ -845,6 +853,11 @@ class Library:
             return self.hasher.scan(path, prefixes=prefixes, sink=fed)
 
         result = self.sessions.import_file(path, scan, header, older, like, guard=self._lock)
+        if result.lines is not None:
+            with self._lock:
+                while len(self._imported) >= IMPORTED_LINES_KEPT:
+                    self._imported.pop(next(iter(self._imported)))
+                self._imported[result.version.src] = result.lines
         self.hasher.save()
         fed.finish()
         if result.scan.rewritten:
@@ -1126,8 +1139,11 @@ class Library:
             return [r.hash for r in refs] if refs is not None else self.sessions.line_hashes(src_hex)
 
     def _cached_manifest(self, src_hex: str) -> list[LineRef] | None:
-        """A manifest cached, or made (and cached) from its version's `previous`'s."""
+        """A manifest cached, or made (and cached) from its import's lines or its version's
+        `previous`'s."""
         refs = self._manifests.get(src_hex)
+        if refs is None and (imported := self._imported.pop(src_hex, None)) is not None:
+            refs = self._keep_manifest(src_hex, imported.refs())
         if refs is None and (refs := self._grown_manifest(src_hex)) is not None:
             self._keep_manifest(src_hex, refs)
         return refs
@@ -1140,13 +1156,16 @@ class Library:
 
     def _line_hashes_after(self, src_hex: str, skip: int) -> Iterable[bytes]:
         """A version's line hashes after its first `skip`, for the line index (`_visible`): from
-        its cached manifest, or one made from its `previous`'s (cached: the provider asks for it
-        next), else from its turns (not cached: many offered versions must not flush the
-        manifests being served), walked back from its head when `skip` is not 0 (O(the rest)).
+        the lines its import met, its cached manifest, or one made from its `previous`'s
+        (cached: the provider asks for it next), else from its turns (not cached: many offered
+        versions must not flush the manifests being served), walked back from its head when
+        `skip` is not 0 (O(the rest)).
         None of a version whose turns cannot be read (a damaged record `fsck --repair` drops):
         its lines are not served, and the rest of the catalog is."""
         with self._lock:
             try:
+                if (imported := self._imported.get(src_hex)) is not None:
+                    return imported.hashes_after(skip)
                 refs = self._cached_manifest(src_hex)
                 if refs is not None:
                     return (r.hash for r in itertools.islice(refs, skip, None))

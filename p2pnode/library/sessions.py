@@ -24,8 +24,9 @@ import json
 import time
 import types
 import typing
+from array import array
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -167,6 +168,25 @@ class ImportResult:
     """The held version the file was found to have grown from (its bytes were not read again)."""
     held: bool = False
     """The same bytes were held already (nothing recorded)."""
+    lines: ImportedLines | None = None
+    """The version's lines as the import met them: all of them, unless it grew from `grown`."""
+
+
+@dataclass(frozen=True)
+class ImportedLines:
+    """An imported version's line hashes (BLAKE3, 32 bytes each, back to back, in file order)
+    and lengths: its line manifest without a walk of its turns and a blob index lookup per
+    line (a fork of 29,000 lines: 0.18 s in the node right after its share, as the fetch that
+    follows asked for that manifest)."""
+
+    hashes: bytes
+    lengths: array[int]
+
+    def refs(self) -> list[LineRef]:
+        return [LineRef(self.hashes[i * 32:i * 32 + 32], n) for i, n in enumerate(self.lengths)]
+
+    def hashes_after(self, skip: int) -> Iterator[bytes]:
+        return (self.hashes[i:i + 32] for i in range(32 * skip, len(self.hashes), 32))
 
 
 @dataclass
@@ -273,6 +293,10 @@ class _Importer:
         """The header as pi 1.5.2 finds it: the first JSON line within the first 1 MiB."""
         self._offset = 0
         self.lines_seen = 0
+        self._hashes = bytearray()
+        """The body lines' hashes as their turns are appended (or reused), then the first
+        line's (its turn is the top one): `lines()`."""
+        self._lengths = array("Q")
         self.name: str | None = None
         self.first_user: str | None = None
         self.warnings: list[str] = []
@@ -319,6 +343,7 @@ class _Importer:
         """`titles`: the line may change the session's name or first user message (false only
         when its chunk holds no session_info and the first user message is known)."""
         self.lines_seen += 1
+        self._lengths.append(len(line))
         if len(line) > (limit := self.store.config.max_payload):  # one line is one turn payload
             raise InvalidInput(f"{self.where}: line {self.lines_seen} is {len(line)} bytes, over the store's "
                                f"limit of {limit} bytes per line")
@@ -337,6 +362,7 @@ class _Importer:
             known = self.like[self._matched] if self._matched < len(self.like) else None
             if known is not None and known.payload_hash == _line_hash(line):
                 self.head = known.turn_id
+                self._hashes += known.payload_hash
                 self._matched += 1
                 return
             self._matching = False
@@ -378,6 +404,15 @@ class _Importer:
     def _store(self, inputs: list[TurnInput | TurnBlobRef], prepared: list[Prepared] | None = None) -> None:
         turns = self.store.append_turns(self._context(), inputs, expected_parent=self.head, prepared=prepared)
         self.head = turns[-1].turn_id
+        for turn in turns:
+            self._hashes += turn.payload_hash
+
+    def lines(self) -> ImportedLines | None:
+        """After finish(): the version's lines as met here (None when it grew from a held
+        version: only the new ones were)."""
+        if self.grown is not None or len(self._hashes) != 32 * len(self._lengths):
+            return None
+        return ImportedLines(bytes(self._hashes[-32:] + self._hashes[:-32]), self._lengths)
 
     def _from_stored(self, batch: list[TurnInput]) -> list[TurnInput | TurnBlobRef]:
         """The batch with each line that has a stored blob turned into a reference to that
@@ -695,7 +730,7 @@ class SessionStore:
                 importer.discard()
                 raise
             version = self._add_version(prefix, header, importer)
-        return ImportResult(version, importer.warnings, result, importer.grown)
+        return ImportResult(version, importer.warnings, result, importer.grown, lines=importer.lines())
 
     def import_lines(self, lines: Sequence[bytes], src: str, where: str, like_src: str | None,
                      stored: Mapping[bytes, StoredBlob] | None = None) -> Version:

@@ -160,6 +160,25 @@ def test_fork_and_parent_share_line_blobs(lib: Library, agent: Path) -> None:
     assert sum(h in parent_lines for h in fork_lines) == len(fork_lines) - 2
 
 
+def test_a_shared_versions_manifest_is_the_one_its_import_met(lib: Library, agent: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest a node serves right after a share (a fetch asks for it next) is made from
+    the lines the import met, in small batches and with a fork's lines taken from its parent's
+    turns: the file's lines, in order, with no walk of the version's turns and no blob index
+    lookup per line."""
+    monkeypatch.setattr("p2pnode.library.sessions.BATCH_LINES", 7)
+    a3 = find(agent, A3)
+    new_line = b'{"type":"message","id":"feedbeef","parentId":null,"message":{"role":"user","content":"x"}}\n'
+    fork = make_child(a3, agent / "sessions" / "--x--" / "fork-00000000a3.jsonl", str(a3), "/w", new_line)
+    shared = lib.share(str(fork))
+    with monkeypatch.context() as m:
+        m.setattr(lib.store, "chain", lambda turn_id: pytest.fail(f"store.chain({turn_id})"))
+        m.setattr(lib.store, "raw_lengths", lambda hashes: pytest.fail("raw_lengths"))
+        for src, path in ((shared.src, fork), (lib.branch(shared.parent or "").src, a3)):
+            assert [(r.hash, r.length) for r in lib.line_manifest(src)] == [
+                (blake3.blake3(x).digest(), len(x)) for x in path.read_bytes().splitlines(keepends=True)]
+
+
 def test_a_grown_versions_manifests_come_from_its_new_turns(lib: Library, agent: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """What a serving node answers for `?after=` of a grown version: its manifest extends the
