@@ -1426,7 +1426,9 @@ class Library:
                 like = [v.src for v in sorted(self.sessions.versions_of(header.id), key=lambda v: -v.size)]
                 if parsed.parent and self.has_branch(parsed.parent):
                     like.append(self.sessions.branch(parsed.parent).src)
-            self.sessions.import_refs(refs, prefix, header, titles, like, self._lock)
+            version = self.sessions.import_refs(refs, prefix, header, titles, like, self._lock)
+            with self._lock:  # what a fork of it fetched next, and a peer fetching it from here, ask for
+                self._keep_manifest(version.src, list(refs))
 
         return self._add_fetched(sidecar, prefix, store)
 

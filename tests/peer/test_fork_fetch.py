@@ -87,6 +87,21 @@ async def test_a_fork_with_its_parent_placed_reads_the_held_lines_from_its_file(
     assert sum(runs) >= copied and len(hashed) <= 2 * len(runs) < copied // 2
 
 
+async def test_a_fetched_versions_manifest_is_kept_for_its_forks_and_its_peers(
+        duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest a fetch verified is the one a fork fetched next compares with its own, and
+    the one a peer fetching the version from here asks for: kept at the commit, not made again
+    from the version's turns and the blob index."""
+    parent = duo.write(pi_session(2_000_000, seed=27, image_bytes=60_000))
+    src = (await duo.fetch(duo.sharer.share(str(parent)).branch)).src
+    branch = duo.sharer.share(str(_fork(duo, parent))).branch
+    monkeypatch.setattr(duo.fetcher.sessions, "line_hashes", lambda of: pytest.fail(f"line_hashes({of})"))
+    monkeypatch.setattr(duo.fetcher.store, "raw_lengths", lambda hashes: pytest.fail("raw_lengths"))
+    lengths = [len(x) for x in split_lines(parent.read_bytes())]
+    assert [r.length for r in duo.fetcher.line_manifest(src)] == lengths
+    assert (await duo.fetch(branch)).written
+
+
 async def test_a_fork_with_its_parent_held_reads_the_held_lines_in_runs(
         duo: Duo, monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's file gone: the held lines come from the store in runs."""
