@@ -77,10 +77,10 @@ SESSION_RUN = 2 << 20
 runs big enough to be read and hashed as fast as the whole session (docs/BENCHMARKS.md),
 small beside any session."""
 TURNS_READ = 256
+"""Lines read from the store per call (and per hold of the library's lock) by `session_runs`."""
 IMPORTED_LINES_KEPT = 4
 """Imports whose lines (32 bytes and a length a line) are kept for their manifests
 (`Library._imported`)."""
-"""Lines read from the store per call (and per hold of the library's lock) by `session_runs`."""
 
 
 @dataclass(frozen=True)
