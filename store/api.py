@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -89,6 +89,7 @@ from store.types import (
     TurnBlobRef,
     TurnInput,
 )
+from sysio.background import in_background
 from sysio.files import fsync_dir, private_dir
 from sysio.flush import disk_full
 from sysio.locks import lock_with_timeout
@@ -104,6 +105,10 @@ WALK_RUN = 512
 BATCH_COPY_MAX = 128 << 10
 """A batch's new blob records up to this many bytes are copied into the head WAL (its one
 fdatasync makes them durable); more go durable by a pack fdatasync before the WAL's."""
+FLUSH_BEHIND = 32 << 20
+"""Bytes that staged blobs (`put_stored_blobs(verified=True)`, which waits for no sync) may
+leave unsynced in the pack before a sync of them starts on a thread of its own: the append
+that first references them (a fetch's commit, after its last byte) then syncs only the rest."""
 
 
 def _sizes(items: Sequence[Any]) -> list[int]:
@@ -188,6 +193,8 @@ class Store:
         self._pack_synced = self._pack.end
         self._pack_wanted = False
         """Set by a writer whose blob is only in the pack: the next group syncs the pack too."""
+        self._flushing: Future[None] | None = None
+        """The sync of staged blobs running behind their writes (FLUSH_BEHIND), if any."""
         self._wal_synced = (0, 0)
         self._prepare_lock = threading.Lock()
         self._next_fd: int | None = None
@@ -241,9 +248,7 @@ class Store:
         with self._sync_lock:
             if self._pack_wanted:
                 self._pack_wanted = False
-                end = self._pack.end
-                self._pack.sync()
-                self._pack_synced = max(self._pack_synced, end)
+                self._sync_pack()
             mark = (self._wal.gen, self._wal.pos)
             if mark != self._wal_synced:
                 self._wal.sync()
@@ -251,6 +256,33 @@ class Store:
                     fsync_dir(self.root)
                     self._wal.name_durable = True
                 self._wal_synced = mark
+
+    def _sync_pack(self) -> None:
+        """Caller holds _sync_lock: what the pack holds now made durable."""
+        end = self._pack.end
+        self._pack.sync()
+        self._pack_synced = max(self._pack_synced, end)
+
+    def _flush_behind(self) -> None:
+        """Sync the staged blobs on a thread of their own once FLUSH_BEHIND bytes of them wait
+        (one such sync at a time).  Its failure fails the store closed, as the group commit's
+        does: the pages it could not write may be dropped (module docstring of commit.py)."""
+        if self._pack.end - self._pack_synced < FLUSH_BEHIND or not self.config.durable:
+            return
+        if self._flushing is not None and not self._flushing.done():
+            return
+
+        def flush() -> None:
+            with self._sync_lock:
+                if self._failed is not None or self._closed:
+                    return
+                try:
+                    self._sync_pack()
+                except OSError as exc:
+                    log.error("%s: the staged blobs' sync failed: %s", self.root, exc)
+                    self._fail(exc)
+
+        self._flushing = in_background(flush, name="store-flush")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -557,6 +589,8 @@ class Store:
                 self._pack_wanted = True
                 if not verified:
                     self._commit.wait(self._commit.note_write())
+        if verified:
+            self._flush_behind()
         return [blob.hash for blob in blobs]
 
     def _verify_stored(self, blob: StoredBlob) -> packer.Prepared:
@@ -1032,7 +1066,10 @@ class Store:
         self._thread.join()
         error: StoreFailed | None = None
         with self._gate.exclusive(), self._write_lock:
-            self._closed = True
+            self._closed = True  # a flush behind not yet begun does nothing now; one begun is waited for
+            if self._flushing is not None:
+                with contextlib.suppress(BaseException):  # what it met failed the store already
+                    self._flushing.result()
             untouched = self._written() == self._opened
             try:
                 if self._failed is None:

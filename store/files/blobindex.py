@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from store.layout import (
+    HASH_LEN,
     IDX_ENTRY,
     IDX_FANOUT,
     IDX_HEADER,
@@ -29,6 +30,10 @@ from store.layout import (
 INDEX = "blobs.idx"
 FOUND_MAX = 1 << 14
 """BlobIndex.found's bound: a batch's worth of lines (the library appends 4096 at a time)."""
+MERGE_WHOLE = 8
+"""`merged` sorts all the entries anew once the new ones are at least one per this many indexed:
+below it, a bisection per new entry (~2 µs) costs less than a pass over every entry (~0.25 µs
+each)."""
 PREFIXES_AFTER = 1 / 64
 """An index bisects its key prefixes (BlobIndex._prefixes) once it was searched this many
 times per entry: building them costs ~30 ns an entry, a search without them ~5 µs, with them
@@ -146,17 +151,25 @@ class BlobIndex:
 
     def merged(self, new: dict[bytes, BlobLocation]) -> list[bytes]:
         """This index's entries with `new`'s put in their places (a new location replaces the
-        one indexed for the same hash), as sorted runs for encode_index: each new entry is
-        found by bisection and the runs between them are sliced from the mapping, not
-        decoded: a copy of the index, not a Python object per entry."""
+        one indexed for the same hash), as sorted runs for encode_index.  A few new entries
+        are each found by bisection and the runs between them sliced from the mapping, not
+        decoded: a copy of the index, not a Python object per entry.  Many of them (more
+        than one per MERGE_WHOLE entries indexed: a fetch's lines folded into a young store)
+        are merged with all the entries in one sort, which takes the two sorted runs in one
+        pass: a bisection per new entry cost more (26k of them: 40 ms against 8)."""
         added = sorted(index_entry(h, loc) for h, loc in new.items())
-        if self.mm is None:
+        if self.mm is None or not self.count:
             return added
         esize = IDX_ENTRY.size
         runs: list[bytes] = []
         done = 0
         with memoryview(self.mm) as view:  # released at once: the mapping is closed when replaced
             body = view[IDX_PREFIX_LEN:]
+            if len(added) * MERGE_WHOLE >= self.count:
+                kept = body.tobytes()
+                body.release()
+                old = (kept[at:at + esize] for at in range(0, len(kept), esize))
+                return sorted([e for e in old if e[:HASH_LEN] not in new] + added)
             for entry in added:
                 at, found = self._position(entry[:32])
                 runs += (body[done * esize : at * esize].tobytes(), entry)

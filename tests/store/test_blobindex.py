@@ -1,5 +1,5 @@
-"""blobs.idx: folding new blobs into a mapped index splices them in without decoding it, and
-only once there are enough of them."""
+"""blobs.idx: folding new blobs into a mapped index splices a few of them in without decoding
+it, sorts many of them in with all its entries, and folds only once there are enough of them."""
 from __future__ import annotations
 
 import mmap
@@ -55,7 +55,10 @@ def test_merged_index_equals_a_full_rebuild(tmp_path: Path) -> None:
 
 
 def test_many_new_entries_merge_as_a_few_splice(tmp_path: Path) -> None:
-    """Into an empty, a small and a big index: the same bytes as a rebuild, whichever way."""
+    """Into an empty, a small and a big index: the same bytes as a rebuild, whichever way (one
+    sort of every entry where the new ones are many, MERGE_WHOLE; a bisection per new entry
+    where they are few), a new location replacing the indexed one."""
+    assert 400 * blobindex.MERGE_WHOLE >= 40 and 20 * blobindex.MERGE_WHOLE < 3000  # both ways below
     rng = random.Random(3)
     for old_count, new_count in ((0, 50), (40, 400), (3000, 3000), (3000, 20)):
         old = {rng.randbytes(32): _loc(i) for i in range(old_count)}

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from store import Store, StoredBlob, TurnInput
+from store import Store, StoredBlob, TurnBlobRef, TurnInput
+from store import api as store_api
 from store.codec import blob_hash
 from store.durability import checkpoint
 from store.errors import StoreFailed, StoreFull
@@ -419,3 +420,74 @@ def test_a_full_disk_after_a_failed_write_leaves_reads_working(tmp_path: Path,
     with Store.open(path) as s:
         assert not s.recovery_notes
         _append(s, acked)
+
+
+def _pack_syncs(monkeypatch: pytest.MonkeyPatch, fail_behind: bool) -> list[str]:
+    """os.fdatasync counted by thread name; `fail_behind`: EIO for the flush behind staging."""
+    real, calls = os.fdatasync, []
+
+    def sync(fd: int) -> None:
+        calls.append(threading.current_thread().name)
+        if fail_behind and calls[-1] == "store-flush":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
+    return calls
+
+
+def _wait_for(done: Callable[[], bool]) -> None:
+    for _ in range(500):  # 5 s at most
+        if done():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("not done in 5 s")
+
+
+def test_staged_blobs_are_synced_behind_their_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch's staged lines (put_stored_blobs(verified=True): no sync waited for) are synced
+    on a thread of their own once FLUSH_BEHIND bytes of them wait, so that the append that
+    first references them (the fetch's commit, after its last byte) syncs only the rest."""
+    monkeypatch.setattr(store_api, "FLUSH_BEHIND", 64 << 10)
+    s, acked = _setup(tmp_path / "s")
+    syncs = _pack_syncs(monkeypatch, fail_behind=False)
+    rng = random.Random(8)
+    staged = [_stored(_payload(rng, 20_000)) for _ in range(6)]
+    s.put_stored_blobs(staged[:2], verified=True)  # 40 KB: not yet
+    threading.Event().wait(0.05)
+    assert syncs == []
+    s.put_stored_blobs(staged[2:], verified=True)
+    _wait_for(lambda: "store-flush" in syncs)
+    ctx = next(iter(acked.heads))
+    turns = s.append_turns(ctx, [TurnBlobRef(b.hash) for b in staged])
+    acked.turns.update({t.turn_id: b.stored for t, b in zip(turns, staged, strict=True)})
+    acked.heads[ctx] = turns[-1].turn_id
+    s.close()
+    _check_reopened(tmp_path / "s", acked)
+
+
+def test_a_failed_sync_behind_staging_fails_the_store_closed(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsyncgate, for the sync behind staged blobs: once it failed (EIO), the append that
+    would reference them raises StoreFailed (the kernel may have dropped those pages), no head
+    moves, the store refuses writes until reopened, and a reopened store holds every
+    acknowledged turn and nothing else."""
+    monkeypatch.setattr(store_api, "FLUSH_BEHIND", 64 << 10)
+    s, acked = _setup(tmp_path / "s")
+    syncs = _pack_syncs(monkeypatch, fail_behind=True)
+    rng = random.Random(9)
+    staged = [_stored(_payload(rng, 20_000)) for _ in range(6)]
+    s.put_stored_blobs(staged, verified=True)
+    _wait_for(lambda: s.failure is not None)
+    assert syncs == ["store-flush"]
+    ctx = next(iter(acked.heads))
+    heads = {h.context_id: h.head_turn_id for h in s.list_contexts()}
+    with pytest.raises(StoreFailed) as info:
+        s.append_turns(ctx, [TurnBlobRef(b.hash) for b in staged])
+    assert info.value.errno == errno.EIO
+    assert {h.context_id: h.head_turn_id for h in s.list_contexts()} == heads
+    with pytest.raises(StoreFailed):
+        s.put_blob(b"refused")
+    s.close()
+    monkeypatch.undo()
+    _check_reopened(tmp_path / "s", acked)
