@@ -433,15 +433,18 @@ class Store:
         cache = self._turn_cache if n <= self._turn_cache.capacity else None
         while turn_id != NO_TURN and len(out) < n:
             t = self._turn_cache.get(turn_id)
-            if t is None:
-                if not first <= turn_id < first + len(run) // TURN_SIZE:
-                    first = max(1, turn_id - WALK_RUN + 1, turn_id - (n - len(out)) + 1)
-                    run = self._turns.read_run(first, turn_id)
-                t = self._turns.decode(run, first, turn_id)
-                if cache is not None:
-                    cache.put(turn_id, t)
-            out.append(t)
-            turn_id = t.parent_turn_id
+            if t is not None:
+                out.append(t)
+                turn_id = t.parent_turn_id
+                continue
+            if not first <= turn_id < first + len(run) // TURN_SIZE:
+                first = max(1, turn_id - WALK_RUN + 1, turn_id - (n - len(out)) + 1)
+                run = self._turns.read_run(first, turn_id)
+            got = self._turns.decode_chain(run, first, turn_id, n - len(out))
+            if cache is not None:
+                cache.put_many((t.turn_id, t) for t in got)
+            out += got
+            turn_id = got[-1].parent_turn_id
         out.reverse()
         return out
 

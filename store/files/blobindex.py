@@ -32,8 +32,8 @@ FOUND_MAX = 1 << 14
 """BlobIndex.found's bound: a batch's worth of lines (the library appends 4096 at a time)."""
 MERGE_WHOLE = 8
 """`merged` sorts all the entries anew once the new ones are at least one per this many indexed:
-below it, a bisection per new entry (~2 µs) costs less than a pass over every entry (~0.25 µs
-each)."""
+below it, a bisection per new entry costs less than a pass over every entry (a bisection costs
+about what eight entries of the pass do)."""
 PREFIXES_AFTER = 1 / 64
 """An index bisects its key prefixes (BlobIndex._prefixes) once it was searched this many
 times per entry: building them costs ~30 ns an entry, a search without them ~5 µs, with them
@@ -156,7 +156,7 @@ class BlobIndex:
         decoded: a copy of the index, not a Python object per entry.  Many of them (more
         than one per MERGE_WHOLE entries indexed: a fetch's lines folded into a young store)
         are merged with all the entries in one sort, which takes the two sorted runs in one
-        pass: a bisection per new entry cost more (26k of them: 40 ms against 8)."""
+        pass: a bisection per new entry then costs more (docs/BENCHMARKS.md, 2026-11-29 (20))."""
         added = sorted(index_entry(h, loc) for h, loc in new.items())
         if self.mm is None or not self.count:
             return added

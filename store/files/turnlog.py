@@ -37,29 +37,37 @@ class TurnLog:
     # --- records -------------------------------------------------------------------------------
 
     def read(self, turn_id: int) -> Turn:
-        return self.decode(self.read_run(turn_id, turn_id), turn_id, turn_id)
+        return self.decode_chain(self.read_run(turn_id, turn_id), turn_id, turn_id, 1)[0]
 
     def read_run(self, first: int, last: int) -> bytes:
         """The records of turns first..last in one read (a walk towards the root: a chain's
-        turns were mostly appended together); `decode` takes them out one by one."""
+        turns were mostly appended together); `decode_chain` takes them out."""
         if not 0 < first <= last <= self.count:
             raise UnknownTurn(last if first > 0 else first)
         return os.pread(self._fd, (last - first + 1) * TURN_SIZE, (first - 1) * TURN_SIZE)
 
-    def decode(self, run: bytes, first: int, turn_id: int) -> Turn:
-        """Turn turn_id from `run` (read_run's, from turn `first`), checked: its CRC, and that
-        its slot holds it."""
-        off = (turn_id - 1) * TURN_SIZE
-        buf = run[(turn_id - first) * TURN_SIZE : (turn_id - first + 1) * TURN_SIZE]
-        try:
-            t = decode_turn(buf, LOG) if len(buf) == TURN_SIZE else None
-        except CorruptRecord as exc:  # told where it is in the file, not in `run`
-            raise CorruptRecord(LOG, off, exc.reason) from None
-        if t is None:
-            raise CorruptRecord(LOG, off, f"turn {turn_id} is missing")
-        if t.turn_id != turn_id:
-            raise CorruptRecord(LOG, off, f"slot of turn {turn_id} holds turn {t.turn_id}")
-        return t
+    def decode_chain(self, run: bytes, first: int, turn_id: int, limit: int) -> list[Turn]:
+        """Turn turn_id from `run` (read_run's, from turn `first`) and, while each one's parent
+        is the slot before it (a chain appended in one go), its ancestors in `run`: at most
+        `limit`, newest first.  Each is checked: its CRC, and that its slot holds it (errors
+        say where in the file).  A walk takes a run of records in one pass, not a turn-cache
+        lookup and a decode per turn."""
+        out: list[Turn] = []
+        while True:
+            off = (turn_id - 1) * TURN_SIZE
+            at = (turn_id - first) * TURN_SIZE
+            if at + TURN_SIZE > len(run):
+                raise CorruptRecord(LOG, off, f"turn {turn_id} is missing")
+            try:
+                t = decode_turn(run, LOG, at)
+            except CorruptRecord as exc:  # told where it is in the file, not in `run`
+                raise CorruptRecord(LOG, off, exc.reason) from None
+            if t.turn_id != turn_id:
+                raise CorruptRecord(LOG, off, f"slot of turn {turn_id} holds turn {t.turn_id}")
+            out.append(t)
+            if len(out) == limit or turn_id == first or t.parent_turn_id != turn_id - 1:
+                return out
+            turn_id -= 1
 
     def slot_ok(self, t: Turn) -> bool:
         """True when the log already holds exactly this record."""

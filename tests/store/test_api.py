@@ -236,6 +236,34 @@ def test_reads_match_a_reference_model(store: Store) -> None:
         assert store.payloads(chain[-3:]) == [store.get_blob(t.payload_hash) for t in chain[-3:]]
 
 
+@pytest.mark.parametrize("damage", ["bit flip", "another turn's record"])
+def test_a_walk_checks_every_record_of_a_chain_appended_in_one_go(tmp_path: Path, damage: str) -> None:
+    """A walk takes a chain's records a run at a time where each turn's parent is the slot
+    before it (TurnLog.decode_chain), with no turn-cache lookup between them: each record is
+    still checked (its CRC, that its slot holds it), and a damaged one is named by where it
+    is in turns.log; the chain above it is read as before."""
+    path = tmp_path / "s"
+    with Store.open(path) as s:
+        ctx = s.create_context().context_id
+        turns = s.append_turns(ctx, [TurnInput(b"line %d" % i) for i in range(300)])
+        s.checkpoint()  # the WAL holds no copy that would repair turns.log at the next open
+    log = path / "turns.log"
+    data = bytearray(log.read_bytes())
+    at = (turns[149].turn_id - 1) * TURN_SIZE
+    if damage == "bit flip":
+        data[at + 20] ^= 0xFF
+    else:
+        other = (turns[10].turn_id - 1) * TURN_SIZE
+        data[at:at + TURN_SIZE] = data[other:other + TURN_SIZE]
+    log.write_bytes(bytes(data))
+    with Store.open(path) as s:
+        assert s.get_last(ctx, 150) == turns[150:]
+        with pytest.raises(CorruptRecord) as info:
+            s.chain(turns[-1].turn_id)
+    assert (info.value.file, info.value.offset) == ("turns.log", at)
+    assert ("CRC" if damage == "bit flip" else f"holds turn {turns[10].turn_id}") in info.value.reason
+
+
 def test_range_by_depth_far_below_the_head_reads_log_depth_records(store: Store) -> None:
     ctx = store.create_context().context_id
     for _ in range(20):
