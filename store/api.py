@@ -279,8 +279,7 @@ class Store:
                 try:
                     self._sync_pack()
                 except OSError as exc:
-                    log.error("%s: the staged blobs' sync failed: %s", self.root, exc)
-                    self._fail(exc)
+                    self._fail(exc)  # logged there
 
         self._flushing = in_background(flush, name="store-flush")
 
