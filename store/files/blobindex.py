@@ -30,10 +30,13 @@ from store.layout import (
 INDEX = "blobs.idx"
 FOUND_MAX = 1 << 14
 """BlobIndex.found's bound: a batch's worth of lines (the library appends 4096 at a time)."""
-MERGE_WHOLE = 8
-"""`merged` sorts all the entries anew once the new ones are at least one per this many indexed:
-below it, a bisection per new entry costs less than a pass over every entry (a bisection costs
-about what eight entries of the pass do)."""
+MERGE_WHOLE, MERGE_WHOLE_MAX = 8, 1 << 17
+"""`merged` sorts all the entries anew once the new ones are at least one per MERGE_WHOLE
+indexed (below it, a bisection per new entry costs less than a pass over every entry: a
+bisection costs about what eight entries of the pass do), in an index of at most
+MERGE_WHOLE_MAX entries: the pass makes a Python object of each, a transient that grows
+with the index (22 MB at this bound, measured), where a bisection per new entry copies the
+index once."""
 PREFIXES_AFTER = 1 / 64
 """An index bisects its key prefixes (BlobIndex._prefixes) once it was searched this many
 times per entry: building them costs ~30 ns an entry, a search without them ~5 µs, with them
@@ -153,10 +156,10 @@ class BlobIndex:
         """This index's entries with `new`'s put in their places (a new location replaces the
         one indexed for the same hash), as sorted runs for encode_index.  A few new entries
         are each found by bisection and the runs between them sliced from the mapping, not
-        decoded: a copy of the index, not a Python object per entry.  Many of them (more
-        than one per MERGE_WHOLE entries indexed: a fetch's lines folded into a young store)
-        are merged with all the entries in one sort, which takes the two sorted runs in one
-        pass: a bisection per new entry then costs more (docs/BENCHMARKS.md, 2026-11-29 (20))."""
+        decoded: a copy of the index, not a Python object per entry.  Many of them (one per
+        MERGE_WHOLE entries indexed, or more: a fetch's lines folded into a young store) are
+        merged with all the entries in one sort, which takes the two sorted runs in one pass:
+        a bisection per new entry then costs more (docs/BENCHMARKS.md, 2026-11-29 (20))."""
         added = sorted(index_entry(h, loc) for h, loc in new.items())
         if self.mm is None or not self.count:
             return added
@@ -165,7 +168,7 @@ class BlobIndex:
         done = 0
         with memoryview(self.mm) as view:  # released at once: the mapping is closed when replaced
             body = view[IDX_PREFIX_LEN:]
-            if len(added) * MERGE_WHOLE >= self.count:
+            if len(added) * MERGE_WHOLE >= self.count and self.count <= MERGE_WHOLE_MAX:
                 kept = body.tobytes()
                 body.release()
                 old = (kept[at:at + esize] for at in range(0, len(kept), esize))

@@ -54,11 +54,15 @@ def test_merged_index_equals_a_full_rebuild(tmp_path: Path) -> None:
     assert len(rebuilt) == IDX_PREFIX_LEN + len(expected) * IDX_ENTRY.size
 
 
-def test_many_new_entries_merge_as_a_few_splice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("whole_max", [blobindex.MERGE_WHOLE_MAX, 0])
+def test_many_new_entries_merge_as_a_few_splice(tmp_path: Path, whole_max: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Into an empty, a small and a big index: the same bytes as a rebuild, whichever way (one
-    sort of every entry where the new ones are many, MERGE_WHOLE; a bisection per new entry
-    where they are few), a new location replacing the indexed one."""
+    sort of every entry where the new ones are many, MERGE_WHOLE, and the index is at most
+    MERGE_WHOLE_MAX; a bisection per new entry otherwise), a new location replacing the
+    indexed one."""
     assert 400 * blobindex.MERGE_WHOLE >= 40 and 20 * blobindex.MERGE_WHOLE < 3000  # both ways below
+    monkeypatch.setattr(blobindex, "MERGE_WHOLE_MAX", whole_max)
     rng = random.Random(3)
     for old_count, new_count in ((0, 50), (40, 400), (3000, 3000), (3000, 20)):
         old = {rng.randbytes(32): _loc(i) for i in range(old_count)}
