@@ -194,7 +194,9 @@ class Store:
         self._pack_wanted = False
         """Set by a writer whose blob is only in the pack: the next group syncs the pack too."""
         self._flushing: Future[None] | None = None
-        """The sync of staged blobs running behind their writes (FLUSH_BEHIND), if any."""
+        """The sync of staged blobs running behind their writes (FLUSH_BEHIND), if any: one at
+        a time (`_flushing_lock`, for concurrent stagers), so that close waits for it."""
+        self._flushing_lock = threading.Lock()
         self._wal_synced = (0, 0)
         self._prepare_lock = threading.Lock()
         self._next_fd: int | None = None
@@ -269,8 +271,6 @@ class Store:
         does: the pages it could not write may be dropped (module docstring of commit.py)."""
         if self._pack.end - self._pack_synced < FLUSH_BEHIND or not self.config.durable:
             return
-        if self._flushing is not None and not self._flushing.done():
-            return
 
         def flush() -> None:
             with self._sync_lock:
@@ -281,7 +281,9 @@ class Store:
                 except OSError as exc:
                     self._fail(exc)  # logged there
 
-        self._flushing = in_background(flush, name="store-flush")
+        with self._flushing_lock:
+            if self._flushing is None or self._flushing.done():
+                self._flushing = in_background(flush, name="store-flush")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -1069,9 +1071,11 @@ class Store:
         error: StoreFailed | None = None
         with self._gate.exclusive(), self._write_lock:
             self._closed = True  # a flush behind not yet begun does nothing now; one begun is waited for
-            if self._flushing is not None:
+            with self._flushing_lock:
+                flushing = self._flushing
+            if flushing is not None:
                 with contextlib.suppress(BaseException):  # what it met failed the store already
-                    self._flushing.result()
+                    flushing.result()
             untouched = self._written() == self._opened
             try:
                 if self._failed is None:

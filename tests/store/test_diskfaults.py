@@ -491,3 +491,42 @@ def test_a_failed_sync_behind_staging_fails_the_store_closed(tmp_path: Path,
     s.close()
     monkeypatch.undo()
     _check_reopened(tmp_path / "s", acked)
+
+
+def test_stagers_at_once_start_one_sync_behind_at_a_time(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several fetches staging at once (a node's) start one sync behind their writes at a time,
+    and close waits for the one running: none outlives the store's files."""
+    monkeypatch.setattr(store_api, "FLUSH_BEHIND", 16 << 10)
+    s, acked = _setup(tmp_path / "s")
+    real, running, most, lock = os.fdatasync, [0], [0], threading.Lock()
+
+    def slow(fd: int) -> None:
+        behind = threading.current_thread().name == "store-flush"
+        if behind:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            threading.Event().wait(0.02)
+        try:
+            real(fd)
+        finally:
+            if behind:
+                with lock:
+                    running[0] -= 1
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+
+    def stager(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(10):
+            s.put_stored_blobs([_stored(_payload(rng, 10_000)) for _ in range(3)], verified=True)
+
+    threads = [threading.Thread(target=stager, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    s.close()
+    assert most[0] == 1 and running[0] == 0
+    _check_reopened(tmp_path / "s", acked)
