@@ -1038,7 +1038,9 @@ def _settle(lib: FetchTarget, sidecar: bytes, done: Assembled, extends: _Prefix 
                 BranchInfo, Placement | PlacementConflict | None]:
     """The verified version committed, checked (fetch_branch's `check`, `starts_with`), then
     its file (if any) published: after the commit, in the same opening of the store (a
-    one-shot fetch)."""
+    one-shot fetch).  The file's last bytes are synced beside the commit."""
+    if out is not None:
+        out.file.flush_soon()
     info = _commit(lib, sidecar, done, extends)
     for check in checks:
         check(lib, branch)

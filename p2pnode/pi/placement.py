@@ -311,6 +311,29 @@ class SessionFile:
                 self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
                 self._unflushed = 0
 
+    def flush_soon(self) -> None:
+        """Start syncing what was written and not flushed yet, behind the caller: a fetch calls
+        it after its last byte, so that this sync runs beside the store's commit, which must
+        come before publishing, and publishing finds the bytes durable.  What the sync
+        raises, publishing raises."""
+        assert self._fd is not None
+        self._written()
+        if self._unflushed:
+            self._flushed()
+            self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
+            self._unflushed = 0
+
+    def _synced(self) -> None:
+        """Every byte written made durable: the flush behind the writes waited for, the rest
+        (written since it began) flushed here."""
+        assert self._fd is not None
+        self._written()
+        with self._room():
+            self._flushed()
+            if self._unflushed:
+                flush_data(self._fd)
+                self._unflushed = 0
+
     def _written(self) -> None:
         """Wait for the write in flight, if any; raise what it raised."""
         writing, self._writing = self._writing, None
@@ -348,10 +371,7 @@ class SessionFile:
         assert self._fd is not None and self.written == content.size
         try:
             os.fchmod(self._fd, SESSION_FILE_MODE)
-            self._written()
-            with self._room():
-                self._flushed()
-                flush_data(self._fd)
+            self._synced()
             self._close()
             if self.tmp.parent != self.target.parent:  # staged: Pi's folder is made only now
                 with _room_in(self.target.parent):
@@ -382,10 +402,7 @@ class SessionFile:
         `start` are never read."""
         assert self._fd is not None and self.written == content.size - start
         try:
-            self._written()
-            with self._room():
-                self._flushed()
-                flush_data(self._fd)
+            self._synced()
             self._close()
             with _placing(to.target):
                 return self._append(to, start, content, placed)

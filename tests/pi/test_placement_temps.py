@@ -306,3 +306,45 @@ def test_a_fetched_file_is_written_behind_and_a_failed_write_fails_the_placing(
         assert info.value.errno == errno.EIO
         f.discard()
         assert not placement.target_path(tmp_path / "agent", header).exists() and not f.tmp.exists()
+
+
+def test_a_fetched_files_last_bytes_are_synced_beside_the_commit(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flush_soon` (a fetch's, after its last byte) syncs what the writes left unflushed on a
+    thread of its own, beside the store's commit; publishing then waits for that sync and does
+    not sync again.  A write after it is synced by publishing; an I/O error of that sync (EIO,
+    injected) is raised by publishing, and nothing is placed."""
+    header, data, more = _session(10)
+    real, syncs = placement.flush_data, []
+
+    def counted(fd: int) -> None:
+        syncs.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(placement, "flush_data", counted)
+    f = _staged(tmp_path, header, data)
+    f.flush_soon()
+    placed = f.publish(_content(data), None)
+    assert placed.written and placed.path.read_bytes() == data
+    assert syncs == ["p2pnode-flush"]
+
+    header, data, more = _session(11)
+    syncs.clear()
+    f = _staged(tmp_path, header, data)
+    f.flush_soon()
+    f.write(more)
+    placed = f.publish(_content(data + more), None)
+    assert placed.path.read_bytes() == data + more
+    assert syncs == ["p2pnode-flush", "MainThread"]
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(placement, "flush_data", failing)
+    header, data, more = _session(12)
+    f = _staged(tmp_path, header, data)
+    f.flush_soon()
+    with pytest.raises(OSError) as info:
+        f.publish(_content(data), None)
+    assert info.value.errno == errno.EIO
+    assert not placement.target_path(tmp_path / "agent", header).exists() and not f.tmp.exists()
