@@ -307,21 +307,24 @@ class SessionFile:
                 view = view[os.write(self._fd, view):]
             self._unflushed += size
             if self._unflushed >= FLUSH_EVERY and (self._flushing is None or self._flushing.done()):
-                self._flushed()
-                self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
-                self._unflushed = 0
+                self._flush_behind()
 
     def flush_soon(self) -> None:
         """Start syncing what was written and not flushed yet, behind the caller: a fetch calls
         it after its last byte, so that this sync runs beside the store's commit, which must
         come before publishing, and publishing finds the bytes durable.  What the sync
         raises, publishing raises."""
-        assert self._fd is not None
         self._written()
         if self._unflushed:
-            self._flushed()
-            self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
-            self._unflushed = 0
+            self._flush_behind()
+
+    def _flush_behind(self) -> None:
+        """A flush of every byte written so far started on the flush's own thread, once the
+        one before it ended (what that one raised is raised here)."""
+        assert self._fd is not None
+        self._flushed()
+        self._flushing = in_background(functools.partial(flush_data, self._fd), name="p2pnode-flush")
+        self._unflushed = 0
 
     def _synced(self) -> None:
         """Every byte written made durable: the flush behind the writes waited for, the rest
