@@ -45,7 +45,7 @@ from p2pnode.paths import agent_dir as default_agent_dir
 from p2pnode.pi import secrets
 from p2pnode.pi import session as pisession
 from p2pnode.pi.hashing import CHUNK, FileHasher, Prefix, Scan, Sink, hash_prefix, new_hasher
-from p2pnode.pi.lines import LineRef, line_runs
+from p2pnode.pi.lines import LineRef, LineRefs, line_runs
 from p2pnode.pi.session import HostileHeader, LineageCycle, is_session_id
 from p2pnode.pi.sidecar import Sidecar, blake3_hex, is_hash_hex, parse_sidecar
 from store import BlobMismatch, StoredBlob
@@ -398,7 +398,7 @@ class Library:
         self.audit = AuditLog(paths.home / "audit.log")
         self.leases = TransferLeases()
         self._reclaimable: tuple[tuple[int, int, int], int] | None = None
-        self._manifests: dict[str, list[LineRef]] = {}
+        self._manifests: dict[str, LineRefs] = {}
         self._imported: dict[str, ImportedLines] = {}
         """The lines of the versions this process imported last, as the import met them: their
         manifests are made from these when first asked for (upkeep.warm_manifests, right
@@ -1121,14 +1121,13 @@ class Library:
             size += len(run)
         return size
 
-    def line_manifest(self, src_hex: str) -> list[LineRef]:
+    def line_manifest(self, src_hex: str) -> LineRefs:
         """The ordered line hashes and lengths of a stored session version."""
         with self._lock:
             refs = self._cached_manifest(src_hex)
             if refs is None:  # from the turn records and the blob index: no line is read
                 hashes = self.sessions.line_hashes(src_hex)
-                lengths = self.store.raw_lengths(hashes)
-                refs = self._keep_manifest(src_hex, list(map(LineRef, hashes, lengths)))
+                refs = self._keep_manifest(src_hex, LineRefs.packed(hashes, self.store.raw_lengths(hashes)))
             return refs
 
     def line_hashes(self, src_hex: str) -> list[bytes]:
@@ -1136,9 +1135,9 @@ class Library:
         without the lengths, which cost an index lookup a line where it is not cached."""
         with self._lock:
             refs = self._cached_manifest(src_hex)
-            return [r.hash for r in refs] if refs is not None else self.sessions.line_hashes(src_hex)
+            return refs.hashes() if refs is not None else self.sessions.line_hashes(src_hex)
 
-    def _cached_manifest(self, src_hex: str) -> list[LineRef] | None:
+    def _cached_manifest(self, src_hex: str) -> LineRefs | None:
         """A manifest cached, or made (and cached) from its import's lines or its version's
         `previous`'s."""
         refs = self._manifests.get(src_hex)
@@ -1148,7 +1147,7 @@ class Library:
             self._keep_manifest(src_hex, refs)
         return refs
 
-    def _keep_manifest(self, src_hex: str, refs: list[LineRef]) -> list[LineRef]:
+    def _keep_manifest(self, src_hex: str, refs: LineRefs) -> LineRefs:
         if len(self._manifests) >= 64:
             self._manifests.pop(next(iter(self._manifests)))
         self._manifests[src_hex] = refs
@@ -1177,7 +1176,7 @@ class Library:
                             "`p2pnode fsck`)", src_hex, exc)
                 return ()
 
-    def _grown_manifest(self, src_hex: str) -> list[LineRef] | None:
+    def _grown_manifest(self, src_hex: str) -> LineRefs | None:
         """The manifest of a version whose `previous` (its bytes a prefix of this one's) ends
         with a newline and has its manifest cached: that (its lines are this one's first), plus
         the new lines' (O(new lines)); None otherwise."""
@@ -1187,7 +1186,7 @@ class Library:
                 or (held := self.sessions.version(version.previous)).last_line_start != held.size):
             return None
         tail = self.sessions.last_line_hashes(src_hex, version.lines - len(older))
-        return older + [LineRef(h, n) for h, n in zip(tail, self.store.raw_lengths(tail), strict=True)]
+        return older + LineRefs.packed(tail, self.store.raw_lengths(tail))
 
     def line_manifest_after(self, src_hex: str, held: Sequence[str],
                             peer: str | None = None) -> tuple[str, int] | None:
@@ -1428,7 +1427,7 @@ class Library:
                     like.append(self.sessions.branch(parsed.parent).src)
             version = self.sessions.import_refs(refs, prefix, header, titles, like, self._lock)
             with self._lock:  # what a fork of it fetched next, and a peer fetching it from here, ask for
-                self._keep_manifest(version.src, list(refs))
+                self._keep_manifest(version.src, LineRefs.of(refs))
 
         return self._add_fetched(sidecar, prefix, store)
 

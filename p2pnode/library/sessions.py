@@ -38,7 +38,7 @@ from ahocorasick_rs import BytesAhoCorasick
 from p2pnode.errors import InvalidInput, NotFound, P2PNodeError, VerificationFailed
 from p2pnode.library.versions import later_growths
 from p2pnode.pi.hashing import Prefix, Scan, Sink, new_hasher
-from p2pnode.pi.lines import LineRef, LineSplitter, is_split
+from p2pnode.pi.lines import LineRef, LineRefs, LineSplitter, is_split
 from p2pnode.pi.session import (
     HEADER_SCAN_BYTES,
     InvalidHeader,
@@ -182,8 +182,8 @@ class ImportedLines:
     hashes: bytes
     lengths: array[int]
 
-    def refs(self) -> list[LineRef]:
-        return [LineRef(self.hashes[i * 32:i * 32 + 32], n) for i, n in enumerate(self.lengths)]
+    def refs(self) -> LineRefs:
+        return LineRefs.packed((self.hashes[i:i + 32] for i in range(0, len(self.hashes), 32)), self.lengths)
 
     def hashes_after(self, skip: int) -> Iterator[bytes]:
         return (self.hashes[i:i + 32] for i in range(32 * skip, len(self.hashes), 32))

@@ -26,6 +26,8 @@ from store.layout import CODEC_RAW, CODEC_ZSTD
 
 BATCHES_IN_FLIGHT = 3
 """Batch requests per holder at once, so that it prepares one while we verify another."""
+LANE_WINDOWS_BYTES = 48 << 20
+"""The most window all lanes' stream decoders of a fetch may hold (lane_window_log)."""
 GROUPS_PER_HOLDER = 128
 MIN_GROUP_BYTES = 256 << 10
 """A session's missing lines are cut into at least GROUPS_PER_HOLDER groups per holder (of
@@ -80,13 +82,24 @@ async def get_lines(pool: PeerPool, what: str, missing: list[LineRef], limits: w
         pace.not_shared = not_shared
     if keep is not None:
         pace.keep = keep
-    lanes = Lanes()
+    lanes = Lanes(lane_window_log(holders))
 
     async def ask(peer: PeerLink, group: list[LineRef]) -> None:
         with lanes.take(peer) as lane:
             await _batch(peer, group, limits, functools.partial(_hand_on, share, peer, received), pace, lane)
 
     await share.run(ask)
+
+
+def lane_window_log(holders: int) -> int:
+    """The window a lane's stream may have in a fetch from `holders` holders: the largest, up
+    to wire.LANE_WINDOW_LOG_MAX, whose decoders (BATCHES_IN_FLIGHT lanes per holder) hold at
+    most LANE_WINDOWS_BYTES in all, and never under 8 MiB (16 MiB for one holder, 8 from two)."""
+    lanes = max(1, holders) * BATCHES_IN_FLIGHT
+    log = wire.LANE_WINDOW_LOG_MAX
+    while log > wire.STREAM_CONTINUED_WINDOW_LOG and lanes << log > LANE_WINDOWS_BYTES:
+        log -= 1
+    return log
 
 
 def group_bytes(total: int, holders: int, limits: wire.Limits) -> int:
@@ -144,20 +157,23 @@ class Lane:
     answer was decoded in full (None: the next answer opens a new frame)."""
 
     number: int
+    window_log: int = wire.STREAM_CONTINUED_WINDOW_LOG
+    """The largest window its decoders take (wire.STREAM_WINDOW_HEADER)."""
     stream: wire.BatchStreamDecoder | None = None
 
     def headers(self) -> dict[str, str]:
         if self.number >= wire.MAX_STREAM_LANES:
             return {}
         return {wire.STREAM_LANE_HEADER: str(self.number),
-                wire.STREAM_CONTINUE_HEADER: str(self.stream.answers if self.stream is not None else 0)}
+                wire.STREAM_CONTINUE_HEADER: str(self.stream.answers if self.stream is not None else 0),
+                wire.STREAM_WINDOW_HEADER: str(self.window_log)}
 
     def decoder(self, continues: int | None) -> wire.BatchStreamDecoder:
         """The decoder of a stream answer that says it continues after `continues` answers
         (None or 0: it opens a new frame); WireError if that is not where the lane is (the
         batch fails as for a corrupt frame: the holder is dropped, the others asked)."""
         if not continues:
-            return wire.BatchStreamDecoder()
+            return wire.BatchStreamDecoder(self.window_log)
         if self.stream is None or self.stream.answers != continues:
             held = 0 if self.stream is None else self.stream.answers
             raise wire.WireError(f"a stream answer continues after {continues} answers in lane "
@@ -169,9 +185,10 @@ class Lanes:
     """Each holder's lanes: a request takes a free one (or a new one) and gives it back when
     its answer was decoded in full; a request that failed leaves its lane's frame behind."""
 
-    def __init__(self) -> None:
+    def __init__(self, window_log: int = wire.STREAM_CONTINUED_WINDOW_LOG) -> None:
         self._free: dict[object, list[Lane]] = {}
         self._made: dict[object, int] = {}
+        self._window_log = window_log
 
     @contextlib.contextmanager
     def take(self, holder: object) -> Iterator[Lane]:
@@ -179,7 +196,7 @@ class Lanes:
         if free:
             lane = free.pop()
         else:
-            lane = Lane(self._made.get(holder, 0))
+            lane = Lane(self._made.get(holder, 0), self._window_log)
             self._made[holder] = lane.number + 1
         try:
             yield lane

@@ -49,7 +49,7 @@ import re
 import struct
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
@@ -357,7 +357,7 @@ class _Prefix:
     hashing: Future[blake3.blake3] | None = None
     """The placed file of `base` being hashed on a thread of its own while the new lines come
     (the getter's Held has no hasher then): checked against `base` when taken, `_Stream._held_hash`."""
-    walked: list[LineRef] | None = None
+    walked: Sequence[LineRef] | None = None
     """The held lines' refs when the getter walks them again, read back from the store (it
     has no Held then): `base` was placed with its header moved first (placement.header_moved),
     so the new version's placed bytes are not the held ones followed by the new ones, and
@@ -627,6 +627,7 @@ class _Fetch:
                     return await self._from_whole(src, place)
             prefix: _Prefix | None = None
             held_start: Held | None = None
+            manifest: Sequence[LineRef]
             if isinstance(got, wire.ManifestAfter):
                 assert manifest_peer is not None  # only a peer's manifest continues a held version
                 try:
@@ -636,7 +637,7 @@ class _Fetch:
                     self.pool.drop(manifest_peer, str(exc), VerificationFailed)
                     continue
                 prefix = found
-                manifest = (found.walked if found.walked is not None else [HELD] * found.lines) + got.lines
+                manifest = [*(found.walked if found.walked is not None else [HELD] * found.lines), *got.lines]
             else:
                 manifest = got
                 missing = await self._missing(manifest)
@@ -703,7 +704,7 @@ class _Fetch:
         body = await peer.get_small(path, limit, f"line manifest of {src}")
         return peer, wire.decode_any_line_manifest(body, bytes.fromhex(src), after, self.limits), body
 
-    async def _missing(self, manifest: list[LineRef]) -> list[LineRef]:
+    async def _missing(self, manifest: Sequence[LineRef]) -> list[LineRef]:
         return await self.lib(functools.partial(_missing_in, refs=manifest))
 
     async def _from_whole(self, src: str, place: Placing | None) -> tuple[Assembled, _Stream, None]:
@@ -788,7 +789,7 @@ def _spooled_refs(spool: BinaryIO) -> list[LineRef]:
     return [LineRef(blake3.blake3(line).digest(), len(line)) for run in _spooled_runs(spool) for line in run]
 
 
-def _missing_in(lib: FetchTarget, refs: list[LineRef]) -> list[LineRef]:
+def _missing_in(lib: FetchTarget, refs: Sequence[LineRef]) -> list[LineRef]:
     """The lines the store lacks, once each (lines staged by an earlier, killed run count as held)."""
     unique = list({r.hash: r for r in refs}.values())
     return [r for r, held in zip(unique, lib.has_lines([r.hash for r in unique]), strict=True) if not held]
@@ -818,7 +819,7 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     if header_moved(lib.first_line(base)):
         walked = lib.line_manifest(base)[:after.first]
         return None, _Prefix(base, version.size, after.first, sum(r.length for r in walked), walked=walked)
-    refs: list[LineRef] | None = None
+    refs: Sequence[LineRef] | None = None
     if after.first == version.lines:
         size = version.size
     elif after.first == version.lines - 1:
@@ -839,7 +840,7 @@ def _held_prefix(lib: FetchTarget, after: wire.ManifestAfter, place: Placing | N
     return held, _Prefix(base, version.size, after.first, size, hashing)
 
 
-def _store_hasher(lib: FetchTarget, refs: list[LineRef]) -> blake3.blake3:
+def _store_hasher(lib: FetchTarget, refs: Sequence[LineRef]) -> blake3.blake3:
     """The hash state after held lines read back from the store (decompressed: the slowest way)."""
     hasher = new_hasher()
     for run in _held_runs(lib, refs):
@@ -857,7 +858,7 @@ def _hash_placed(lib: FetchTarget, place: Placing, header: SessionHeader, src: s
     return in_background(functools.partial(prefix_hasher, target, size), name="p2pnode-hash")
 
 
-def _held_runs(lib: FetchTarget, refs: list[LineRef]) -> Iterator[bytes]:
+def _held_runs(lib: FetchTarget, refs: Sequence[LineRef]) -> Iterator[bytes]:
     """Held lines from the store, in order, joined in runs of about READ_BACK raw bytes: one
     store call per run (each line checked against its hash there), one write or update each."""
     for run in ref_runs(refs, READ_BACK):

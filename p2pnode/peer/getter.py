@@ -16,7 +16,7 @@ Pi's header (under HEADER_SCAN_BYTES, see `_HeaderScan`) and the one line being 
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import blake3
@@ -73,7 +73,7 @@ class Assembled:
     """A verified session version, ready to be committed (library) and placed (placement)."""
 
     src: str
-    refs: list[LineRef]
+    refs: Sequence[LineRef]
     size: int
     last_line_start: int
     header: SessionHeader
@@ -151,13 +151,13 @@ class SessionGetter:
     `held`: the prefix this node holds already (an incremental fetch: the manifest is the
     whole version's, the cursor starts after the held lines)."""
 
-    def __init__(self, src: str, refs: list[LineRef], outstanding: Iterable[bytes], *,
+    def __init__(self, src: str, refs: Sequence[LineRef], outstanding: Iterable[bytes], *,
                  held: Held | None = None, ahead_limit: int = AHEAD_LIMIT,
                  starts_with: tuple[str, int] | None = None) -> None:
         if not refs:
             raise ManifestLied(f"line manifest of {src} lists no lines")
         self.src = src
-        self.refs = refs
+        self.refs = list(refs)  # looked up line by line: a packed LineRefs makes a LineRef per look
         self.where = f"fetched session {src}"
         self.outstanding = set(outstanding)
         self.ahead: dict[bytes, bytes] = {}

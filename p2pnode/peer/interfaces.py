@@ -12,7 +12,7 @@ from p2pnode.library.audit import ServedAnswer
 from p2pnode.library.sessions import Version
 from p2pnode.paths import NodePaths
 from p2pnode.pi.hashing import Prefix
-from p2pnode.pi.lines import LineRef
+from p2pnode.pi.lines import LineRef, LineRefs
 from p2pnode.pi.session import SessionHeader
 from store import StoredBlob
 
@@ -46,7 +46,7 @@ class FetchTarget(Protocol):
 
     def version(self, src_hex: str) -> Version: ...
 
-    def line_manifest(self, src_hex: str) -> list[LineRef]: ...
+    def line_manifest(self, src_hex: str) -> LineRefs: ...
 
     def line_hashes(self, src_hex: str) -> list[bytes]: ...
 
@@ -82,7 +82,7 @@ class ServedLibrary(Protocol):
 
     def session_runs(self, src_hex: str) -> Iterator[bytes]: ...
 
-    def line_manifest(self, src_hex: str) -> list[LineRef]: ...
+    def line_manifest(self, src_hex: str) -> LineRefs: ...
 
     def line_manifest_after(self, src_hex: str, held: Sequence[str],
                             peer: str | None = None) -> tuple[str, int] | None: ...

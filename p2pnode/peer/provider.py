@@ -87,6 +87,12 @@ SEND_PIECE = 1 << 20
 GROUP_BYTES = 1 << 20
 """Stored bytes (about) read from the store per worker-thread call while streaming a batch."""
 WORKERS = 4
+WIDE_WINDOWS_BYTES = 48 << 20
+"""The most window over 8 MiB the lanes' streams of all peers hold at once: one fetcher's three
+lanes at 16 MiB fill it (with their tables, about 60 MiB of memory); more get 8 MiB.  A stream
+with a window over 8 MiB is made at wire.STREAM_LEVEL (3), whatever level the link affords:
+with long-distance matching over 16 MiB, level 6 carried 1.8 % fewer bytes of the benchmark
+session for 1.8 times the CPU (docs/BENCHMARKS.md, 2026-11-29 (22))."""
 TRUST_POLL_SECONDS = 1.0
 LINGER_SECONDS = 1.0
 """After an answer given before its request's body was read (413, 408), the rest of the body
@@ -603,12 +609,25 @@ class PeerServer:
         going = self._lanes.get(lane)
         if (going is None or not pace.keeps(going.level)  # a new frame (at the chosen level)
                 or going.answers != wire.parse_count_header(header(wire.STREAM_CONTINUE_HEADER))):
-            going = wire.BatchStreamEncoder(choice.level, wire.STREAM_CONTINUED_WINDOW_LOG)
+            window_log = self._lane_window(lane, header(wire.STREAM_WINDOW_HEADER))
+            wide = window_log > wire.STREAM_CONTINUED_WINDOW_LOG  # level 3 there (WIDE_WINDOWS_BYTES)
+            going = wire.BatchStreamEncoder(wire.STREAM_LEVEL if wide else choice.level, window_log)
             self._lanes[lane] = going
         self._lanes_busy.add(lane)
         log.debug("batch format: zstd-%d stream, lane %d after %d answers (%s)", going.level, number,
                   going.answers, choice.reason)
         return going, lane
+
+    def _lane_window(self, lane: tuple[str, int], offered: str | None) -> int:
+        """The window log of a new stream in `lane`: what the fetcher offered (wire.STREAM_WINDOW_HEADER),
+        unless the windows over 8 MiB that the other lanes' streams hold leave no room for it
+        in WIDE_WINDOWS_BYTES: 8 MiB then (every fetcher decodes that)."""
+        want = wire.parse_window_header(offered)
+        if want <= wire.STREAM_CONTINUED_WINDOW_LOG:
+            return want
+        wide = sum(1 << e.window_log for k, e in self._lanes.items()
+                   if k != lane and e.window_log > wire.STREAM_CONTINUED_WINDOW_LOG)
+        return want if wide + (1 << want) <= WIDE_WINDOWS_BYTES else wire.STREAM_CONTINUED_WINDOW_LOG
 
     def _drop_lanes(self, peer: str) -> None:
         """The peer's last connection closed: its lanes' streams go (and any lane an answer

@@ -25,16 +25,16 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import zstandard
 
 from p2pnode.errors import InvalidInput, VerificationFailed
-from p2pnode.pi.lines import LineRef
+from p2pnode.pi.lines import REF, LineRef, LineRefs
 from p2pnode.pi.session import well_formed
 from p2pnode.pi.sidecar import is_hash_hex
-from store.codec import WINDOW_MAX, ZSTD_MAGIC, DecodeError, blob_hash, decode_stored
+from store.codec import ZSTD_MAGIC, DecodeError, blob_hash, decode_stored
 from store.layout import CODEC_RAW, CODEC_ZSTD
 from store.types import StoredBlob
 
@@ -71,9 +71,18 @@ it decoded.  A server that streams answers with STREAM_CONTINUE_HEADER: that sam
 the answer continues the lane's frame (its encoder carried exactly that many answers in
 full), else 0 (a new frame).  The fetcher refuses any other number."""
 MAX_STREAM_LANES = 8
+STREAM_WINDOW_HEADER = "X-P2P-Stream-Window"
+"""Sent by a fetcher with a lane's headers: the log2 of the largest zstd window it decodes in
+that lane (a decimal integer; absent: STREAM_CONTINUED_WINDOW_LOG).  A lane's stream takes
+the smaller of it and LANE_WINDOW_LOG_MAX, where the server's budget allows."""
 STREAM_CONTINUED_WINDOW_LOG = 23
-"""zstd window of a stream that may go on across a connection's answers (8 MiB, the decoder's
-bound): a Pi session repeats itself at distances of a few MB, beyond one answer."""
+"""zstd window of a stream that may go on across a connection's answers where the fetcher
+named none (8 MiB): a Pi session repeats itself at distances of a few MB, beyond one answer."""
+LANE_WINDOW_LOG_MIN, LANE_WINDOW_LOG_MAX = 10, 24
+"""The windows a lane's stream may have (zstd's smallest; 16 MiB): on the benchmark's
+session, three lanes at level 3 carry 0.221 of raw with 8 MiB of history, 0.174 with 16 MiB
+and long-distance matching, for less CPU; 32 MiB (0.155) cost each side 75 MB more
+(docs/BENCHMARKS.md, 2026-11-29 (22))."""
 STREAM_LEVEL = 3
 """zstd level of a batch stream (docs/BENCHMARKS.md: ratio and CPU per MB of levels 1-6)."""
 STREAM_LINE_MAX = 8 << 20
@@ -87,7 +96,7 @@ ZSTD_BLOCK_MAX = 128 << 10
 
 LINE_MANIFEST_MAGIC = b"P2LM"
 LINE_MANIFEST_HEAD = struct.Struct("<4sH32sI")  # magic, version, src hash, line count
-LINE_ENTRY = struct.Struct("<32sI")  # line hash, line length
+LINE_ENTRY = REF  # line hash, line length
 LINE_MANIFEST_AFTER_HEAD = struct.Struct("<4sH32s32sII")  # magic, 2, src, base src, first line, count
 MAX_AFTER = 16
 """Held versions a fetcher may name in `?after=` (comma-separated hex)."""
@@ -325,6 +334,14 @@ def parse_count_header(text: str | None) -> int | None:
     return int(text)
 
 
+def parse_window_header(text: str | None) -> int:
+    """STREAM_WINDOW_HEADER's value within [LANE_WINDOW_LOG_MIN, LANE_WINDOW_LOG_MAX];
+    STREAM_CONTINUED_WINDOW_LOG where absent or not a decimal integer (ignored, as the other
+    headers that only steer the batch format)."""
+    n = parse_count_header(text)
+    return STREAM_CONTINUED_WINDOW_LOG if n is None else min(LANE_WINDOW_LOG_MAX, max(LANE_WINDOW_LOG_MIN, n))
+
+
 def check_request_target(target: str, endpoint: str | None) -> None:
     """A request target as sent, in the one form PROTOCOL.md gives it ("Request targets"), else
     WireError saying what is not: a server that decoded `%61` or `..` before routing would
@@ -360,11 +377,8 @@ def _nonneg_int(v: object) -> int:
 # --- line manifests ---------------------------------------------------------------------
 
 
-def encode_line_manifest(src: bytes, lines: list[LineRef]) -> bytes:
-    out = bytearray(LINE_MANIFEST_HEAD.pack(LINE_MANIFEST_MAGIC, 1, src, len(lines)))
-    for line in lines:
-        out += LINE_ENTRY.pack(line.hash, line.length)
-    return bytes(out)
+def encode_line_manifest(src: bytes, lines: Sequence[LineRef]) -> bytes:
+    return LINE_MANIFEST_HEAD.pack(LINE_MANIFEST_MAGIC, 1, src, len(lines)) + LineRefs.of(lines).entries
 
 
 def decode_line_manifest(data: bytes, src: bytes, limits: Limits = DEFAULT_LIMITS) -> list[LineRef]:
@@ -403,11 +417,9 @@ class ManifestAfter:
     lines: list[LineRef]
 
 
-def encode_line_manifest_after(src: bytes, base: bytes, first: int, lines: list[LineRef]) -> bytes:
-    out = bytearray(LINE_MANIFEST_AFTER_HEAD.pack(LINE_MANIFEST_MAGIC, 2, src, base, first, len(lines)))
-    for line in lines:
-        out += LINE_ENTRY.pack(line.hash, line.length)
-    return bytes(out)
+def encode_line_manifest_after(src: bytes, base: bytes, first: int, lines: Sequence[LineRef]) -> bytes:
+    return (LINE_MANIFEST_AFTER_HEAD.pack(LINE_MANIFEST_MAGIC, 2, src, base, first, len(lines))
+            + LineRefs.of(lines).entries)
 
 
 def encode_after_query(held: list[str]) -> str:
@@ -599,11 +611,18 @@ class BatchStreamEncoder:
     header), and each line is still verified on its own as it arrives."""
 
     def __init__(self, level: int = STREAM_LEVEL, window_log: int | None = None) -> None:
+        """`window_log`: a lane's stream, with that window, and zstd's long-distance matching
+        where it is over 8 MiB (it finds the session's repeats across the whole window; within
+        8 MiB it cost 15 % more CPU for 6 % fewer bytes); None: a stream of one answer, at the
+        level's own window."""
         params = (zstandard.ZstdCompressionParameters.from_level(level) if window_log is None
-                  else zstandard.ZstdCompressionParameters.from_level(level, window_log=window_log))
-        if 1 << params.window_log > WINDOW_MAX:
-            raise ValueError(f"zstd level {level} uses a window over the decoder's {WINDOW_MAX} bytes")
+                  else zstandard.ZstdCompressionParameters.from_level(
+                      level, window_log=window_log, enable_ldm=window_log > STREAM_CONTINUED_WINDOW_LOG))
+        if params.window_log > (STREAM_CONTINUED_WINDOW_LOG if window_log is None else LANE_WINDOW_LOG_MAX):
+            raise ValueError(f"zstd level {level} uses a window of 2**{params.window_log} bytes, over "
+                             f"what a stream may have")
         self.level = level
+        self.window_log = params.window_log
         self.answers = 0
         """Answers this stream carried in full (a continued stream's next answer says so)."""
         self._stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
@@ -632,12 +651,13 @@ class BatchStreamDecoder:
     frame header) that decode to exactly the declared length; the decoder is fed one block at
     a time and a block yields at most ZSTD_BLOCK_MAX bytes, so a lying segment costs at most
     its declared length plus one block of memory, whatever it claims; the window is bounded
-    by store.codec.WINDOW_MAX.  Sans-IO, not thread-safe: one thread at a time, in order.
-    A stream continued across a connection's answers (STREAM_CONTINUE_HEADER) is one decoder
-    fed the answers' segments in the order the answers came."""
+    by `2**window_log` (what the fetcher offered: a frame asking for more is refused).
+    Sans-IO, not thread-safe: one thread at a time, in order.  A stream continued across a
+    connection's answers (STREAM_CONTINUE_HEADER) is one decoder fed the answers' segments in
+    the order the answers came."""
 
-    def __init__(self) -> None:
-        self._stream = zstandard.ZstdDecompressor(max_window_size=WINDOW_MAX).decompressobj()
+    def __init__(self, window_log: int = STREAM_CONTINUED_WINDOW_LOG) -> None:
+        self._stream = zstandard.ZstdDecompressor(max_window_size=1 << window_log).decompressobj()
         self._started = False
         self.answers = 0
         """Answers whose segments this decoder was given in full (the fetcher counts them)."""

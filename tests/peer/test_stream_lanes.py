@@ -13,11 +13,12 @@ import aiohttp
 import blake3
 import pytest
 import test_holders
+import zstandard
 from test_holders import World, placed
 
 from p2pnode.peer import wire
 from p2pnode.peer.address import PeerAddress
-from p2pnode.peer.batches import Lane, Lanes
+from p2pnode.peer.batches import Lane, Lanes, lane_window_log
 from p2pnode.peer.tls import client_context
 
 SLOW = wire.Limits(stream_link_rate=2_000_000, stream_small_bytes=1 << 10)
@@ -44,32 +45,46 @@ async def test_a_fetch_over_a_slow_link_continues_each_lanes_frame(world: World,
     assert lanes and any(" after 0 answers" not in m for m in lanes), lanes
 
 
-async def answers(w: World, addr: PeerAddress, claims: list[int]) -> list[str | None]:
-    """Batches of 12 lines in lane 0, one after the other, each claiming `claims[i]` answers
-    decoded in the lane; each answer decoded (a fresh decoder where it says 0, else the lane's)
-    and verified; their STREAM_CONTINUE_HEADER values."""
+def connect(w: World) -> aiohttp.ClientSession:
+    """A client of the world's first holder (one connection at a time: the lanes it makes stay
+    until its last connection closes)."""
     tls = client_context(w.me, w.trust, w.holders[0].identity.fingerprint)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls, limit=1))
+
+
+async def answers(s: aiohttp.ClientSession, w: World, addr: PeerAddress, claims: list[int], lane: int = 0,
+                  window: str | None = None, windows: list[int] | None = None,
+                  decode_as: str | None = None) -> list[str | None]:
+    """Batches of 12 lines in `lane`, one after the other, each claiming `claims[i]` answers
+    decoded in the lane (and offering `window`, wire.STREAM_WINDOW_HEADER, where given); each
+    answer decoded (a fresh decoder where it says 0, else the lane's; its window the one
+    offered, or `decode_as`) and verified; their STREAM_CONTINUE_HEADER values.  `windows`
+    gets the window of each new frame."""
     hashes = list(dict.fromkeys(blake3.blake3(ln).digest() for ln in w.lines()))
-    stream, seen = wire.BatchStreamDecoder(), []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as s:
-        for i, claim in enumerate(claims):
-            group = hashes[12 * i : 12 * (i + 1)]
-            headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
-                       wire.FETCH_BYTES_HEADER: str(1 << 30), wire.LINK_RATE_HEADER: "100000",
-                       wire.STREAM_LANE_HEADER: "0",
-                       wire.STREAM_CONTINUE_HEADER: str(claim)}
-            async with s.post(f"https://127.0.0.1:{addr.port}{wire.PATH_BATCH}", data=b"".join(group),
-                              headers=headers) as r:
-                going_on = r.headers.get(wire.STREAM_CONTINUE_HEADER)
-                body = await r.read()
-            seen.append(going_on)
-            if going_on == "0":
-                stream = wire.BatchStreamDecoder()
-            decoder = wire.BatchDecoder(group, stream=True)
-            blobs = decoder.feed(body)
-            decoder.finish()
-            assert [blake3.blake3(wire.decode_blob(b, stream)).digest() for b in blobs] == group
-            stream.answers += 1
+    window_log = wire.parse_window_header(window if decode_as is None else decode_as)
+    stream, seen = wire.BatchStreamDecoder(window_log), []
+    for i, claim in enumerate(claims):
+        group = hashes[12 * i : 12 * (i + 1)]
+        headers = {wire.BATCH_FORMAT_HEADER: wire.BATCH_FORMAT_STREAM,
+                   wire.FETCH_BYTES_HEADER: str(1 << 30), wire.LINK_RATE_HEADER: "100000",
+                   wire.STREAM_LANE_HEADER: str(lane),
+                   wire.STREAM_CONTINUE_HEADER: str(claim)}
+        if window is not None:
+            headers[wire.STREAM_WINDOW_HEADER] = window
+        async with s.post(f"https://127.0.0.1:{addr.port}{wire.PATH_BATCH}", data=b"".join(group),
+                          headers=headers) as r:
+            going_on = r.headers.get(wire.STREAM_CONTINUE_HEADER)
+            body = await r.read()
+        seen.append(going_on)
+        decoder = wire.BatchDecoder(group, stream=True)
+        blobs = decoder.feed(body)
+        decoder.finish()
+        if going_on == "0":
+            stream = wire.BatchStreamDecoder(window_log)
+            if windows is not None:
+                windows.append(zstandard.get_frame_parameters(blobs[0].stored).window_size)
+        assert [blake3.blake3(wire.decode_blob(b, stream)).digest() for b in blobs] == group
+        stream.answers += 1
     return seen
 
 
@@ -77,13 +92,50 @@ async def test_the_server_goes_on_only_from_what_the_fetcher_decoded(world: Worl
     """A lane continues where the fetcher's count matches the answers the server's frame
     carried; any other count (a fetcher that lost an answer, or lies) gets a new frame."""
     addr = await world.serve(0, rate=100_000, limits=SLOW)
-    assert await answers(world, addr, [0, 1, 2]) == ["0", "1", "2"]
-    assert await answers(world, addr, [0, 5, 1]) == ["0", "0", "1"]
+    async with connect(world) as s:
+        assert await answers(s, world, addr, [0, 1, 2]) == ["0", "1", "2"]
+        assert await answers(s, world, addr, [0, 5, 1]) == ["0", "0", "1"]
+
+
+async def test_a_lanes_window_is_the_one_the_fetcher_offered_within_the_servers_budget(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """A lane's frame has the window the fetcher offered (up to 16 MiB), 8 MiB where it offered
+    none or something that is no number; past WIDE_WINDOWS_BYTES of wide windows held for all
+    lanes, a new lane gets 8 MiB, and a lane whose frame is replaced gives its window back.
+    A frame wider than 8 MiB is level 3, where this slow link has the others at level 6."""
+    caplog.set_level(logging.DEBUG, logger="p2pnode.peer.provider")
+    addr = await world.serve(0, rate=100_000, limits=SLOW)
+    windows: list[int] = []
+    async with connect(world) as s:
+        for lane, window in [(0, None), (1, "x"), (2, "40"), (3, "24"), (4, "25"),  # 3 x 16 MiB
+                             (5, "24"),  # over 48 MiB: 8
+                             (2, "22"), (6, "24")]:  # lane 2's new frame gives its 16 MiB back
+            assert await answers(s, world, addr, [0], lane, window, windows) == ["0"]
+    assert windows == [8 << 20, 8 << 20, 16 << 20, 16 << 20, 16 << 20, 8 << 20, 4 << 20, 16 << 20]
+    levels = [m.split()[2] for r in caplog.records if ", lane " in (m := r.getMessage())]
+    assert levels == ["zstd-6", "zstd-6", "zstd-3", "zstd-3", "zstd-3", "zstd-6", "zstd-6", "zstd-3"]
+
+
+async def test_a_fetcher_refuses_a_frame_wider_than_it_offered(world: World) -> None:
+    """A server that makes a lane's frame wider than the fetcher's STREAM_WINDOW_HEADER (a bad
+    one): the fetcher's decoder refuses its header, before any memory for it is taken."""
+    addr = await world.serve(0, rate=100_000, limits=SLOW)
+    async with connect(world) as s:
+        with pytest.raises(wire.WireError, match="too much memory"):
+            await answers(s, world, addr, [0], window="24", decode_as="23")
+
+
+def test_a_fetchs_lanes_share_one_memory_budget() -> None:
+    """One holder's three lanes at 16 MiB; 8 MiB from two holders on, as a lane always had."""
+    assert [lane_window_log(n) for n in (0, 1, 2, 3, 9)] == [24, 24, 23, 23, 23]
+    with Lanes(24).take("a") as lane:
+        assert lane.headers()[wire.STREAM_WINDOW_HEADER] == "24"
 
 
 def test_a_lane_refuses_an_answer_that_continues_what_it_does_not_hold() -> None:
     lane = Lane(0)
-    assert lane.headers() == {wire.STREAM_LANE_HEADER: "0", wire.STREAM_CONTINUE_HEADER: "0"}
+    assert lane.headers() == {wire.STREAM_LANE_HEADER: "0", wire.STREAM_CONTINUE_HEADER: "0",
+                              wire.STREAM_WINDOW_HEADER: "23"}
     with pytest.raises(wire.WireError, match="continues after 2 answers in lane 0, which holds 0"):
         lane.decoder(2)
     fresh = lane.decoder(0)
