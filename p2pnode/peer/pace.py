@@ -32,7 +32,8 @@ is faster is a question of what limits the transfer, so each side prices both:
 - the first answers of a fetch, before anything is measured (a few MB: cheap either way):
   stream at wire.STREAM_LEVEL.
 On a slow link a stream goes on across the answers of the fetcher's lane (one zstd frame per
-lane, 8 MiB window: peer/batches.py's Lanes, PeerServer's lanes).
+lane, its window named by the fetcher, 8 or 16 MiB: peer/batches.py's Lanes, PeerServer's
+lanes).
 """
 from __future__ import annotations
 
