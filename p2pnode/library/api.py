@@ -11,7 +11,6 @@ what the node serves, never the live file that Pi keeps appending to.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -1167,7 +1166,7 @@ class Library:
                     return imported.hashes_after(skip)
                 refs = self._cached_manifest(src_hex)
                 if refs is not None:
-                    return (r.hash for r in itertools.islice(refs, skip, None))
+                    return refs[skip:].hashes()
                 version = self.sessions.version(src_hex)
                 return (self.sessions.last_line_hashes(src_hex, version.lines - skip) if skip
                         else self.sessions.line_hashes(src_hex))
